@@ -1,0 +1,119 @@
+"""One dispatch point for the kernel backends.
+
+``get_backend(name)`` returns a :class:`Backend`: the array module plus every kernel named in
+:data:`KERNELS`, each with the signature of the NumPy reference in
+:mod:`refbraid.backends.reference`. A backend module overrides the kernels it accelerates
+and lists them in its ``OVERRIDES`` tuple; every other kernel is the reference one (written
+against the array API, so it runs on the backend's arrays too).
+
+=========  =====================================================================
+name       what runs
+=========  =====================================================================
+numpy      the readable reference (NumPy; BLAS for matrix products)
+numba      Numba ``njit`` CPU kernels for the fused element-wise and stencil work
+cuda       Numba CUDA kernels (tiled shared-memory matmul, fused activation, conv);
+           runs under the CUDA simulator when ``NUMBA_ENABLE_CUDASIM=1``
+cupy       the reference kernels on CuPy arrays (needs a GPU)
+=========  =====================================================================
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable
+
+import numpy as np
+
+from . import reference
+
+BACKENDS = ("numpy", "numba", "cuda", "cupy")
+
+#: Kernels every backend provides (reference signature in refbraid.backends.reference).
+KERNELS = (
+    "activation",
+    "activation_adjoint",
+    "euler_act",
+    "matmul",
+    "linear",
+    "linear_adjoint",
+    "conv2d",
+    "conv2d_adjoint",
+    "softmax_cross_entropy",
+    "softmax_cross_entropy_adjoint",
+)
+
+_MODULES = {
+    "numpy": "refbraid.backends.reference",
+    "numba": "refbraid.backends.numba_cpu",
+    "cuda": "refbraid.backends.numba_cuda",
+    "cupy": "refbraid.backends.cupy_gpu",
+}
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A named set of kernels and the array module they compute on."""
+
+    name: str
+    xp: ModuleType
+    kernels: dict[str, Callable[..., Any]] = field(repr=False)
+    overrides: tuple[str, ...] = ()
+
+    def __getattr__(self, kernel: str) -> Callable[..., Any]:
+        try:
+            return self.kernels[kernel]
+        except KeyError:
+            raise AttributeError(f"backend {self.name!r} has no kernel {kernel!r}") from None
+
+    def asarray(self, a, dtype=None):
+        """Move host data to this backend's array type (no copy when already there)."""
+        return self.xp.asarray(a, dtype=dtype)
+
+    def to_numpy(self, a) -> np.ndarray:
+        """Bring an array back to the host as a NumPy array."""
+        if isinstance(a, np.ndarray):
+            return a
+        return a.get() if hasattr(a, "get") else np.asarray(a)
+
+
+_cache: dict[str, Backend] = {}
+
+
+def get_backend(name: str | Backend = "numpy") -> Backend:
+    """The backend called ``name`` (one of :data:`BACKENDS`); a Backend passes through."""
+    if isinstance(name, Backend):
+        return name
+    if name not in BACKENDS:
+        raise ValueError(f"`backend` must be one of {BACKENDS}, got {name!r}.")
+    if name in _cache:
+        return _cache[name]
+    module = importlib.import_module(_MODULES[name])
+    overrides = tuple(getattr(module, "OVERRIDES", KERNELS if name == "numpy" else ()))
+    kernels = {k: getattr(reference, k) for k in KERNELS}
+    kernels.update({k: getattr(module, k) for k in overrides})
+    xp = getattr(module, "xp", np)
+    backend = Backend(name=name, xp=xp, kernels=kernels, overrides=overrides)
+    _cache[name] = backend
+    return backend
+
+
+def available_backends() -> list[str]:
+    """Backends that can run here (``cupy`` only with a GPU; ``cuda`` with a GPU or the simulator)."""
+    names = ["numpy", "numba"]
+    try:
+        from .numba_cuda import is_usable as cuda_usable
+
+        if cuda_usable():
+            names.append("cuda")
+    except ImportError:  # pragma: no cover - numba without cuda support
+        pass
+    try:
+        from .cupy_gpu import is_usable as cupy_usable
+
+        if cupy_usable():
+            names.append("cupy")
+    except ImportError:
+        pass
+    return names

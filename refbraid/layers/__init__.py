@@ -1,0 +1,26 @@
+"""Layers with hand-written discrete adjoints: forward and adjoint side by side.
+
+Two kinds of layer, each a small frozen dataclass holding hyper-parameters only (weights
+live in plain dicts of named arrays):
+
+* an ODE step ``y_next = y + h·F(params, y)`` (``forward(params, y, h, bk)`` and
+  ``adjoint(params, cache, dy_next, h, bk, grads=True)``) — the time steps MGRIT sees;
+* a plain layer (opening, closing) ``out = f(params, x)`` (``forward(params, x, bk)`` and
+  ``adjoint(params, cache, dout, bk)``).
+
+Adjoint outputs carry a ``d`` prefix and are returned fresh (never accumulated).
+"""
+
+from .conv import ConvLift, ConvStep
+from .dense import DenseLift, DenseStep
+from .heads import Classifier, softmax_cross_entropy, softmax_cross_entropy_adjoint
+
+__all__ = [
+    "Classifier",
+    "ConvLift",
+    "ConvStep",
+    "DenseLift",
+    "DenseStep",
+    "softmax_cross_entropy",
+    "softmax_cross_entropy_adjoint",
+]

@@ -1,0 +1,26 @@
+"""Small instances of every layer, for the verification harness and the tests.
+
+Each entry is ``(name, layer)``; ODE steps have ``state_shape`` and plain layers
+``in_shape``/``out_shape``. Add an entry here when you add a layer, so that
+``refbraid verify`` and the test catalogue cover it.
+"""
+
+from __future__ import annotations
+
+from .conv import ConvLift, ConvStep
+from .dense import DenseLift, DenseStep
+from .heads import Classifier
+
+
+def verification_catalog() -> list[tuple[str, object]]:
+    """Every layer at a size small enough for finite differences and the CUDA simulator."""
+    return [
+        ("dense_step[tanh]", DenseStep(6, "tanh")),
+        ("dense_step[relu]", DenseStep(6, "relu")),
+        ("dense_step[gelu]", DenseStep(6, "gelu")),
+        ("conv_step[relu]", ConvStep(3, 5, 5, "relu")),
+        ("conv_step[tanh]", ConvStep(3, 5, 5, "tanh")),
+        ("dense_lift", DenseLift(2, 6, "tanh")),
+        ("conv_lift", ConvLift(1, 3, 5, 5, "relu")),
+        ("classifier", Classifier((3, 5, 5), 4)),
+    ]

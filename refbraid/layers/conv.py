@@ -1,0 +1,104 @@
+"""Convolutional layers (NCHW, 3×3, padding 1, as ``torch.nn.Conv2d(C, C, 3, padding=1)``).
+
+ODE step and its discrete adjoint (REFERENCES.md §1); ``*`` is the 'same' cross-correlation
+and ``*ᵀ`` its adjoint, the transposed convolution::
+
+    z      = W * y + b                     # B,C,H,W
+    y_next = y + h σ(z)
+    s      = h σ'(z) ⊙ dy_next
+    dy     = dy_next + W *ᵀ s
+    dW     = Σ_{B,H,W} s ⊗ ỹ (shifted),  db = Σ_{B,H,W} s
+
+Opening ("lift") layer: ``out = σ(W * x + b)`` from C_in to C channels.
+Shape legend: B batch, C channels, H height, W width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..backends.reference import check_activation
+from .init import check_positive_int, uniform_fan_in
+
+KERNEL_SIZE = 3  # 3×3 stencils, padding 1, as in TorchBraid's MNIST example
+
+
+@dataclass(frozen=True)
+class ConvStep:
+    """One step ``y_next = y + h σ(Conv2d(C→C, 3×3, pad 1)(y))`` on (C, height, width) images."""
+
+    channels: int
+    height: int
+    width: int
+    activation: str = "relu"
+
+    def __post_init__(self):
+        for name in ("channels", "height", "width"):
+            check_positive_int(name, getattr(self, name))
+        check_activation(self.activation)
+
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        return (self.channels, self.height, self.width)
+
+    def init(self, rng: np.random.Generator, dtype=np.float64) -> dict[str, np.ndarray]:
+        C, k = self.channels, KERNEL_SIZE
+        fan_in = C * k * k
+        return {
+            "W": uniform_fan_in(rng, (C, C, k, k), fan_in, dtype),
+            "b": uniform_fan_in(rng, (C,), fan_in, dtype),
+        }
+
+    def forward(self, params, y, h: float, bk):
+        z = bk.conv2d(y, params["W"], params["b"])  # B,C,H,W
+        return bk.euler_act(y, z, h, self.activation), (y, z)
+
+    def adjoint(self, params, cache, dy_next, h: float, bk, grads: bool = True):
+        y, z = cache
+        s = h * bk.activation_adjoint(z, dy_next, self.activation)  # B,C,H,W
+        dys, dW, db = bk.conv2d_adjoint(y, params["W"], s)
+        return dy_next + dys, ({"W": dW, "b": db} if grads else None)
+
+
+@dataclass(frozen=True)
+class ConvLift:
+    """Opening layer ``out = σ(Conv2d(C_in→C, 3×3, pad 1)(x))`` on (C_in, height, width) images."""
+
+    in_channels: int
+    channels: int
+    height: int
+    width: int
+    activation: str = "relu"
+
+    def __post_init__(self):
+        for name in ("in_channels", "channels", "height", "width"):
+            check_positive_int(name, getattr(self, name))
+        check_activation(self.activation)
+
+    @property
+    def in_shape(self) -> tuple[int, ...]:
+        return (self.in_channels, self.height, self.width)
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return (self.channels, self.height, self.width)
+
+    def init(self, rng: np.random.Generator, dtype=np.float64) -> dict[str, np.ndarray]:
+        k = KERNEL_SIZE
+        fan_in = self.in_channels * k * k
+        return {
+            "W": uniform_fan_in(rng, (self.channels, self.in_channels, k, k), fan_in, dtype),
+            "b": uniform_fan_in(rng, (self.channels,), fan_in, dtype),
+        }
+
+    def forward(self, params, x, bk):
+        z = bk.conv2d(x, params["W"], params["b"])
+        return bk.activation(z, self.activation), (x, z)
+
+    def adjoint(self, params, cache, dout, bk):
+        x, z = cache
+        dz = bk.activation_adjoint(z, dout, self.activation)
+        dx, dW, db = bk.conv2d_adjoint(x, params["W"], dz)
+        return dx, {"W": dW, "b": db}

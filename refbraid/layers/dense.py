@@ -1,0 +1,94 @@
+"""Dense layers.
+
+ODE step (forward Euler for y' = σ(W y + b)), and its discrete adjoint
+(Haber & Ruthotto 2017; REFERENCES.md §1)::
+
+    z      = y Wᵀ + b                      # B,C
+    y_next = y + h σ(z)                    # B,C
+    s      = h σ'(z) ⊙ dy_next             # B,C
+    dy     = dy_next + s W                 # B,C
+    dW     = sᵀ y,   db = Σ_B s            # C,C and C
+
+Opening ("lift") layer: ``out = σ(x Wᵀ + b)`` from K input features to C channels.
+
+Shape legend: B batch, K input features, C width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..backends.reference import check_activation
+from .init import check_positive_int, uniform_fan_in
+
+
+@dataclass(frozen=True)
+class DenseStep:
+    """One forward-Euler ResNet step ``y_next = y + h σ(W y + b)`` of width ``width``."""
+
+    width: int
+    activation: str = "tanh"
+
+    def __post_init__(self):
+        check_positive_int("width", self.width)
+        check_activation(self.activation)
+
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        return (self.width,)
+
+    def init(self, rng: np.random.Generator, dtype=np.float64) -> dict[str, np.ndarray]:
+        C = self.width
+        return {"W": uniform_fan_in(rng, (C, C), C, dtype), "b": uniform_fan_in(rng, (C,), C, dtype)}
+
+    def forward(self, params, y, h: float, bk):
+        """y_next = y + h σ(y Wᵀ + b); returns (y_next, cache)."""
+        z = bk.linear(y, params["W"], params["b"])  # B,C
+        return bk.euler_act(y, z, h, self.activation), (y, z)
+
+    def adjoint(self, params, cache, dy_next, h: float, bk, grads: bool = True):
+        """dy = dy_next + (h σ'(z) ⊙ dy_next) W; with grads, also dW, db. Returns (dy, dparams)."""
+        y, z = cache
+        s = h * bk.activation_adjoint(z, dy_next, self.activation)  # B,C
+        if not grads:
+            return dy_next + bk.matmul(s, params["W"]), None
+        ds_W, dW, db = bk.linear_adjoint(y, params["W"], s)
+        return dy_next + ds_W, {"W": dW, "b": db}
+
+
+@dataclass(frozen=True)
+class DenseLift:
+    """Opening layer ``out = σ(x Wᵀ + b)``: K input features to C channels."""
+
+    in_features: int
+    width: int
+    activation: str = "tanh"
+
+    def __post_init__(self):
+        check_positive_int("in_features", self.in_features)
+        check_positive_int("width", self.width)
+        check_activation(self.activation)
+
+    @property
+    def in_shape(self) -> tuple[int, ...]:
+        return (self.in_features,)
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        return (self.width,)
+
+    def init(self, rng: np.random.Generator, dtype=np.float64) -> dict[str, np.ndarray]:
+        K, C = self.in_features, self.width
+        return {"W": uniform_fan_in(rng, (C, K), K, dtype), "b": uniform_fan_in(rng, (C,), K, dtype)}
+
+    def forward(self, params, x, bk):
+        z = bk.linear(x, params["W"], params["b"])  # B,C
+        return bk.activation(z, self.activation), (x, z)
+
+    def adjoint(self, params, cache, dout, bk):
+        x, z = cache
+        dz = bk.activation_adjoint(z, dout, self.activation)  # B,C
+        dx, dW, db = bk.linear_adjoint(x, params["W"], dz)
+        return dx, {"W": dW, "b": db}
