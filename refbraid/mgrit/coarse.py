@@ -1,0 +1,68 @@
+"""Between levels: injection, the FAS coarse right-hand side, the correction, and the exact
+coarsest solve (pure functions on one block; REFERENCES.md §2).
+
+Level ℓ has iterate ``u`` and right-hand side ``g``; its C-points are the points of level ℓ+1
+(Φ_Δ is the problem's step over a coarse interval)::
+
+    restriction (injection):  v = u[C]                       (state)
+                              R r = r at C-points            (residual after F-relaxation)
+    coarse operator:          (A_Δ v)[j] = v[j] - Φ_Δ(v[j-1]),   (A_Δ v)[0] = v[0] at s = 0
+    FAS right-hand side:      g_Δ = R r + A_Δ(v)
+    coarse problem:           A_Δ(w) = g_Δ   (recursively, or exactly on the coarsest level)
+    correction:               u[C] += w - v,  then F-relaxation interpolates to the F-points
+
+With F-relaxation last, injecting the residual equals MGRIT's ideal restriction, and
+"correct C, then F-relax" is its ideal interpolation. For a linear Φ the FAS scheme is the
+linear one (the A_Δ(v) terms cancel); it is always used so nonlinear problems need nothing
+else.
+
+Block conventions as in :mod:`refbraid.mgrit.relax`: ``ghost`` is the previous block's last
+point of the same level at solver index ``ghost_point`` (None for the block at s = 0).
+
+Shape legend: n points in the block, c C-points, S the state shape.
+"""
+
+from __future__ import annotations
+
+from .relax import StepFn, copy, propagate_at, take_rows
+
+
+def restrict(u, c_pos):
+    """Injection ``v = u[C]``: the level-ℓ values at the points of level ℓ+1; shape (c, *S)."""
+    return take_rows(u, c_pos)
+
+
+def apply_operator(v, points, step: StepFn, ghost=None, ghost_point=None):
+    """``(A v)[j] = v[j] - Φ(v[j-1])`` at every point of the block (``v[0]`` at s = 0)."""
+    return v - propagate_at(v, None, points, range(len(points)), step, ghost, ghost_point)
+
+
+def fas_rhs(r, v, coarse_points, coarse_step: StepFn, ghost=None, ghost_point=None):
+    """FAS coarse right-hand side ``g_Δ = r + A_Δ(v)`` (r: fine C-point residual, v = u[C])."""
+    return r + apply_operator(v, coarse_points, coarse_step, ghost, ghost_point)
+
+
+def correct(u, c_pos, w, v):
+    """FAS correction ``u[C] += w - v``; F-points are left for the interpolating F-sweep."""
+    out = copy(u)
+    for j, k in enumerate(c_pos):
+        out[int(k), ...] = out[int(k), ...] + (w[j, ...] - v[j, ...])
+    return out
+
+
+def inject_up(u, c_pos, w):
+    """``u[C] = w``: start a finer level from a coarse solution (nested iteration)."""
+    out = copy(u)
+    for j, k in enumerate(c_pos):
+        out[int(k), ...] = w[j, ...]
+    return out
+
+
+def forward_substitution(g, points, step: StepFn, ghost=None, ghost_point=None):
+    """Exact solve of ``A(u) = g`` on a block: ``u[0] = g[0]`` (or ``Φ(ghost) + g[0]``),
+    ``u[j] = Φ(u[j-1]) + g[j]``. The coarsest-level solve and the sequential oracle."""
+    u = copy(g)
+    u[0, ...] = propagate_at(u, g, points, [0], step, ghost, ghost_point)[0, ...]
+    for j in range(1, len(points)):
+        u[j, ...] = step(u[j - 1, ...], int(points[j - 1]), int(points[j])) + g[j, ...]
+    return u

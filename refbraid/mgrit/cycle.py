@@ -1,0 +1,190 @@
+"""The MGRIT cycle: a short recursion over the pure functions of relax.py and coarse.py.
+
+One rank holds, per level ℓ, the block of points it owns (``LevelState``): iterate ``u``,
+right-hand side ``g`` and the counting step. Neighbour values come only from the
+communicator (``exchange_ghost``, ``pipeline``); with one rank that is the whole grid.
+
+::
+
+    cycle(ℓ, kind):                                   # kind 'V' or 'F'
+        if ℓ is the coarsest:  u_ℓ = forward substitution of A_ℓ(u) = g_ℓ      (pipeline)
+        else:                  r = relax(ℓ);  record;  coarse_correction(ℓ, r, kind)
+
+    relax(ℓ):          F-sweep; r = residual at C; ν × (C-relax, F-sweep, r = residual)
+    coarse_correction(ℓ, r, kind):
+        v = u_ℓ[C];   g_{ℓ+1} = r + A_{ℓ+1}(v);   u_{ℓ+1} = v                 (FAS)
+        cycle(ℓ+1, kind);   if kind == 'F': cycle(ℓ+1, 'V')                   (F-cycle)
+        F-sweep on ℓ+1 (interpolation to its F-points)
+        u_ℓ[C] += u_{ℓ+1} - v
+
+After a cycle the F-points of level ℓ are stale until the next F-sweep (the first step of
+every relaxation); on level 0 that sweep is the interpolation of the previous cycle, so no
+step is spent twice.
+
+Nested iteration (cold-start initial guesses)::
+
+    g_{ℓ+1} = g_ℓ[C], u_{ℓ+1} = u_ℓ[C] for all ℓ;  solve the coarsest level
+    for ℓ = L-2 .. 0:  F-sweep on ℓ+1;  u_ℓ[C] = u_{ℓ+1};  if ℓ > 0: vcycles × cycle(ℓ, 'V')
+
+``vcycles = 0`` is the skipped first down-cycle (Parareal's coarse initial guess),
+``vcycles = 1`` the FMG (full multigrid) initial guess.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..parallel.comm import Comm, exchange_ghost, pipeline
+from ..parallel.layout import Layout
+from .coarse import correct, fas_rhs, forward_substitution, inject_up, restrict
+from .grid import Hierarchy, Level
+from .problem import CountingStep, Problem, namespace
+from .record import LevelVisit
+from .relax import c_relax, copy, f_relax, propagate_at, take_rows
+from .settings import MGRITSettings
+
+
+@dataclass(eq=False)
+class LevelState:
+    """This rank's block of one level: points, C/F positions, ghost point, step, u, g."""
+
+    level: Level
+    points: np.ndarray  # (n,) solver indices owned here
+    c_pos: np.ndarray  # local positions of C-points (the points of level ℓ+1)
+    f_pos: np.ndarray  # local positions of F-points
+    ghost_point: int | None  # solver index of the previous block's last point on this level
+    step: CountingStep
+    coarsest: bool
+    u: Any = None  # (n, *S)
+    g: Any = None  # (n, *S)
+
+
+def build_states(
+    hierarchy: Hierarchy, layout: Layout, position: int, problem: Problem
+) -> list[LevelState]:
+    """Per-level blocks of block ``position`` of ``layout`` (u and g still unset)."""
+    states = []
+    for lvl in hierarchy:
+        sl = layout.positions(lvl.points, position)
+        is_c = lvl.is_c[sl]
+        states.append(
+            LevelState(
+                level=lvl,
+                points=lvl.points[sl],
+                c_pos=np.flatnonzero(is_c),
+                f_pos=np.flatnonzero(~is_c),
+                ghost_point=int(lvl.points[sl.start - 1]) if sl.start > 0 else None,
+                step=CountingStep(problem, lvl.index),
+                coarsest=lvl is hierarchy.coarsest,
+            )
+        )
+    return states
+
+
+class Cycler:
+    """Runs relaxations, coarse corrections and cycles on a rank's :class:`LevelState` list.
+
+    ``visits`` collects a :class:`LevelVisit` for every coarse-level relaxation; the solver
+    points it at the current iteration's record.
+    """
+
+    def __init__(self, states: list[LevelState], settings: MGRITSettings, comm: Comm):
+        self.states = states
+        self.settings = settings
+        self.comm = comm
+        self.visits: list[LevelVisit] = []
+
+    # -- reductions ------------------------------------------------------------------------
+    def norm(self, r) -> float:
+        """Global 2-norm ``(Σ_ranks Σ r²)^½`` of a residual block."""
+        xp = namespace(r)
+        local = float(xp.sum(xp.abs(r) ** 2)) if r.shape[0] else 0.0
+        return math.sqrt(self.comm.allreduce_sum(local))
+
+    # -- building blocks -------------------------------------------------------------------
+    def _propagate_c(self, s: LevelState):
+        ghost = exchange_ghost(self.comm, s.u[-1, ...])
+        return propagate_at(s.u, s.g, s.points, s.c_pos, s.step, ghost, s.ghost_point)
+
+    def relax(self, ell: int, snapshot: bool = False):
+        """F-sweep, then ν × (C, F) on level ``ell``; returns ``(r, r_first, u_first)``: the
+        C-point residual after the relaxation and after its first F-sweep, and (if
+        ``snapshot``) the iterate after that first F-sweep (else None)."""
+        s = self.states[ell]
+        s.u = f_relax(s.u, s.g, s.points, s.f_pos, s.step)
+        u_first = s.u if snapshot else None  # relaxation makes new arrays: no copy needed
+        pu = self._propagate_c(s)
+        r = r_first = pu - take_rows(s.u, s.c_pos)
+        for _ in range(0 if s.coarsest else self.settings.sweeps_on(ell)):
+            s.u = c_relax(s.u, pu, s.c_pos)
+            s.u = f_relax(s.u, s.g, s.points, s.f_pos, s.step)
+            pu = self._propagate_c(s)
+            r = pu - take_rows(s.u, s.c_pos)
+        return r, r_first, u_first
+
+    def interpolate(self, ell: int) -> None:
+        """F-sweep on level ``ell`` so its F-points match its (corrected) C-points."""
+        s = self.states[ell]
+        if not s.coarsest:
+            s.u = f_relax(s.u, s.g, s.points, s.f_pos, s.step)
+
+    def solve_coarsest(self) -> None:
+        """Forward substitution on the coarsest level, block after block (pipeline)."""
+        c = self.states[-1]
+        c.u = pipeline(
+            self.comm,
+            lambda ghost: forward_substitution(c.g, c.points, c.step, ghost, c.ghost_point),
+            last=lambda u: u[-1, ...],
+        )
+
+    # -- the recursion ---------------------------------------------------------------------
+    def coarse_correction(self, ell: int, r, kind: str) -> None:
+        """FAS restriction to ℓ+1, coarse cycle(s), interpolation, correction of level ℓ."""
+        s, c = self.states[ell], self.states[ell + 1]
+        v = restrict(s.u, s.c_pos)
+        ghost_v = exchange_ghost(self.comm, v[-1, ...])
+        c.g = fas_rhs(r, v, c.points, c.step, ghost_v, c.ghost_point)
+        c.u = copy(v)
+        self.cycle(ell + 1, kind)
+        if kind == "F" and not c.coarsest:
+            self.cycle(ell + 1, "V")
+        self.interpolate(ell + 1)
+        s.u = correct(s.u, s.c_pos, c.u, v)
+
+    def cycle(self, ell: int, kind: str) -> None:
+        """One V- or F-cycle for level ``ell``'s problem ``A_ℓ(u) = g_ℓ``."""
+        s = self.states[ell]
+        if s.coarsest:
+            self.solve_coarsest()
+            return
+        r, _, _ = self.relax(ell)
+        self.visits.append(self.visit(ell, r))
+        self.coarse_correction(ell, r, kind)
+
+    def visit(self, ell: int, r) -> LevelVisit:
+        """Record of a relaxation of level ``ell`` (norm always, vectors as configured)."""
+        s = self.states[ell]
+        return LevelVisit(
+            level=ell,
+            norm=self.norm(r),
+            residual=r if self.settings.keep_residuals else None,
+            iterate=copy(s.u) if self.settings.keep_iterates else None,
+        )
+
+    def nested_iteration(self, vcycles: int) -> None:
+        """Cold-start initial guess from the coarsest grid up (see module docstring)."""
+        st = self.states
+        for ell in range(len(st) - 1):
+            st[ell + 1].g = restrict(st[ell].g, st[ell].c_pos)
+            st[ell + 1].u = restrict(st[ell].u, st[ell].c_pos)
+        self.solve_coarsest()
+        for ell in range(len(st) - 2, -1, -1):
+            self.interpolate(ell + 1)
+            st[ell].u = inject_up(st[ell].u, st[ell].c_pos, st[ell + 1].u)
+            if ell > 0:
+                for _ in range(vcycles):
+                    self.cycle(ell, "V")

@@ -1,0 +1,97 @@
+"""Relaxation on one level: F-sweeps, C-sweeps and the C-point residual (pure functions).
+
+On a level with points ``p_0 < ... < p_n`` (solver indices), iterate ``u`` and right-hand side
+``g`` (REFERENCES.md §2)::
+
+    Φ-update at k:   (P u)[k] = Φ(u[k-1]; p_{k-1} → p_k) + g[k]      (P u)[0] = g[0] at s = 0
+    F-relaxation:    u[k] ← (P u)[k] for F-points k, in increasing order
+    C-relaxation:    u[k] ← (P u)[k] for C-points k
+    residual:        r[k] = g[k] - (A u)[k] = (P u)[k] - u[k]  at C-points
+    FCF:             F, then (C, F) × cf_sweeps
+
+so the residual at a C-point is the change C-relaxation would make there. After
+an F-sweep the residual vanishes at F-points; at C-points it is what XBraid reports.
+
+Every function works on a *block*: the contiguous points one rank owns (a block starts with a
+C-point, so F-sweeps need no neighbour). The C-update of the block's first point needs the
+previous block's last point on this level: ``ghost`` at solver index ``ghost_point`` (``None``
+when the block starts at the initial point ``s = 0``). The step is called ``step(u, s0, s1)``
+in solver indices. Functions return new arrays and never modify their inputs.
+
+Shape legend: n points in the block, c of them C-points, S the state shape; u, g are (n, *S).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .problem import namespace
+
+StepFn = Callable[[Any, int, int], Any]
+
+
+def copy(u):
+    """A fresh copy of an array in its own namespace."""
+    return namespace(u).asarray(u, copy=True)
+
+
+def take_rows(u, positions):
+    """Rows ``u[positions]`` as one stacked array, shape (len(positions), *S)."""
+    xp = namespace(u)
+    return xp.take(u, xp.asarray(np.asarray(positions, dtype=np.int64)), axis=0)
+
+
+def set_rows(u, positions, values):
+    """Copy of ``u`` with ``u[positions[j]] = values[j]``."""
+    out = copy(u)
+    for j, k in enumerate(positions):
+        out[int(k), ...] = values[j, ...]
+    return out
+
+
+def propagate_at(u, g, points, positions, step: StepFn, ghost=None, ghost_point=None):
+    """``(P u)[k] = Φ(u[k-1]; p_{k-1} → p_k) + g[k]`` at ``positions`` (g None: zero forcing).
+
+    At the initial point (k = 0, p_0 = 0) it is ``g[0]``; at k = 0 of a later block the
+    previous point is the ``ghost``. Returns shape (len(positions), *S).
+    """
+    xp = namespace(u)
+    out = []
+    for k in (int(k) for k in positions):
+        if k > 0:
+            val = step(u[k - 1, ...], int(points[k - 1]), int(points[k]))
+        elif int(points[0]) == 0:
+            out.append(g[0, ...] if g is not None else xp.zeros_like(u[0, ...]))
+            continue
+        else:
+            if ghost is None:
+                raise ValueError(f"block starting at s={int(points[0])} needs a `ghost` value.")
+            val = step(ghost, int(ghost_point), int(points[0]))
+        out.append(val + g[k, ...] if g is not None else val)
+    if not out:
+        return u[:0, ...]
+    return xp.stack(out)
+
+
+def c_residual(u, g, points, c_pos, step: StepFn, ghost=None, ghost_point=None):
+    """``r = (P u)[C] - u[C]`` at the C-positions ``c_pos``; shape (c, *S)."""
+    return propagate_at(u, g, points, c_pos, step, ghost, ghost_point) - take_rows(u, c_pos)
+
+
+def c_relax(u, pu_c, c_pos):
+    """C-relaxation ``u[C] = (P u)[C]``, given ``pu_c = propagate_at(u, ..., c_pos, ...)``.
+
+    (The cycle computes ``pu_c`` once and takes the residual ``pu_c - u[C]`` from it.)
+    """
+    return set_rows(u, c_pos, pu_c)
+
+
+def f_relax(u, g, points, f_pos, step: StepFn):
+    """F-relaxation: ``u[k] = Φ(u[k-1]) + g[k]`` for every F-position k in increasing order."""
+    out = copy(u)
+    for k in (int(k) for k in f_pos):
+        out[k, ...] = step(out[k - 1, ...], int(points[k - 1]), int(points[k])) + g[k, ...]
+    return out

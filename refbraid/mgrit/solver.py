@@ -1,0 +1,229 @@
+"""``solve``: MGRIT iterations until the fine C-point residual is small, with a full record.
+
+::
+
+    u = initial iterate (warm start u_init, or u0 at every point, or nested iteration)
+    for k = 0, 1, ...:
+        relax level 0;  r_k = fine C-point residual          (XBraid convention)
+        record k;  stop if ‖r_k‖ ≤ abs_tol or ‖r_k‖ ≤ rel_tol·‖r_first‖  → 'converged'
+                   stop if ‖r_k‖ is NaN/inf or > max_growth·‖r_first‖      → 'diverged'
+                   stop if k == max_iter                                   → 'max_iter'
+        coarse correction of level 0 (V- or F-cycle below it)
+    return the iterate of the last measurement (F-points consistent, residual ‖r_k‖)
+
+Divergence: ``on_divergence='raise'`` raises :class:`MGRITDiverged` (its ``result`` holds the
+record so far); ``'flag'`` returns the result with ``status == 'diverged'``. A non-finite
+value anywhere in the returned solution is also divergence.
+
+Adjoint (backward) problems run the same code on the reversed grid (solver order
+``s = N - i``) with the communicator's ranks reverted.
+
+With several ranks each one calls :func:`solve` with its communicator and gets the solution
+of its own block (``result.fine_indices``); :func:`gather_solution` assembles the whole
+trajectory on one rank.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from ..parallel.comm import SerialComm
+from ..parallel.layout import Layout, check_layout, partition
+from .cycle import Cycler, build_states
+from .grid import build_hierarchy
+from .problem import Problem, as_problem, from_fine_order, namespace, rhs_solver_order, stacked
+from .record import IterationRecord, LevelVisit, MGRITResult
+from .relax import copy, take_rows
+from .settings import MGRITSettings
+
+_COMM_METHODS = ("send_next", "recv_prev", "allreduce_sum", "gather", "reverted")
+
+
+class MGRITDiverged(RuntimeError):
+    """The residual became NaN/inf or grew beyond ``max_growth``; ``result`` has the record."""
+
+    def __init__(self, message: str, result: MGRITResult):
+        super().__init__(message)
+        self.result = result
+
+
+def _check_comm(comm) -> None:
+    missing = [m for m in _COMM_METHODS if not callable(getattr(comm, m, None))]
+    if missing or not hasattr(comm, "size") or not hasattr(comm, "position"):
+        raise TypeError(
+            f"`comm` must implement the refbraid.parallel.comm.Comm interface "
+            f"(missing {missing or ['size/position']}), got {comm!r}."
+        )
+
+
+def _initial_iterate(problem: Problem, u_init, g_block, rows: slice):
+    """Solver-order block of the initial iterate: u_init if given, else u0 everywhere."""
+    xp = namespace(problem.u0)
+    n = rows.stop - rows.start
+    if u_init is None:
+        return stacked(xp, problem.u0, n)
+    want = (problem.n_steps + 1, *problem.state_shape)
+    if tuple(getattr(u_init, "shape", ())) != want:
+        raise ValueError(
+            f"`u_init` must have shape (n_steps + 1, *u0.shape) = {want}, "
+            f"got {getattr(u_init, 'shape', type(u_init).__name__)}."
+        )
+    u = copy(from_fine_order(problem, xp.asarray(u_init, dtype=problem.u0.dtype))[rows, ...])
+    if rows.start == 0:
+        u[0, ...] = g_block[0, ...]  # the initial value is not a guess
+    return u
+
+
+def _start(cycler: Cycler, n_levels: int, settings: MGRITSettings, warm: bool) -> str:
+    """Build the initial iterate; returns how: 'exact' (one level: the sequential solve),
+    'warm' (u_init as given), 'fmg' / 'skip' (nested iteration with 1 / 0 V-cycles per level),
+    or 'cold' (u0 at every point)."""
+    if n_levels == 1:
+        cycler.solve_coarsest()
+        return "exact"
+    if warm:
+        return "warm"
+    if settings.fmg:
+        cycler.nested_iteration(vcycles=1)
+        return "fmg"
+    if settings.skip_first_down:
+        cycler.nested_iteration(vcycles=0)
+        return "skip"
+    return "cold"
+
+
+def _status(norm: float, first: float, s: MGRITSettings) -> tuple[str | None, str]:
+    if not math.isfinite(norm):
+        return "diverged", f"residual norm is {norm}"
+    if first > 0 and norm > s.max_growth * first:
+        return "diverged", f"residual grew by {norm / first:.3g} > max_growth={s.max_growth:g}"
+    if s.abs_tol is not None and norm <= s.abs_tol:
+        return "converged", f"||r|| = {norm:.3e} <= abs_tol={s.abs_tol:g}"
+    if s.rel_tol is not None and norm <= s.rel_tol * first:
+        return "converged", f"||r|| = {norm:.3e} <= rel_tol={s.rel_tol:g} * ||r_first||"
+    return None, ""
+
+
+def solve(
+    problem,
+    settings: MGRITSettings | None = None,
+    comm=None,
+    u_init=None,
+    layout: Layout | None = None,
+) -> MGRITResult:
+    """Solve ``u[i] = Φ(u[i∓1]) + g[i]`` with MGRIT; return the solution and the record.
+
+    problem   a :class:`Problem` (or an object with ``step``, ``u0``, ``n_steps``)
+    settings  :class:`MGRITSettings` (default: two-level F-relaxation, abs_tol 1e-10)
+    comm      communicator (default :class:`SerialComm`: one rank, the whole grid)
+    u_init    warm start, shape (N + 1, *S) in fine-index order (e.g. the previous solve)
+    layout    block partition (default: balanced over ``comm.size`` ranks)
+    """
+    t0 = time.perf_counter()
+    problem = as_problem(problem)
+    settings = MGRITSettings() if settings is None else settings
+    if not isinstance(settings, MGRITSettings):
+        raise TypeError(f"`settings` must be an MGRITSettings, got {type(settings).__name__}.")
+    comm = SerialComm() if comm is None else comm
+    _check_comm(comm)
+    N = problem.n_steps
+    hierarchy = build_hierarchy(N, settings.cfactors, settings.min_coarse)
+    scomm = comm if problem.direction == "forward" else comm.reverted()
+    if layout is None:
+        layout = partition(hierarchy.coarsest.points, N, comm.size)
+    check_layout(layout, hierarchy.coarsest.points, N)
+    if layout.n_blocks != comm.size:
+        raise ValueError(f"`layout` has {layout.n_blocks} blocks for {comm.size} ranks.")
+    position = scomm.position
+    states = build_states(hierarchy, layout, position, problem)
+    lo, hi = layout.bounds(position)
+    g_all = rhs_solver_order(problem)
+    states[0].g = copy(g_all[lo:hi, ...])
+    states[0].u = _initial_iterate(problem, u_init, states[0].g, slice(lo, hi))
+    cycler = Cycler(states, settings, scomm)
+    start = _start(cycler, len(hierarchy), settings, warm=u_init is not None)
+    setup = time.perf_counter() - t0
+
+    records: list[IterationRecord] = []
+    first = None
+    cycles = 0
+    t_prev = time.perf_counter()
+    while True:
+        r, r_post, u_post = cycler.relax(0, snapshot=settings.keep_iterates)
+        norm = cycler.norm(r)
+        post = norm if r_post is r else cycler.norm(r_post)
+        u0_block = states[0].u
+        visit = LevelVisit(
+            0,
+            norm,
+            r if settings.keep_residuals else None,
+            copy(u0_block) if settings.keep_iterates else None,
+        )
+        now = time.perf_counter()
+        rec = IterationRecord(
+            cycles,
+            norm,
+            post,
+            [visit],
+            tuple(s.step.count for s in states),
+            now - t_prev,
+            post_cycle_iterate=(u_post if u_post is not u0_block else visit.iterate),
+        )
+        t_prev = now
+        records.append(rec)
+        first = norm if first is None else first
+        status, message = _status(norm, first, settings)
+        if status is None and len(hierarchy) == 1:
+            status, message = "converged", "one level: exact sequential solve"
+        if status is None and cycles >= settings.max_iter:
+            status, message = "max_iter", f"max_iter={settings.max_iter} cycles done"
+        if status is not None:
+            break
+        cycler.visits = rec.visits
+        cycler.coarse_correction(0, r, settings.cycle)
+        cycles += 1
+
+    xp = namespace(u0_block)
+    finite = bool(xp.all(xp.isfinite(u0_block))) if u0_block.shape[0] else True
+    if status != "diverged" and scomm.allreduce_sum(0.0 if finite else 1.0) > 0:
+        status, message = "diverged", "non-finite values in the solution"
+    fine = np.array([problem.to_fine(int(s)) for s in states[0].points], dtype=np.int64)
+    solution = u0_block
+    if problem.direction == "backward":
+        solution, fine = xp.flip(solution, axis=0), fine[::-1].copy()
+    result = MGRITResult(
+        solution=solution,
+        fine_indices=fine,
+        status=status,
+        iterations=cycles,
+        records=records,
+        hierarchy=hierarchy,
+        settings=settings,
+        direction=problem.direction,
+        start=start,
+        step_counts=tuple(s.step.count for s in states),
+        step_seconds=tuple(s.step.seconds for s in states),
+        setup_seconds=setup,
+        solve_seconds=time.perf_counter() - t0,
+        rank=int(getattr(comm, "rank", 0)),
+        n_ranks=int(comm.size),
+        message=message,
+    )
+    if status == "diverged" and settings.on_divergence == "raise":
+        raise MGRITDiverged(f"MGRIT diverged at iteration {cycles}: {message}", result)
+    return result
+
+
+def gather_solution(result: MGRITResult, comm, root: int = 0) -> Any | None:
+    """Whole trajectory (N + 1, *S), fine order, on ``root`` from every rank's block (else None)."""
+    parts = comm.gather((result.fine_indices, result.solution), root=root)
+    if parts is None:
+        return None
+    idx = np.concatenate([p[0] for p in parts])
+    xp = namespace(parts[0][1])
+    full = xp.concat([p[1] for p in parts], axis=0)
+    return take_rows(full, np.argsort(idx, kind="stable"))
