@@ -1,0 +1,93 @@
+"""``refbraid train``: train a network sequentially and write log, curves and checkpoints.
+
+Flags map one-to-one onto :class:`refbraid.training.config.TrainConfig` fields, whose
+defaults they show; the config validates them (errors name the flag). Example::
+
+    refbraid train                                   # Peaks, ResNet, defaults
+    refbraid train --data digits --model conv --layers 4 --width 4 --epochs 5
+    refbraid train --checkpoint-every 5 --epochs 10  # then: --resume runs/peaks-resnet --epochs 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import fields
+
+from ..backends import BACKENDS
+from ..backends.reference import ACTIVATIONS
+from ..data import DATASETS
+from .config import DTYPES, TrainConfig, config_from_args
+from .models import MODELS
+from .optim import OPTIMIZERS
+
+_DEFAULTS = {f.name: f.default for f in fields(TrainConfig)}
+
+
+def _add(parser, name: str, type_, help_: str, **kwargs) -> None:
+    flag = "--" + name.replace("_", "-")
+    default = _DEFAULTS[name]
+    shown = "" if default is None else f" (default: {default})"
+    parser.add_argument(flag, dest=name, type=type_, default=default, help=help_ + shown, **kwargs)
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register the ``train`` sub-command on ``subparsers``."""
+    p = subparsers.add_parser(
+        "train",
+        help="train a network (sequential backprop) and write log, curves, checkpoints",
+        description="Train a layer-as-time-step network. Writes log.json, curves.png and "
+        "(with --checkpoint-every) checkpoint.npz to --out.",
+    )
+    g = p.add_argument_group("data")
+    _add(g, "data", str, f"data set: {' | '.join(DATASETS)}", metavar="NAME")
+    _add(g, "data_dir", str, "folder with the MNIST IDX files (train-images-idx3-ubyte, "
+         "train-labels-idx1-ubyte, optionally .gz)", metavar="DIR")
+    _add(g, "samples", int, "Peaks points (default 5000), or a seeded subset of digits/MNIST "
+         "(default: all)", metavar="N")
+    _add(g, "val_fraction", float, "share of the samples held out for validation", metavar="F")
+    g = p.add_argument_group("network")
+    _add(g, "model", str, f"network: {' | '.join(MODELS)}", metavar="NAME")
+    _add(g, "layers", int, "number N of ODE steps (residual layers)", metavar="N")
+    _add(g, "width", int, "width C: features (resnet) or channels (conv)", metavar="C")
+    _add(g, "T", float, "final time; step size h = T/N", metavar="T")
+    _add(g, "activation", str, f"activation: {' | '.join(ACTIVATIONS)}", metavar="NAME")
+    g = p.add_argument_group("optimisation")
+    _add(g, "epochs", int, "total number of epochs", metavar="E")
+    _add(g, "batch_size", int, "mini-batch size", metavar="B")
+    _add(g, "lr", float, "learning rate", metavar="LR")
+    _add(g, "optimizer", str, f"optimizer: {' | '.join(OPTIMIZERS)}", metavar="NAME")
+    _add(g, "momentum", float, "SGD momentum", metavar="MU")
+    _add(g, "seed", int, "seed of the data, the initial weights and the shuffling", metavar="S")
+    g = p.add_argument_group("execution")
+    _add(g, "backend", str, f"kernels: {' | '.join(BACKENDS)}", metavar="NAME")
+    _add(g, "dtype", str, f"floating point type: {' | '.join(DTYPES)}", metavar="NAME")
+    g.add_argument("--serial", dest="serial", action="store_true",
+                   help="sequential gradient (forward and backprop layer by layer); the only "
+                   "mode until layer-parallel MGRIT training lands")
+    g = p.add_argument_group("output")
+    _add(g, "out", str, "output folder (default: runs/<data>-<model>)", metavar="DIR")
+    _add(g, "checkpoint_every", int, "write checkpoint.npz every K epochs and at the end "
+         "(0: never)", metavar="K")
+    _add(g, "resume", str, "continue from a checkpoint file (or a run folder holding "
+         "checkpoint.npz); --epochs is the new total", metavar="PATH")
+    g.add_argument("--quiet", dest="quiet", action="store_true",
+                   help="no per-epoch progress lines (the final summary is still printed)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the config from the flags, train, print a short summary; returns 0."""
+    from .trainer import train
+
+    config = config_from_args(args)
+    result = train(config)
+    final = result.final
+    names = ", ".join(sorted(p.name for p in result.files.values()))
+    if final:
+        print(f"finished {config.data}-{config.model}: {final['epoch']} epochs, val acc "
+              f"{100 * final['val_acc']:.1f}% (train acc {100 * final['train_acc']:.1f}%, "
+              f"train loss {final['train_loss']:.4f}) in {result.elapsed_s:.1f} s; wrote "
+              f"{names} to {result.out_dir}/", file=sys.stdout, flush=True)
+    return 0

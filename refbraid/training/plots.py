@@ -1,0 +1,114 @@
+"""Plots of a training run; each returns a matplotlib Figure and never shows it.
+
+* :func:`plot_training_curves` — loss and accuracy per epoch from a log history;
+* :func:`plot_decision_regions` — a 2-D data set (Peaks) and the classes the network predicts
+  on a grid over the input box;
+* :func:`plot_trajectories` — the states y[n], n = 0..N, of a few samples as they flow through
+  the layers (the discrete ODE trajectories), projected on their two principal directions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from ..backends import get_backend
+from ..network import forward
+
+GRID = 200  # points per axis of the decision-region grid
+
+
+def plot_training_curves(history: list[dict[str, Any]], title: str | None = None) -> Figure:
+    """Two panels: train/validation loss and train/validation accuracy against the epoch."""
+    fig = Figure(figsize=(8.0, 3.2), layout="constrained")
+    ax_loss, ax_acc = fig.subplots(1, 2)
+    epochs = [r["epoch"] for r in history]
+    for key, label, style in (("train_loss", "train", "-"), ("val_loss", "validation", "--")):
+        ax_loss.plot(epochs, [r.get(key) for r in history], style, label=label)
+    for key, label, style in (("train_acc", "train", "-"), ("val_acc", "validation", "--")):
+        ax_acc.plot(epochs, [100 * r[key] for r in history], style, label=label)
+    ax_loss.set(xlabel="epoch", ylabel="cross-entropy loss", yscale="log")
+    ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", ylim=(0, 100))
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def predict(net, params, x, bk="numpy", batch: int = 4096) -> np.ndarray:
+    """Predicted classes argmax logits for inputs x (n, *in_shape), in chunks."""
+    bk = get_backend(bk)
+    out = []
+    for s in range(0, x.shape[0], batch):
+        logits, _, _ = forward(net, params, bk.asarray(x[s : s + batch]), bk, keep=False)
+        out.append(bk.to_numpy(logits).argmax(axis=1))
+    return np.concatenate(out)
+
+
+def plot_decision_regions(net, params, dataset, bk="numpy", n_points: int = 600,
+                          label_fn: Callable[[np.ndarray], np.ndarray] | None = None) -> Figure:
+    """Left: the 2-D data (validation points, true class; with ``label_fn`` mapping raw points
+    (n, 2) to labels, also the true regions, faint). Right: predicted class on a grid over the
+    input box, with the validation points it gets wrong marked."""
+    if tuple(dataset.input_shape) != (2,):
+        raise ValueError(f"`dataset` must be 2-D (input shape (2,)), got {dataset.input_shape}.")
+    box = float(dataset.info.get("box", 3.0))
+    t = np.linspace(-box, box, GRID)
+    X, Y = np.meshgrid(t, t)
+    grid = dataset.normalise(np.stack([X.ravel(), Y.ravel()], axis=1))
+    regions = predict(net, params, grid, bk).reshape(X.shape)
+    raw_val = dataset.x_val * dataset.std + dataset.mean  # back to [-box, box]²
+    k = min(n_points, dataset.n_val)
+    pts, labels = raw_val[:k], dataset.y_val[:k]
+    wrong = predict(net, params, dataset.x_val[:k], bk) != labels
+
+    fig = Figure(figsize=(8.0, 3.8), layout="constrained")
+    ax_data, ax_pred = fig.subplots(1, 2, sharey=True)
+    cmap, levels = "viridis", np.arange(dataset.n_classes + 1) - 0.5
+    if label_fn is not None:
+        truth = label_fn(np.stack([X.ravel(), Y.ravel()], axis=1)).reshape(X.shape)
+        ax_data.contourf(X, Y, truth, levels=levels, cmap=cmap, alpha=0.25)
+    sc = ax_data.scatter(pts[:, 0], pts[:, 1], c=labels, cmap=cmap, s=8,
+                         vmin=levels[0], vmax=levels[-1])
+    ax_data.set_title(f"{dataset.name}: validation points, true classes")
+    ax_pred.contourf(X, Y, regions, levels=levels, cmap=cmap, alpha=0.8)
+    ax_pred.scatter(pts[wrong, 0], pts[wrong, 1], marker="x", c="red", s=14,
+                    label=f"misclassified ({wrong.sum()}/{k})")
+    ax_pred.set_title("learned decision regions")
+    ax_pred.legend(loc="lower right", fontsize="small")
+    for ax in (ax_data, ax_pred):
+        ax.set(xlim=(-box, box), ylim=(-box, box), xlabel="x", aspect="equal")
+    ax_data.set_ylabel("y")
+    fig.colorbar(sc, ax=[ax_data, ax_pred], ticks=range(dataset.n_classes), label="class")
+    return fig
+
+
+def plot_trajectories(net, params, x, labels, n_classes: int, bk="numpy") -> Figure:
+    """States y[0..N] of the samples x (n, *in_shape), flattened and projected on the two
+    leading principal directions of all the states; colour = class, ○ start, ● end."""
+    bk = get_backend(bk)
+    _, states, _ = forward(net, params, bk.asarray(x), bk, keep=True)
+    Y = np.stack([bk.to_numpy(s).reshape(s.shape[0], -1) for s in states], axis=1)  # n,N+1,C
+    flat = Y.reshape(-1, Y.shape[-1])
+    centre = flat.mean(axis=0)
+    _, _, vt = np.linalg.svd(flat - centre, full_matrices=False)
+    P = (Y - centre) @ vt[:2].T  # n,N+1,2
+    fig = Figure(figsize=(5.0, 4.4), layout="constrained")
+    ax = fig.subplots()
+    colors = [f"C{c % 10}" for c in range(n_classes)]
+    for traj, c in zip(P, np.asarray(labels), strict=True):
+        ax.plot(traj[:, 0], traj[:, 1], "-", color=colors[c], lw=1, alpha=0.7)
+        ax.plot(*traj[0], "o", mfc="none", color=colors[c], ms=4)
+        ax.plot(*traj[-1], "o", color=colors[c], ms=5)
+    for c in range(n_classes):
+        ax.plot([], [], "-", color=colors[c], label=f"class {c}")
+    ax.set(xlabel="principal direction 1", ylabel="principal direction 2",
+           title=f"y[n], n = 0..{net.n_layers}: samples flowing through the layers")
+    ax.legend(fontsize="small")
+    ax.grid(alpha=0.3)
+    return fig

@@ -1,0 +1,32 @@
+"""Lessons 01 and 02 run end to end in small mode (their own assertions are the checks) and
+save their figure when asked. Lessons 03+ have their own runners (coordinated by file name)."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import pytest
+
+LESSONS = Path(__file__).resolve().parent.parent / "lessons"
+MINE = sorted([*LESSONS.glob("01_*.py"), *LESSONS.glob("02_*.py")])
+
+
+def test_lessons_01_and_02_exist():
+    assert [p.name[:3] for p in MINE] == ["01_", "02_"]
+
+
+@pytest.mark.parametrize("path", MINE, ids=lambda p: p.stem)
+def test_lesson_runs_in_small_mode_and_saves_its_figure(path, tmp_path, monkeypatch):
+    monkeypatch.setenv("REFBRAID_LESSON_SMALL", "1")
+    monkeypatch.setenv("REFBRAID_LESSON_FIGURES", str(tmp_path))
+    runpy.run_path(str(path), run_name="__main__")  # the lesson's own asserts must pass
+    assert (tmp_path / f"{path.stem}.png").is_file()
+
+
+def test_lessons_save_nothing_unless_asked(tmp_path, monkeypatch):
+    monkeypatch.setenv("REFBRAID_LESSON_SMALL", "1")
+    monkeypatch.delenv("REFBRAID_LESSON_FIGURES", raising=False)
+    monkeypatch.chdir(tmp_path)
+    runpy.run_path(str(MINE[0]), run_name="__main__")
+    assert list(tmp_path.iterdir()) == []
