@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .backends import Backend, get_backend
+from .backends.reference import array_namespace
 from .layers.init import check_positive_int
 
 Params = dict[str, Any]
@@ -50,6 +51,12 @@ class Network:
         if tuple(self.opening.out_shape) != tuple(self.step.state_shape):
             raise ValueError(
                 f"opening output shape {self.opening.out_shape} does not match the step state "
+                f"shape {self.step.state_shape}."
+            )
+        closing_in = getattr(self.closing, "in_shape", None)
+        if closing_in is not None and tuple(closing_in) != tuple(self.step.state_shape):
+            raise ValueError(
+                f"closing input shape {tuple(closing_in)} does not match the step state "
                 f"shape {self.step.state_shape}."
             )
 
@@ -104,10 +111,14 @@ def check_batch(net: Network, x, labels=None) -> None:
                          f"got {getattr(x, 'shape', type(x).__name__)}.")
     if x.shape[0] < 1:
         raise ValueError("`x` must hold at least one sample.")
+    if x.dtype.kind in "fc" and not bool(array_namespace(x).isfinite(x).all()):
+        raise ValueError("`x` must be finite, got NaN or infinite values.")
     if labels is not None:
         if getattr(labels, "shape", None) != (x.shape[0],):
             raise ValueError(f"`labels` must have shape ({x.shape[0]},), "
                              f"got {getattr(labels, 'shape', None)}.")
+        if labels.dtype.kind not in "iu":
+            raise TypeError(f"`labels` must be integer class indices, got dtype {labels.dtype}.")
         n_classes = net.closing.out_shape[0]
         if int(labels.min()) < 0 or int(labels.max()) >= n_classes:
             raise ValueError(f"`labels` must lie in [0, {n_classes}), got range "

@@ -26,6 +26,10 @@ def array_namespace(*arrays):
     for a in arrays:
         if hasattr(a, "__array_namespace__"):
             return a.__array_namespace__()
+        if type(a).__module__.startswith("cupy"):  # CuPy < 14 has no __array_namespace__
+            import cupy  # pragma: no cover - needs a GPU
+
+            return cupy  # pragma: no cover
     return np
 
 
@@ -45,8 +49,15 @@ def check_activation(act: str) -> None:
 
 # ----------------------------------------------------------------------------- activations
 def activation(z, act: str):
-    """σ(z) element-wise; tanh, relu, exact (erf) gelu as ``torch.nn.GELU()``, identity."""
+    """σ(z) element-wise; tanh, relu, exact (erf) gelu as ``torch.nn.GELU()``, identity.
+
+    Complex z (the complex-step tangent of refbraid.verify) follows the first-order dual-number
+    rule σ(a + ib) := σ(a) + i·b·σ'(a), exact for a complex step and valid for relu and gelu.
+    """
     xp = array_namespace(z)
+    if z.dtype.kind == "c":
+        a = xp.real(z)
+        return activation(a, act) + 1j * xp.imag(z) * activation_adjoint(a, xp.ones_like(a), act)
     if act == "tanh":
         return xp.tanh(z)
     if act == "relu":
@@ -59,8 +70,12 @@ def activation(z, act: str):
 
 
 def activation_adjoint(z, dy, act: str):
-    """dz = σ'(z) ⊙ dy."""
+    """dz = σ'(z) ⊙ dy; complex z uses the dual-number rule σ'(a + ib) := σ'(a) + i·b·σ''(a)."""
     xp = array_namespace(z)
+    if z.dtype.kind == "c":
+        a = xp.real(z)
+        slope = activation_adjoint(a, xp.ones_like(a), act)
+        return (slope + 1j * xp.imag(z) * _activation_curvature(a, act)) * dy
     if act == "tanh":
         t = xp.tanh(z)
         return (1.0 - t * t) * dy
@@ -72,6 +87,19 @@ def activation_adjoint(z, dy, act: str):
         return (cdf + z * pdf) * dy
     if act == "identity":
         return dy.copy()
+    check_activation(act)
+
+
+def _activation_curvature(a, act: str):
+    """σ''(a) for real a: tanh −2t(1 − t²), gelu φ(a)(2 − a²), relu and identity 0."""
+    xp = array_namespace(a)
+    if act == "tanh":
+        t = xp.tanh(a)
+        return -2.0 * t * (1.0 - t * t)
+    if act == "gelu":  # d/da [Φ(a) + a φ(a)] = 2φ(a) + a φ'(a) = φ(a)(2 − a²)
+        return xp.exp(-0.5 * a * a) / math.sqrt(2.0 * math.pi) * (2.0 - a * a)
+    if act in ("relu", "identity"):
+        return xp.zeros_like(a)
     check_activation(act)
 
 
@@ -151,7 +179,8 @@ def softmax_cross_entropy(logits, labels):
     L = -(1/B) Σ_b log p[b, y_b],  p = softmax(logits) row-wise.  Returns (L, p).
     """
     xp = array_namespace(logits)
-    shifted = logits - logits.max(axis=1, keepdims=True)
+    # shift by the row maximum of the real part, so complex logits (a complex step) work too
+    shifted = logits - xp.real(logits).max(axis=1, keepdims=True)
     logsum = xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
     logp = shifted - logsum
     B = logits.shape[0]
@@ -166,3 +195,142 @@ def softmax_cross_entropy_adjoint(probs, labels, dloss: float = 1.0):
     dlogits = probs.copy()
     dlogits[xp.arange(B), labels] -= 1.0
     return dlogits * (dloss / B)
+
+
+# ----------------------------------------------------------------------------- transformer kernels
+# Kernels of the attention, layer-norm, embedding and GRU layers (refbraid.layers.attention,
+# layernorm, embedding, gru). Shape legend for this section: G batched matrices (batch·heads),
+# R rows (every leading axis flattened), N row length, E model width, V vocabulary size,
+# B batch, T tokens, H GRU hidden size.
+#
+# Complex-step safety (refbraid.verify differentiates these kernels with complex inputs): every
+# formula is analytic, and comparisons (the softmax row maximum) look at real parts only.
+
+
+def bmm(a, b):
+    """Batched matrix product c[g] = a[g] @ b[g].  a: (G, M, K), b: (G, K, N) -> c: (G, M, N)."""
+    return a @ b
+
+
+def softmax(x, mask):
+    """Row softmax over the last axis, masked entries excluded.
+
+    p[..., j] = exp(x_j − m) / Σ_{k unmasked} exp(x_k − m) for unmasked j, p = 0 where
+    ``mask`` is True; m = max over unmasked k of Re x_k (any shift gives the same p; the
+    maximum avoids overflow). A fully masked row is all zeros, never NaN.
+    x: (..., N), mask: None or a bool array of x's shape  ->  p: (..., N).
+    """
+    xp = array_namespace(x)
+    re = xp.real(x)  # comparisons on the real part (complex-step safe)
+    if mask is None:
+        e = xp.exp(x - xp.max(re, axis=-1, keepdims=True))
+    else:
+        m = xp.max(xp.where(mask, -xp.inf, re), axis=-1, keepdims=True)
+        m = xp.where(xp.isfinite(m), m, 0.0)  # fully masked row: any finite shift will do
+        e = xp.where(mask, 0.0, xp.exp(xp.where(mask, 0.0, x - m)))
+    s = xp.sum(e, axis=-1, keepdims=True)
+    return e / xp.where(s == 0, 1.0, s)
+
+
+def softmax_adjoint(p, dp):
+    """Adjoint of p = softmax(x) (masked or not): dx = p ⊙ (dp − Σ_j p_j dp_j) row-wise.
+
+    Masked entries have p = 0, so they get dx = 0. p, dp: (..., N) -> dx: (..., N).
+    """
+    xp = array_namespace(p)
+    return p * (dp - xp.sum(p * dp, axis=-1, keepdims=True))
+
+
+def layernorm(x, gamma, beta, eps: float):
+    """Layer norm over the last axis, as ``torch.nn.LayerNorm(N, eps)`` (biased variance).
+
+    μ = mean_j x_j,  σ² = mean_j (x_j − μ)²,  r = 1/√(σ² + eps),  y = (x − μ) r γ + β.
+    x: (..., N), gamma, beta: (N,)  ->  (y (..., N), mean (...), rstd (...)).
+    """
+    xp = array_namespace(x)
+    mean = xp.mean(x, axis=-1)
+    xc = x - mean[..., None]
+    rstd = 1.0 / xp.sqrt(xp.mean(xc * xc, axis=-1) + eps)  # xc·xc, not |xc|²: analytic
+    return xc * rstd[..., None] * gamma + beta, mean, rstd
+
+
+def layernorm_adjoint(x, mean, rstd, gamma, dy):
+    """Adjoint of layernorm, with x̂ = (x − μ) r and g = dy ⊙ γ:
+
+    dx = r (g − mean_j g − x̂ mean_j(g ⊙ x̂)),  dγ = Σ dy ⊙ x̂,  dβ = Σ dy (sums over all
+    leading axes). Returns (dx (..., N), dgamma (N,), dbeta (N,)).
+    """
+    xp = array_namespace(x)
+    xhat = (x - mean[..., None]) * rstd[..., None]
+    g = dy * gamma
+    dx = rstd[..., None] * (
+        g - xp.mean(g, axis=-1, keepdims=True) - xhat * xp.mean(g * xhat, axis=-1, keepdims=True)
+    )
+    lead = tuple(range(x.ndim - 1))
+    return dx, xp.sum(dy * xhat, axis=lead), xp.sum(dy, axis=lead)
+
+
+def embedding(tokens, W):
+    """Row lookup out[..., :] = W[tokens[...], :].  tokens: int (...), W: (V, E) -> (..., E)."""
+    return W[tokens]
+
+
+def embedding_adjoint(tokens, dout, n_rows: int):
+    """dW[v] = Σ_{positions with token v} dout[position], i.e. dW = onehot(tokens)ᵀ dout.
+
+    tokens: int (...), dout: (..., E)  ->  dW: (n_rows, E).
+    """
+    xp = array_namespace(dout)
+    flat = tokens.reshape(-1)
+    onehot = (flat[:, None] == xp.arange(n_rows)[None, :]).astype(dout.dtype)  # R,V
+    return onehot.T @ dout.reshape(flat.shape[0], -1)
+
+
+def _sigmoid(xp, a):
+    return 1.0 / (1.0 + xp.exp(-a))
+
+
+def gru_cell(gx, gh, h, dt: float, implicit: bool):
+    """Gate algebra of a GRU step (torch.nn.GRUCell gate order r, z, n), after the matmuls.
+
+    gx = x W_ihᵀ + b_ih and gh = h W_hhᵀ + b_hh, each (B, 3H) laid out [r | z | n]:
+        r = σ(gx_r + gh_r),  z = σ(gx_z + gh_z),  n = tanh(gx_n + r ⊙ gh_n)
+        classic  (implicit=False): h_new = h + dt (1 − z) ⊙ (n − h)     (GRUCell when dt = 1)
+        implicit (implicit=True):  h_new = (h + dt (1 − z) ⊙ n) / (1 + dt (1 − z))
+    Returns (h_new (B, H), gates (B, 3H) = [r | z | n]).
+    """
+    xp = array_namespace(gx)
+    H = h.shape[-1]
+    r = _sigmoid(xp, gx[:, :H] + gh[:, :H])
+    z = _sigmoid(xp, gx[:, H : 2 * H] + gh[:, H : 2 * H])
+    n = xp.tanh(gx[:, 2 * H :] + r * gh[:, 2 * H :])
+    q = dt * (1.0 - z)
+    h_new = (h + q * n) / (1.0 + q) if implicit else h + q * (n - h)
+    return h_new, xp.concatenate([r, z, n], axis=1)
+
+
+def gru_cell_adjoint(gates, gh, h, dh_new, dt: float, implicit: bool):
+    """Adjoint of gru_cell. With q = dt (1 − z), D = 1 + q and λ = dh_new:
+
+    classic:  ∂h_new/∂h = 1 − q,  ∂h_new/∂n = q,    ∂h_new/∂z = −dt (n − h)
+    implicit: ∂h_new/∂h = 1/D,    ∂h_new/∂n = q/D,  ∂h_new/∂z = −dt (n − h)/D²
+    dn = λ ∂h_new/∂n,  da_n = dn (1 − n²),  da_z = λ ∂h_new/∂z · z (1 − z),
+    da_r = da_n ⊙ gh_n · r (1 − r);  dgx = [da_r | da_z | da_n],  dgh = [da_r | da_z | r ⊙ da_n],
+    dh = λ ∂h_new/∂h (the direct part; the layer adds dgh W_hh for the path through the gates).
+    Returns (dgx (B, 3H), dgh (B, 3H), dh (B, H)).
+    """
+    xp = array_namespace(gates)
+    H = h.shape[-1]
+    r, z, n = gates[:, :H], gates[:, H : 2 * H], gates[:, 2 * H :]
+    q = dt * (1.0 - z)
+    if implicit:
+        D = 1.0 + q
+        dh, dn, dz = dh_new / D, dh_new * q / D, -dt * dh_new * (n - h) / (D * D)
+    else:
+        dh, dn, dz = dh_new * (1.0 - q), dh_new * q, -dt * dh_new * (n - h)
+    da_n = dn * (1.0 - n * n)
+    da_z = dz * z * (1.0 - z)
+    da_r = da_n * gh[:, 2 * H :] * r * (1.0 - r)
+    dgx = xp.concatenate([da_r, da_z, da_n], axis=1)
+    dgh = xp.concatenate([da_r, da_z, r * da_n], axis=1)
+    return dgx, dgh, dh
