@@ -20,9 +20,10 @@ cupy       the reference kernels on CuPy arrays (needs a GPU)
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -42,13 +43,24 @@ KERNELS = (
     "conv2d_adjoint",
     "softmax_cross_entropy",
     "softmax_cross_entropy_adjoint",
+    # transformer kernels (attention, layer norm, embedding, GRU)
+    "bmm",
+    "softmax",
+    "softmax_adjoint",
+    "layernorm",
+    "layernorm_adjoint",
+    "embedding",
+    "embedding_adjoint",
+    "gru_cell",
+    "gru_cell_adjoint",
 )
 
+#: Modules whose OVERRIDES make up each backend, later modules taking precedence.
 _MODULES = {
-    "numpy": "refbraid.backends.reference",
-    "numba": "refbraid.backends.numba_cpu",
-    "cuda": "refbraid.backends.numba_cuda",
-    "cupy": "refbraid.backends.cupy_gpu",
+    "numpy": ("refbraid.backends.reference",),
+    "numba": ("refbraid.backends.numba_cpu", "refbraid.backends.numba_cpu_attention"),
+    "cuda": ("refbraid.backends.numba_cuda", "refbraid.backends.numba_cuda_attention"),
+    "cupy": ("refbraid.backends.cupy_gpu",),
 }
 
 
@@ -89,18 +101,27 @@ def get_backend(name: str | Backend = "numpy") -> Backend:
         raise ValueError(f"`backend` must be one of {BACKENDS}, got {name!r}.")
     if name in _cache:
         return _cache[name]
-    module = importlib.import_module(_MODULES[name])
-    overrides = tuple(getattr(module, "OVERRIDES", KERNELS if name == "numpy" else ()))
     kernels = {k: getattr(reference, k) for k in KERNELS}
-    kernels.update({k: getattr(module, k) for k in overrides})
-    xp = getattr(module, "xp", np)
+    overrides: tuple[str, ...] = ()
+    xp = np
+    for module_name in _MODULES[name]:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if err.name != module_name:  # a missing dependency, not a missing optional module
+                raise
+            continue
+        own = tuple(getattr(module, "OVERRIDES", ()))
+        kernels.update({k: getattr(module, k) for k in own})
+        overrides += own
+        xp = getattr(module, "xp", xp)
     backend = Backend(name=name, xp=xp, kernels=kernels, overrides=overrides)
     _cache[name] = backend
     return backend
 
 
 def available_backends() -> list[str]:
-    """Backends that can run here (``cupy`` only with a GPU; ``cuda`` with a GPU or the simulator)."""
+    """Backends that can run here (``cupy`` only with a GPU; ``cuda`` with a GPU or simulator)."""
     names = ["numpy", "numba"]
     try:
         from .numba_cuda import is_usable as cuda_usable

@@ -154,8 +154,9 @@ def conv2d(x, W, b):
 def conv2d_adjoint(x, W, dz):
     """Adjoint of conv2d: dx is the transposed convolution of dz, dW correlates dz with x̃.
 
-    dx̃[n,c,i+p,j+q] += Σ_o W[o,c,p,q] dz[n,o,i,j];  dW[o,c,p,q] = Σ_{n,i,j} dz[n,o,i,j] x̃[n,c,i+p,j+q];
-    db[o] = Σ_{n,i,j} dz[n,o,i,j].  Returns (dx, dW, db).
+    dx̃[n,c,i+p,j+q] += Σ_o W[o,c,p,q] dz[n,o,i,j];
+    dW[o,c,p,q] = Σ_{n,i,j} dz[n,o,i,j] x̃[n,c,i+p,j+q];  db[o] = Σ_{n,i,j} dz[n,o,i,j].
+    Returns (dx, dW, db).
     """
     xp = array_namespace(x)
     k = W.shape[-1]

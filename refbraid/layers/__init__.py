@@ -11,9 +11,22 @@ live in plain dicts of named arrays):
 Adjoint outputs carry a ``d`` prefix and are returned fresh (never accumulated).
 """
 
+from .attention import MultiheadAttention
 from .conv import ConvLift, ConvStep
 from .dense import DenseLift, DenseStep
+from .embedding import TokenEmbedding, sinusoidal_positions
+from .gru import GRUCell, GRUSequence
 from .heads import Classifier, softmax_cross_entropy, softmax_cross_entropy_adjoint
+from .layernorm import LayerNorm
+from .mlp import MLP
+from .transformer import (
+    DecoderStep,
+    EncoderStep,
+    PooledClassifier,
+    TokenClassifier,
+    token_cross_entropy,
+    token_cross_entropy_adjoint,
+)
 
 __all__ = [
     "Classifier",
@@ -23,4 +36,18 @@ __all__ = [
     "DenseStep",
     "softmax_cross_entropy",
     "softmax_cross_entropy_adjoint",
+    # transformer and GRU layers
+    "MLP",
+    "DecoderStep",
+    "EncoderStep",
+    "GRUCell",
+    "GRUSequence",
+    "LayerNorm",
+    "MultiheadAttention",
+    "PooledClassifier",
+    "TokenClassifier",
+    "TokenEmbedding",
+    "sinusoidal_positions",
+    "token_cross_entropy",
+    "token_cross_entropy_adjoint",
 ]

@@ -10,6 +10,8 @@ from __future__ import annotations
 from .conv import ConvLift, ConvStep
 from .dense import DenseLift, DenseStep
 from .heads import Classifier
+from .layernorm import LayerNorm
+from .transformer import PooledClassifier, TokenClassifier
 
 
 def verification_catalog() -> list[tuple[str, object]]:
@@ -23,4 +25,10 @@ def verification_catalog() -> list[tuple[str, object]]:
         ("dense_lift", DenseLift(2, 6, "tanh")),
         ("conv_lift", ConvLift(1, 3, 5, 5, "relu")),
         ("classifier", Classifier((3, 5, 5), 4)),
+        # transformer pieces cheap enough for the CUDA simulator; attention, the encoder and
+        # decoder steps, the token embedding and the GRU cells are verified on every backend
+        # in tests/test_transformer_layers.py and tests/test_gru_layers.py
+        ("layernorm", LayerNorm(4, 3)),
+        ("pooled_classifier", PooledClassifier(3, 4, 3)),
+        ("token_classifier", TokenClassifier(3, 4, 3)),
     ]

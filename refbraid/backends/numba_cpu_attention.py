@@ -1,0 +1,393 @@
+"""Numba CPU kernels of the transformer and GRU layers (merged into backend ``"numba"``).
+
+Every public function keeps the signature and semantics of the same-named function in
+:mod:`refbraid.backends.reference` (section "transformer kernels"); its docstring says only
+what it changes. What is fused::
+
+    softmax            p = softmax(x) over unmasked entries   one pass per row: max, Σ exp, scale
+    softmax_adjoint    dx = p ⊙ (dp − Σ p ⊙ dp)              one pass per row
+    layernorm          y = γ (x − μ) r + β, (μ, r)           one pass per row (two-pass variance)
+    layernorm_adjoint  dx = r (g − ⟨g⟩ − x̂ ⟨g x̂⟩)            one pass per row, then one pass per
+                       dγ = Σ dy x̂,  dβ = Σ dy               column for the parameter sums
+    embedding_adjoint  dW[tok] += dX                        a scatter-add loop: O(B·T·E), not
+                                                            the reference's O(B·T·V·E) one-hot
+    gru_cell           r, z, n, h_new                        one pass over (B, H), no temporaries
+    gru_cell_adjoint   dgx, dgh, dh                          one pass over (B, H)
+
+Not overridden, by choice: ``bmm`` (batched matrix product) stays the reference ``a @ b``,
+i.e. NumPy's BLAS GEMM per matrix — a Numba triple loop is several times slower than BLAS, and
+there is nothing to fuse into it (as ``linear`` in :mod:`refbraid.backends.numba_cpu`, which
+also calls BLAS). ``embedding`` (a gather) stays NumPy's fancy indexing.
+
+The per-row and per-element bodies are small pure functions of (arrays, index) —
+:func:`softmax_row`, :func:`layernorm_row`, … — compiled here with ``njit(inline="always")``
+and in :mod:`refbraid.backends.numba_cuda_attention` with ``cuda.jit(device=True)``: one
+tested source for both. They use ``math`` only, so they compile on either target.
+
+As in :mod:`refbraid.backends.numba_cpu`: no ``parallel=True`` (one thread per rank), no
+``fastmath`` (≤1e-12 agreement with the reference in float64), and arrays that are not
+float32/float64 NumPy arrays (the verifier's complex steps, CuPy arrays) go to the reference
+unchanged. Sums accumulate in float64 also for float32 data.
+
+Shape legend: R rows (all leading axes flattened), N row length, B batch, H GRU hidden size,
+E width, V vocabulary size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from . import reference
+
+OVERRIDES = (
+    "softmax",
+    "softmax_adjoint",
+    "layernorm",
+    "layernorm_adjoint",
+    "embedding_adjoint",
+    "gru_cell",
+    "gru_cell_adjoint",
+)
+
+#: A mask argument for kernels called without a mask (``use_mask`` False): never read.
+NO_MASK = np.zeros((1, 1), dtype=np.uint8)
+
+
+# ----------------------------------------------------------------------------- shared bodies
+# Plain Python over arrays and indices; compiled for the CPU below and for the GPU in
+# numba_cuda_attention. Only math.* and arithmetic, so both targets accept them.
+def softmax_row(x, mask, use_mask, p, i):
+    """p[i] = softmax of x[i] over entries with mask[i, j] == 0; masked → 0, all masked → 0."""
+    N = x.shape[1]
+    m = -math.inf
+    for j in range(N):
+        if not (use_mask and mask[i, j]) and x[i, j] > m:
+            m = x[i, j]
+    if m == -math.inf:  # fully masked row: zeros, never NaN
+        for j in range(N):
+            p[i, j] = 0.0
+        return
+    s = 0.0
+    for j in range(N):
+        if use_mask and mask[i, j]:
+            p[i, j] = 0.0
+        else:
+            e = math.exp(x[i, j] - m)
+            p[i, j] = e
+            s += e
+    for j in range(N):
+        p[i, j] = p[i, j] / s
+
+
+def softmax_adjoint_row(p, dp, dx, i):
+    """dx[i] = p[i] ⊙ (dp[i] − Σ_j p[i, j] dp[i, j])."""
+    N = p.shape[1]
+    s = 0.0
+    for j in range(N):
+        s += p[i, j] * dp[i, j]
+    for j in range(N):
+        dx[i, j] = p[i, j] * (dp[i, j] - s)
+
+
+def layernorm_row(x, gamma, beta, eps, y, mean, rstd, i):
+    """y[i] = γ (x[i] − μ) r + β with μ = mean x[i], r = 1/√(mean (x[i] − μ)² + eps)."""
+    N = x.shape[1]
+    mu = 0.0
+    for j in range(N):
+        mu += x[i, j]
+    mu /= N
+    var = 0.0
+    for j in range(N):
+        d = x[i, j] - mu
+        var += d * d
+    r = 1.0 / math.sqrt(var / N + eps)
+    for j in range(N):
+        y[i, j] = (x[i, j] - mu) * r * gamma[j] + beta[j]
+    mean[i] = mu
+    rstd[i] = r
+
+
+def layernorm_adjoint_row(x, mean, rstd, gamma, dy, dx, i):
+    """dx[i] = r (g − mean g − x̂ mean(g x̂)), g = dy[i] γ, x̂ = (x[i] − μ) r."""
+    N = x.shape[1]
+    mu, r = mean[i], rstd[i]
+    sg = 0.0
+    sgx = 0.0
+    for j in range(N):
+        g = dy[i, j] * gamma[j]
+        sg += g
+        sgx += g * (x[i, j] - mu) * r
+    sg /= N
+    sgx /= N
+    for j in range(N):
+        xhat = (x[i, j] - mu) * r
+        dx[i, j] = r * (dy[i, j] * gamma[j] - sg - xhat * sgx)
+
+
+def layernorm_param_col(x, mean, rstd, dy, dgamma, dbeta, j):
+    """dγ[j] = Σ_i dy[i, j] x̂[i, j],  dβ[j] = Σ_i dy[i, j]."""
+    sgam = 0.0
+    sbet = 0.0
+    for i in range(x.shape[0]):
+        sgam += dy[i, j] * (x[i, j] - mean[i]) * rstd[i]
+        sbet += dy[i, j]
+    dgamma[j] = sgam
+    dbeta[j] = sbet
+
+
+def gru_cell_point(gx, gh, h, dt, implicit, h_new, gates, b, j):
+    """Gates r, z, n and h_new of unit j of sample b (reference.gru_cell)."""
+    H = h.shape[1]
+    r = 1.0 / (1.0 + math.exp(-(gx[b, j] + gh[b, j])))
+    z = 1.0 / (1.0 + math.exp(-(gx[b, H + j] + gh[b, H + j])))
+    n = math.tanh(gx[b, 2 * H + j] + r * gh[b, 2 * H + j])
+    q = dt * (1.0 - z)
+    if implicit:
+        h_new[b, j] = (h[b, j] + q * n) / (1.0 + q)
+    else:
+        h_new[b, j] = h[b, j] + q * (n - h[b, j])
+    gates[b, j] = r
+    gates[b, H + j] = z
+    gates[b, 2 * H + j] = n
+
+
+def gru_cell_adjoint_point(gates, gh, h, dh_new, dt, implicit, dgx, dgh, dh, b, j):
+    """dgx, dgh and the direct dh of unit j of sample b (reference.gru_cell_adjoint)."""
+    H = h.shape[1]
+    r, z, n = gates[b, j], gates[b, H + j], gates[b, 2 * H + j]
+    lam = dh_new[b, j]
+    q = dt * (1.0 - z)
+    if implicit:
+        D = 1.0 + q
+        dhj, dn, dz = lam / D, lam * q / D, -dt * lam * (n - h[b, j]) / (D * D)
+    else:
+        dhj, dn, dz = lam * (1.0 - q), lam * q, -dt * lam * (n - h[b, j])
+    da_n = dn * (1.0 - n * n)
+    da_z = dz * z * (1.0 - z)
+    da_r = da_n * gh[b, 2 * H + j] * r * (1.0 - r)
+    dgx[b, j] = da_r
+    dgx[b, H + j] = da_z
+    dgx[b, 2 * H + j] = da_n
+    dgh[b, j] = da_r
+    dgh[b, H + j] = da_z
+    dgh[b, 2 * H + j] = r * da_n
+    dh[b, j] = dhj
+
+
+_softmax_row = njit(inline="always")(softmax_row)
+_softmax_adjoint_row = njit(inline="always")(softmax_adjoint_row)
+_layernorm_row = njit(inline="always")(layernorm_row)
+_layernorm_adjoint_row = njit(inline="always")(layernorm_adjoint_row)
+_layernorm_param_col = njit(inline="always")(layernorm_param_col)
+_gru_cell_point = njit(inline="always")(gru_cell_point)
+_gru_cell_adjoint_point = njit(inline="always")(gru_cell_adjoint_point)
+
+
+# ----------------------------------------------------------------------------- loops
+@njit(cache=True)
+def _softmax_kernel(x, mask, use_mask, p):
+    for i in range(x.shape[0]):
+        _softmax_row(x, mask, use_mask, p, i)
+
+
+@njit(cache=True)
+def _softmax_adjoint_kernel(p, dp, dx):
+    for i in range(p.shape[0]):
+        _softmax_adjoint_row(p, dp, dx, i)
+
+
+@njit(cache=True)
+def _layernorm_kernel(x, gamma, beta, eps, y, mean, rstd):
+    for i in range(x.shape[0]):
+        _layernorm_row(x, gamma, beta, eps, y, mean, rstd, i)
+
+
+@njit(cache=True)
+def _layernorm_adjoint_kernel(x, mean, rstd, gamma, dy, dx, dgamma, dbeta):
+    for i in range(x.shape[0]):
+        _layernorm_adjoint_row(x, mean, rstd, gamma, dy, dx, i)
+    for j in range(x.shape[1]):
+        _layernorm_param_col(x, mean, rstd, dy, dgamma, dbeta, j)
+
+
+@njit(cache=True)
+def _embedding_adjoint_kernel(tokens, dout, dW):
+    """dW[tokens[i]] += dout[i] for every row i (dW zeroed by the caller)."""
+    for i in range(tokens.shape[0]):
+        v = tokens[i]
+        for e in range(dout.shape[1]):
+            dW[v, e] += dout[i, e]
+
+
+@njit(cache=True)
+def _gru_cell_kernel(gx, gh, h, dt, implicit, h_new, gates):
+    for b in range(h.shape[0]):
+        for j in range(h.shape[1]):
+            _gru_cell_point(gx, gh, h, dt, implicit, h_new, gates, b, j)
+
+
+@njit(cache=True)
+def _gru_cell_adjoint_kernel(gates, gh, h, dh_new, dt, implicit, dgx, dgh, dh):
+    for b in range(h.shape[0]):
+        for j in range(h.shape[1]):
+            _gru_cell_adjoint_point(gates, gh, h, dh_new, dt, implicit, dgx, dgh, dh, b, j)
+
+
+# ----------------------------------------------------------------------------- input handling
+def fast(*arrays) -> bool:
+    """True when every argument is a float32/float64 NumPy array (or None)."""
+    return all(a is None or (type(a) is np.ndarray and a.dtype.char in "fd") for a in arrays)
+
+
+def result_dtype(*arrays) -> np.dtype:
+    """The NumPy result dtype of the (float) arrays."""
+    return np.result_type(*[a.dtype for a in arrays if a is not None])
+
+
+def rows(a: np.ndarray, dtype) -> np.ndarray:
+    """``a`` as a C-contiguous (R, N) array of ``dtype`` (a view when possible)."""
+    return np.ascontiguousarray(a, dtype=dtype).reshape(-1, a.shape[-1])
+
+
+def mask_rows(mask, x: np.ndarray) -> tuple[np.ndarray, bool]:
+    """(uint8 (R, N) mask, use_mask) for the kernels; validates shape and dtype."""
+    if mask is None:
+        return NO_MASK, False
+    if getattr(mask, "dtype", None) != np.bool_ or tuple(mask.shape) != tuple(x.shape):
+        raise ValueError(f"`mask` must be None or a bool array of shape {tuple(x.shape)}, "
+                         f"got {getattr(mask, 'dtype', type(mask).__name__)} "
+                         f"{tuple(getattr(mask, 'shape', ()))}.")
+    return np.ascontiguousarray(mask).reshape(-1, x.shape[-1]).view(np.uint8), True
+
+
+def check_same_shape(name: str, a, ref_name: str, ref) -> None:
+    if tuple(a.shape) != tuple(ref.shape):
+        raise ValueError(f"`{name}` must have the shape of `{ref_name}` {tuple(ref.shape)}, "
+                         f"got {tuple(a.shape)}.")
+
+
+def check_vector(name: str, v, n: int) -> None:
+    if tuple(v.shape) != (n,):
+        raise ValueError(f"`{name}` must have shape ({n},), got {tuple(v.shape)}.")
+
+
+def check_gru(h, *named) -> None:
+    """Validate the GRU kernel shapes: h (B, H), each (name, array, width) (B, width·H)."""
+    if h.ndim != 2:
+        raise ValueError(f"`h` must be 2-D (batch, hidden), got shape {tuple(h.shape)}.")
+    B, H = h.shape
+    for name, a, k in named:
+        if tuple(a.shape) != (B, k * H):
+            raise ValueError(f"`{name}` must have shape ({B}, {k * H}), got {tuple(a.shape)}.")
+
+
+# ----------------------------------------------------------------------------- softmax
+def softmax(x, mask):
+    """Masked row softmax (reference.softmax): one fused pass per row."""
+    if not fast(x) or x.ndim == 0 or x.size == 0:
+        return reference.softmax(x, mask)
+    m2, use_mask = mask_rows(mask, x)
+    x2 = rows(x, x.dtype)  # R,N
+    p = np.empty_like(x2)
+    _softmax_kernel(x2, m2, use_mask, p)
+    return p.reshape(x.shape)
+
+
+def softmax_adjoint(p, dp):
+    """dx = p ⊙ (dp − Σ p ⊙ dp) (reference.softmax_adjoint): one pass per row."""
+    if not fast(p, dp) or p.ndim == 0 or p.size == 0:
+        return reference.softmax_adjoint(p, dp)
+    check_same_shape("dp", dp, "p", p)
+    dtype = result_dtype(p, dp)
+    p2, dp2 = rows(p, dtype), rows(dp, dtype)
+    dx = np.empty_like(p2)
+    _softmax_adjoint_kernel(p2, dp2, dx)
+    return dx.reshape(p.shape)
+
+
+# ----------------------------------------------------------------------------- layer norm
+def layernorm(x, gamma, beta, eps: float):
+    """(y, mean, rstd) of reference.layernorm: one pass per row, no temporaries."""
+    if not fast(x, gamma, beta) or x.ndim == 0 or x.size == 0:
+        return reference.layernorm(x, gamma, beta, eps)
+    N = x.shape[-1]
+    check_vector("gamma", gamma, N)
+    check_vector("beta", beta, N)
+    dtype = result_dtype(x, gamma, beta)
+    x2 = rows(x, dtype)  # R,N
+    y = np.empty_like(x2)
+    mean = np.empty(x2.shape[0], dtype)
+    rstd = np.empty(x2.shape[0], dtype)
+    _layernorm_kernel(x2, np.ascontiguousarray(gamma, dtype), np.ascontiguousarray(beta, dtype),
+                      float(eps), y, mean, rstd)
+    lead = x.shape[:-1]
+    return y.reshape(x.shape), mean.reshape(lead), rstd.reshape(lead)
+
+
+def layernorm_adjoint(x, mean, rstd, gamma, dy):
+    """(dx, dgamma, dbeta) of reference.layernorm_adjoint: per row, then per column."""
+    if not fast(x, mean, rstd, gamma, dy) or x.ndim == 0 or x.size == 0:
+        return reference.layernorm_adjoint(x, mean, rstd, gamma, dy)
+    N = x.shape[-1]
+    check_vector("gamma", gamma, N)
+    check_same_shape("dy", dy, "x", x)
+    for name, a in (("mean", mean), ("rstd", rstd)):
+        if tuple(a.shape) != tuple(x.shape[:-1]):
+            raise ValueError(f"`{name}` must have shape {tuple(x.shape[:-1])}, "
+                             f"got {tuple(a.shape)}.")
+    dtype = result_dtype(x, mean, rstd, gamma, dy)
+    x2, dy2 = rows(x, dtype), rows(dy, dtype)
+    mean1 = np.ascontiguousarray(mean, dtype).reshape(-1)
+    rstd1 = np.ascontiguousarray(rstd, dtype).reshape(-1)
+    dx = np.empty_like(x2)
+    dgamma, dbeta = np.empty(N, dtype), np.empty(N, dtype)
+    _layernorm_adjoint_kernel(x2, mean1, rstd1, np.ascontiguousarray(gamma, dtype), dy2,
+                              dx, dgamma, dbeta)
+    return dx.reshape(x.shape), dgamma, dbeta
+
+
+# ----------------------------------------------------------------------------- embedding
+def embedding_adjoint(tokens, dout, n_rows: int):
+    """dW = onehot(tokens)ᵀ dout (reference.embedding_adjoint) as a scatter-add loop."""
+    if not fast(dout) or type(tokens) is not np.ndarray or tokens.dtype.kind not in "iu":
+        return reference.embedding_adjoint(tokens, dout, n_rows)
+    if tuple(dout.shape[:-1]) != tuple(tokens.shape):
+        raise ValueError(f"`dout` must have shape {(*tokens.shape, '…')} (tokens' shape, then "
+                         f"features), got {tuple(dout.shape)}.")
+    flat = np.ascontiguousarray(tokens, np.int64).reshape(-1)
+    if flat.size and (flat.min() < 0 or flat.max() >= n_rows):
+        raise ValueError(f"`tokens` must lie in [0, {n_rows}), got range "
+                         f"[{flat.min()}, {flat.max()}].")
+    d2 = rows(dout, dout.dtype)  # R,E
+    dW = np.zeros((n_rows, dout.shape[-1]), dout.dtype)
+    _embedding_adjoint_kernel(flat, d2, dW)
+    return dW
+
+
+# ----------------------------------------------------------------------------- GRU
+def gru_cell(gx, gh, h, dt: float, implicit: bool):
+    """(h_new, gates) of reference.gru_cell in one pass over (B, H)."""
+    if not fast(gx, gh, h):
+        return reference.gru_cell(gx, gh, h, dt, implicit)
+    check_gru(h, ("gx", gx, 3), ("gh", gh, 3))
+    dtype = result_dtype(gx, gh, h)
+    gx, gh, h = (np.ascontiguousarray(a, dtype) for a in (gx, gh, h))
+    h_new = np.empty_like(h)
+    gates = np.empty_like(gx)
+    _gru_cell_kernel(gx, gh, h, float(dt), bool(implicit), h_new, gates)
+    return h_new, gates
+
+
+def gru_cell_adjoint(gates, gh, h, dh_new, dt: float, implicit: bool):
+    """(dgx, dgh, dh) of reference.gru_cell_adjoint in one pass over (B, H)."""
+    if not fast(gates, gh, h, dh_new):
+        return reference.gru_cell_adjoint(gates, gh, h, dh_new, dt, implicit)
+    check_gru(h, ("gates", gates, 3), ("gh", gh, 3), ("dh_new", dh_new, 1))
+    dtype = result_dtype(gates, gh, h, dh_new)
+    gates, gh, h, dh_new = (np.ascontiguousarray(a, dtype) for a in (gates, gh, h, dh_new))
+    dgx, dgh, dh = np.empty_like(gates), np.empty_like(gates), np.empty_like(h)
+    _gru_cell_adjoint_kernel(gates, gh, h, dh_new, float(dt), bool(implicit), dgx, dgh, dh)
+    return dgx, dgh, dh

@@ -1,0 +1,328 @@
+"""Numba CUDA kernels of the transformer and GRU layers (merged into backend ``"cuda"``).
+
+Every public function keeps the signature and semantics of the same-named function in
+:mod:`refbraid.backends.reference` (section "transformer kernels") and, like the rest of the
+``cuda`` backend, takes and returns NumPy arrays: it copies the inputs to the device, launches,
+and copies the result back, so the same code runs under Numba's CUDA simulator
+(``NUMBA_ENABLE_CUDASIM=1``) in the tests. What runs on the device::
+
+    bmm                c[g] = a[g] @ b[g]         tiled shared-memory GEMM (a TILE×TILE block
+                                                  per output tile, blockIdx.z = matrix g) when
+                                                  both output sides reach TILE; else one thread
+                                                  per output element
+    softmax            masked row softmax        one thread per row
+    softmax_adjoint    p ⊙ (dp − Σ p ⊙ dp)       one thread per row
+    layernorm          y, μ, r                   one thread per row
+    layernorm_adjoint  dx; dγ, dβ                one thread per row; one thread per column for
+                                                  the parameter sums (no atomics, deterministic)
+    gru_cell           r, z, n, h_new            one thread per (sample, hidden unit)
+    gru_cell_adjoint   dgx, dgh, dh              one thread per (sample, hidden unit)
+
+The per-row and per-element bodies are the very functions of
+:mod:`refbraid.backends.numba_cpu_attention` (``softmax_row``, …), compiled here with
+``cuda.jit(device=True)``: one tested source for both targets. One thread per row suits the
+short rows of attention (S keys) and layer norm (E features); a block-per-row tree reduction
+is the next step for rows of thousands. ``bmm`` accumulates in float64 for float32 data too.
+``embedding`` and ``embedding_adjoint`` stay the reference (a gather and a one-hot GEMM on the
+host); the scatter-add would need atomics.
+
+Arrays that are not float32/float64 NumPy arrays (complex steps, CuPy arrays) go to the
+reference unchanged, as in the CPU module.
+
+Shape legend: G batched matrices (batch·heads), M, K, N matrix sizes, R rows, N row length,
+B batch, H GRU hidden size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32, float64
+
+from . import reference
+from .numba_cpu_attention import (
+    check_gru,
+    check_same_shape,
+    check_vector,
+    fast,
+    gru_cell_adjoint_point,
+    gru_cell_point,
+    layernorm_adjoint_row,
+    layernorm_param_col,
+    layernorm_row,
+    mask_rows,
+    result_dtype,
+    rows,
+    softmax_adjoint_row,
+    softmax_row,
+)
+
+OVERRIDES = (
+    "bmm",
+    "softmax",
+    "softmax_adjoint",
+    "layernorm",
+    "layernorm_adjoint",
+    "gru_cell",
+    "gru_cell_adjoint",
+)
+
+THREADS = 128  # threads per block of the one-thread-per-row/element kernels
+TILE = 16  # edge of the square output tile (and thread block) of bmm
+MAX_GRID_Z = 65535  # CUDA's limit on gridDim.z; bmm loops when there are more matrices
+
+_softmax_row = cuda.jit(device=True)(softmax_row)
+_softmax_adjoint_row = cuda.jit(device=True)(softmax_adjoint_row)
+_layernorm_row = cuda.jit(device=True)(layernorm_row)
+_layernorm_adjoint_row = cuda.jit(device=True)(layernorm_adjoint_row)
+_layernorm_param_col = cuda.jit(device=True)(layernorm_param_col)
+_gru_cell_point = cuda.jit(device=True)(gru_cell_point)
+_gru_cell_adjoint_point = cuda.jit(device=True)(gru_cell_adjoint_point)
+
+
+# ----------------------------------------------------------------------------- kernels
+@cuda.jit
+def _softmax_kernel(x, mask, use_mask, p):
+    i = cuda.grid(1)
+    if i < x.shape[0]:
+        _softmax_row(x, mask, use_mask, p, i)
+
+
+@cuda.jit
+def _softmax_adjoint_kernel(p, dp, dx):
+    i = cuda.grid(1)
+    if i < p.shape[0]:
+        _softmax_adjoint_row(p, dp, dx, i)
+
+
+@cuda.jit
+def _layernorm_kernel(x, gamma, beta, eps, y, mean, rstd):
+    i = cuda.grid(1)
+    if i < x.shape[0]:
+        _layernorm_row(x, gamma, beta, eps, y, mean, rstd, i)
+
+
+@cuda.jit
+def _layernorm_adjoint_kernel(x, mean, rstd, gamma, dy, dx):
+    i = cuda.grid(1)
+    if i < x.shape[0]:
+        _layernorm_adjoint_row(x, mean, rstd, gamma, dy, dx, i)
+
+
+@cuda.jit
+def _layernorm_param_kernel(x, mean, rstd, dy, dgamma, dbeta):
+    j = cuda.grid(1)
+    if j < x.shape[1]:
+        _layernorm_param_col(x, mean, rstd, dy, dgamma, dbeta, j)
+
+
+@cuda.jit
+def _gru_cell_kernel(gx, gh, h, dt, implicit, h_new, gates):
+    t = cuda.grid(1)
+    if t < h.shape[0] * h.shape[1]:
+        _gru_cell_point(gx, gh, h, dt, implicit, h_new, gates, t // h.shape[1], t % h.shape[1])
+
+
+@cuda.jit
+def _gru_cell_adjoint_kernel(gates, gh, h, dh_new, dt, implicit, dgx, dgh, dh):
+    t = cuda.grid(1)
+    if t < h.shape[0] * h.shape[1]:
+        _gru_cell_adjoint_point(gates, gh, h, dh_new, dt, implicit, dgx, dgh, dh,
+                                t // h.shape[1], t % h.shape[1])
+
+
+@cuda.jit
+def _bmm_simple_kernel(a, b, c):
+    """One thread per output element c[g, i, j] = Σ_k a[g, i, k] b[g, k, j] (small matrices)."""
+    t = cuda.grid(1)
+    M, K, N = a.shape[1], a.shape[2], b.shape[2]
+    if t < a.shape[0] * M * N:
+        g, ij = t // (M * N), t % (M * N)
+        i, j = ij // N, ij % N
+        acc = 0.0
+        for k in range(K):
+            acc += a[g, i, k] * b[g, k, j]
+        c[g, i, j] = acc
+
+
+def _make_bmm_tiled_kernel(dtype, tile: int):
+    """The tiled batched GEMM for one element type and tile edge (shared arrays need both at
+    compile time).
+
+    Block (tile, tile) computes c[g, row, col] for one output tile: for each K-tile, every
+    thread loads one element of a and of b into shared memory, the block synchronises, and
+    each thread accumulates its dot product over the tile; blockIdx.z walks the matrices g.
+    """
+    elem = float32 if dtype == np.float32 else float64
+    T = tile  # noqa: N806 - a compile-time constant of the kernel
+
+    @cuda.jit
+    def kernel(a, b, c):
+        sa = cuda.shared.array((T, T), elem)
+        sb = cuda.shared.array((T, T), elem)
+        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+        row = cuda.blockIdx.y * T + ty
+        col = cuda.blockIdx.x * T + tx
+        M, K, N = a.shape[1], a.shape[2], b.shape[2]
+        for g in range(cuda.blockIdx.z, a.shape[0], cuda.gridDim.z):
+            acc = 0.0
+            for k0 in range(0, K, T):
+                if row < M and k0 + tx < K:
+                    sa[ty, tx] = a[g, row, k0 + tx]
+                else:
+                    sa[ty, tx] = 0.0
+                if col < N and k0 + ty < K:
+                    sb[ty, tx] = b[g, k0 + ty, col]
+                else:
+                    sb[ty, tx] = 0.0
+                cuda.syncthreads()
+                for kk in range(T):
+                    acc += sa[ty, kk] * sb[kk, tx]
+                cuda.syncthreads()
+            if row < M and col < N:
+                c[g, row, col] = acc
+
+    return kernel
+
+
+_BMM_TILED: dict = {}
+
+
+def _bmm_tiled_kernel(dtype, tile: int):
+    key = (np.dtype(dtype), int(tile))
+    if key not in _BMM_TILED:
+        _BMM_TILED[key] = _make_bmm_tiled_kernel(*key)
+    return _BMM_TILED[key]
+
+
+def _grid_1d(n: int) -> tuple[int, int]:
+    """(blocks, threads per block) covering n threads."""
+    threads = max(1, min(THREADS, n))
+    return math.ceil(n / threads), threads
+
+
+# ----------------------------------------------------------------------------- host functions
+def bmm(a, b):
+    """c[g] = a[g] @ b[g] (reference.bmm): the tiled shared-memory kernel when both output
+    sides reach TILE, else one thread per output element (a tile would be mostly idle)."""
+    if not fast(a, b) or a.ndim != 3 or b.ndim != 3 or 0 in a.shape or 0 in b.shape:
+        return reference.bmm(a, b)
+    G, M, K = a.shape
+    if b.shape[0] != G or b.shape[1] != K:
+        raise ValueError(f"`b` must have shape ({G}, {K}, N) to multiply `a` {tuple(a.shape)}, "
+                         f"got {tuple(b.shape)}.")
+    N = b.shape[2]
+    dtype = result_dtype(a, b)
+    a_d = cuda.to_device(np.ascontiguousarray(a, dtype))
+    b_d = cuda.to_device(np.ascontiguousarray(b, dtype))
+    c_d = cuda.device_array((G, M, N), dtype)
+    if min(M, N) >= TILE:
+        grid = (math.ceil(N / TILE), math.ceil(M / TILE), min(G, MAX_GRID_Z))
+        _bmm_tiled_kernel(dtype, TILE)[grid, (TILE, TILE)](a_d, b_d, c_d)
+    else:
+        blocks, threads = _grid_1d(G * M * N)
+        _bmm_simple_kernel[blocks, threads](a_d, b_d, c_d)
+    return c_d.copy_to_host()
+
+
+def softmax(x, mask):
+    """Masked row softmax (reference.softmax): one thread per row."""
+    if not fast(x) or x.ndim == 0 or x.size == 0:
+        return reference.softmax(x, mask)
+    m2, use_mask = mask_rows(mask, x)
+    x2 = rows(x, x.dtype)  # R,N
+    p = cuda.device_array(x2.shape, x2.dtype)
+    blocks, threads = _grid_1d(x2.shape[0])
+    _softmax_kernel[blocks, threads](cuda.to_device(x2), cuda.to_device(m2), use_mask, p)
+    return p.copy_to_host().reshape(x.shape)
+
+
+def softmax_adjoint(p, dp):
+    """dx = p ⊙ (dp − Σ p ⊙ dp) (reference.softmax_adjoint): one thread per row."""
+    if not fast(p, dp) or p.ndim == 0 or p.size == 0:
+        return reference.softmax_adjoint(p, dp)
+    check_same_shape("dp", dp, "p", p)
+    dtype = result_dtype(p, dp)
+    p2, dp2 = rows(p, dtype), rows(dp, dtype)
+    dx = cuda.device_array(p2.shape, dtype)
+    blocks, threads = _grid_1d(p2.shape[0])
+    _softmax_adjoint_kernel[blocks, threads](cuda.to_device(p2), cuda.to_device(dp2), dx)
+    return dx.copy_to_host().reshape(p.shape)
+
+
+def layernorm(x, gamma, beta, eps: float):
+    """(y, mean, rstd) of reference.layernorm: one thread per row."""
+    if not fast(x, gamma, beta) or x.ndim == 0 or x.size == 0:
+        return reference.layernorm(x, gamma, beta, eps)
+    N = x.shape[-1]
+    check_vector("gamma", gamma, N)
+    check_vector("beta", beta, N)
+    dtype = result_dtype(x, gamma, beta)
+    x2 = rows(x, dtype)  # R,N
+    R = x2.shape[0]
+    y = cuda.device_array(x2.shape, dtype)
+    mean, rstd = cuda.device_array(R, dtype), cuda.device_array(R, dtype)
+    blocks, threads = _grid_1d(R)
+    _layernorm_kernel[blocks, threads](
+        cuda.to_device(x2), cuda.to_device(np.ascontiguousarray(gamma, dtype)),
+        cuda.to_device(np.ascontiguousarray(beta, dtype)), float(eps), y, mean, rstd)
+    lead = x.shape[:-1]
+    return (y.copy_to_host().reshape(x.shape), mean.copy_to_host().reshape(lead),
+            rstd.copy_to_host().reshape(lead))
+
+
+def layernorm_adjoint(x, mean, rstd, gamma, dy):
+    """(dx, dgamma, dbeta) of reference.layernorm_adjoint: a row kernel, then a column kernel."""
+    if not fast(x, mean, rstd, gamma, dy) or x.ndim == 0 or x.size == 0:
+        return reference.layernorm_adjoint(x, mean, rstd, gamma, dy)
+    N = x.shape[-1]
+    check_vector("gamma", gamma, N)
+    check_same_shape("dy", dy, "x", x)
+    for name, a in (("mean", mean), ("rstd", rstd)):
+        if tuple(a.shape) != tuple(x.shape[:-1]):
+            raise ValueError(f"`{name}` must have shape {tuple(x.shape[:-1])}, "
+                             f"got {tuple(a.shape)}.")
+    dtype = result_dtype(x, mean, rstd, gamma, dy)
+    x_d, dy_d = cuda.to_device(rows(x, dtype)), cuda.to_device(rows(dy, dtype))
+    mean_d = cuda.to_device(np.ascontiguousarray(mean, dtype).reshape(-1))
+    rstd_d = cuda.to_device(np.ascontiguousarray(rstd, dtype).reshape(-1))
+    R = x_d.shape[0]
+    dx = cuda.device_array((R, N), dtype)
+    dgamma, dbeta = cuda.device_array(N, dtype), cuda.device_array(N, dtype)
+    blocks, threads = _grid_1d(R)
+    _layernorm_adjoint_kernel[blocks, threads](
+        x_d, mean_d, rstd_d, cuda.to_device(np.ascontiguousarray(gamma, dtype)), dy_d, dx)
+    blocks, threads = _grid_1d(N)
+    _layernorm_param_kernel[blocks, threads](x_d, mean_d, rstd_d, dy_d, dgamma, dbeta)
+    return dx.copy_to_host().reshape(x.shape), dgamma.copy_to_host(), dbeta.copy_to_host()
+
+
+def gru_cell(gx, gh, h, dt: float, implicit: bool):
+    """(h_new, gates) of reference.gru_cell: one thread per (sample, hidden unit)."""
+    if not fast(gx, gh, h) or h.size == 0:
+        return reference.gru_cell(gx, gh, h, dt, implicit)
+    check_gru(h, ("gx", gx, 3), ("gh", gh, 3))
+    dtype = result_dtype(gx, gh, h)
+    gx_d, gh_d, h_d = (cuda.to_device(np.ascontiguousarray(a, dtype)) for a in (gx, gh, h))
+    h_new = cuda.device_array(h.shape, dtype)
+    gates = cuda.device_array(gx.shape, dtype)
+    blocks, threads = _grid_1d(h.size)
+    _gru_cell_kernel[blocks, threads](gx_d, gh_d, h_d, float(dt), bool(implicit), h_new, gates)
+    return h_new.copy_to_host(), gates.copy_to_host()
+
+
+def gru_cell_adjoint(gates, gh, h, dh_new, dt: float, implicit: bool):
+    """(dgx, dgh, dh) of reference.gru_cell_adjoint: one thread per (sample, hidden unit)."""
+    if not fast(gates, gh, h, dh_new) or h.size == 0:
+        return reference.gru_cell_adjoint(gates, gh, h, dh_new, dt, implicit)
+    check_gru(h, ("gates", gates, 3), ("gh", gh, 3), ("dh_new", dh_new, 1))
+    dtype = result_dtype(gates, gh, h, dh_new)
+    arrays = (cuda.to_device(np.ascontiguousarray(a, dtype)) for a in (gates, gh, h, dh_new))
+    gates_d, gh_d, h_d, dh_new_d = arrays
+    dgx, dgh = cuda.device_array(gates.shape, dtype), cuda.device_array(gates.shape, dtype)
+    dh = cuda.device_array(h.shape, dtype)
+    blocks, threads = _grid_1d(h.size)
+    _gru_cell_adjoint_kernel[blocks, threads](gates_d, gh_d, h_d, dh_new_d, float(dt),
+                                              bool(implicit), dgx, dgh, dh)
+    return dgx.copy_to_host(), dgh.copy_to_host(), dh.copy_to_host()

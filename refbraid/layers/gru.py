@@ -1,0 +1,200 @@
+"""GRU cells as time steps over a sequence, with their adjoints (REFERENCES.md §1).
+
+Both cells share the gates of ``torch.nn.GRUCell`` (gate order r, z, n); x is the input at
+the current sequence position, h the hidden state::
+
+    [gx_r | gx_z | gx_n] = x W_ihᵀ + b_ih,   [gh_r | gh_z | gh_n] = h W_hhᵀ + b_hh   # B,3H
+    r = σ(gx_r + gh_r),   z = σ(gx_z + gh_z),   n = tanh(gx_n + r ⊙ gh_n)            # B,H
+
+and differ in the update over a step of size dt:
+
+    classic   h_new = h + dt (1 − z) ⊙ (n − h)                 (= GRUCell's z⊙h + (1−z)⊙n at dt = 1)
+    implicit  h_new = (h + dt (1 − z) ⊙ n) / (1 + dt (1 − z))  (Moon & Cyr, ICLR 2022)
+
+The classic cell is forward Euler for h' = (1 − z) ⊙ (n − h) with dt = 1; the implicit one
+treats the decay term −(1 − z) ⊙ h implicitly, which keeps coarse MGRIT steps of size m·dt
+stable. Adjoint (kernel ``gru_cell_adjoint`` gives dgx, dgh and the direct part of dh)::
+
+    dh = λ ∂h_new/∂h + dgh W_hh,   dx = dgx W_ih,
+    dW_ih = dgxᵀ x,  db_ih = Σ_B dgx,   dW_hh = dghᵀ h,  db_hh = Σ_B dgh
+
+Weights map one to one onto torch's (no transposes): ``W_ih`` ↔ ``weight_ih`` (3H, I),
+``W_hh`` ↔ ``weight_hh`` (3H, H), ``b_ih`` ↔ ``bias_ih``, ``b_hh`` ↔ ``bias_hh``; for
+``torch.nn.GRU`` add the suffix ``_l0``.
+
+How the input reaches a step. Unlike a ResNet layer, every position of the sequence shares
+one set of weights, and what changes from step to step is the *data* x_t. The cell therefore
+takes x_t as a params entry ``x`` (B or 1, I): ``forward(params, h, dt, bk)`` is the same duck
+type as every other ODE step (``y`` = h, step size dt), and the adjoint of x_t comes back in
+dparams as ``x``. ``GRUCell.step(params, h, dt, x_t, bk)`` is the spelled-out call. Over a
+sequence, ``GRUSequence.phi(params, h, xs, start, stop, bk)`` is the propagator MGRIT needs,
+
+    Φ(h, start, stop) = step(params, h, (stop − start)·dt, xs[:, start]),
+
+so a coarse level with coarsening factor m takes steps of size m·dt with the input at each
+coarse step's start (REFERENCES.md §1); ``GRUSequence.run(..., stride=m)`` is that sequential
+coarse solve. ``init`` makes a (1, I) stand-in ``x`` (a leading 1 broadcasts over the batch,
+and its adjoint is then summed over the batch) so that a cell verifies on its own.
+
+Shape legend: B batch, I input features, H hidden size, L sequence length, K steps taken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .init import check_positive_int, uniform_fan_in
+
+SCHEMES = ("classic", "implicit")
+
+
+def _check_dt(dt) -> float:
+    if isinstance(dt, bool) or not isinstance(dt, (int, float, np.floating)) or not dt > 0 \
+            or not np.isfinite(dt):
+        raise ValueError(f"`dt` must be a positive finite number, got {dt!r}.")
+    return float(dt)
+
+
+@dataclass(frozen=True)
+class GRUCell:
+    """One GRU step of size dt on the hidden state (B, H), input ``params["x"]`` (B or 1, I)."""
+
+    input_size: int
+    hidden_size: int
+    scheme: str = "classic"
+
+    def __post_init__(self):
+        check_positive_int("input_size", self.input_size)
+        check_positive_int("hidden_size", self.hidden_size)
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"`scheme` must be one of {SCHEMES}, got {self.scheme!r}.")
+
+    @property
+    def implicit(self) -> bool:
+        return self.scheme == "implicit"
+
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        return (self.hidden_size,)
+
+    def init(self, rng: np.random.Generator, dtype=np.float64) -> dict[str, np.ndarray]:
+        """U(±1/√H) for every weight and bias, as torch.nn.GRUCell; plus a (1, I) stand-in ``x``."""
+        I, H = self.input_size, self.hidden_size
+        return {
+            "W_ih": uniform_fan_in(rng, (3 * H, I), H, dtype),
+            "W_hh": uniform_fan_in(rng, (3 * H, H), H, dtype),
+            "b_ih": uniform_fan_in(rng, (3 * H,), H, dtype),
+            "b_hh": uniform_fan_in(rng, (3 * H,), H, dtype),
+            "x": rng.standard_normal((1, I)).astype(dtype),
+        }
+
+    def _check(self, params, h):
+        if getattr(h, "ndim", None) != 2 or h.shape[1] != self.hidden_size:
+            raise ValueError(f"`h` must have shape (batch, {self.hidden_size}), "
+                             f"got {getattr(h, 'shape', type(h).__name__)}.")
+        x = params.get("x")
+        if x is None:
+            raise ValueError("`params` must hold the input at this position as `x` (B, I).")
+        if x.ndim != 2 or x.shape[0] not in (1, h.shape[0]) or x.shape[1] != self.input_size:
+            raise ValueError(f"`x` must have shape (1 or {h.shape[0]}, {self.input_size}), "
+                             f"got {tuple(x.shape)}.")
+        return x
+
+    def forward(self, params, h, dt: float, bk):
+        """h_new from the gates (module docstring); returns (h_new, cache)."""
+        x = self._check(params, h)
+        dt = _check_dt(dt)
+        gx = bk.linear(x, params["W_ih"], params["b_ih"])  # B|1,3H
+        gh = bk.linear(h, params["W_hh"], params["b_hh"])  # B,3H
+        if gx.shape[0] != gh.shape[0]:  # a batch-1 input broadcasts over the batch
+            gx = bk.xp.ascontiguousarray(bk.xp.broadcast_to(gx, gh.shape))
+        h_new, gates = bk.gru_cell(gx, gh, h, dt, self.implicit)  # B,H and B,3H
+        return h_new, (x, h, gh, gates)
+
+    def adjoint(self, params, cache, dh_new, dt: float, bk, grads: bool = True):
+        """dh = λ ∂h_new/∂h + dgh W_hh; with grads, dparams holds the weights' and ``x``'s."""
+        x, h, gh, gates = cache
+        dgx, dgh, dh = bk.gru_cell_adjoint(gates, gh, h, dh_new, float(dt), self.implicit)
+        if not grads:
+            return dh + bk.matmul(dgh, params["W_hh"]), None
+        dh_gates, dW_hh, db_hh = bk.linear_adjoint(h, params["W_hh"], dgh)
+        if x.shape[0] != dgx.shape[0]:
+            dgx = dgx.sum(axis=0, keepdims=True)
+        dx, dW_ih, db_ih = bk.linear_adjoint(x, params["W_ih"], dgx)
+        return dh + dh_gates, {"W_ih": dW_ih, "W_hh": dW_hh, "b_ih": db_ih, "b_hh": db_hh, "x": dx}
+
+    def step(self, params, h, dt: float, x_t, bk):
+        """step(params, h, dt, x_t) = forward({**params, "x": x_t}, h, dt); (h_new, cache)."""
+        return self.forward({**params, "x": x_t}, h, dt, bk)
+
+
+@dataclass(frozen=True)
+class GRUSequence:
+    """A GRU over a sequence xs (B, L, I), positions spaced ``dt`` apart."""
+
+    cell: GRUCell
+    dt: float = 1.0
+
+    def __post_init__(self):
+        if not isinstance(self.cell, GRUCell):
+            raise TypeError(f"`cell` must be a GRUCell, got {type(self.cell).__name__}.")
+        _check_dt(self.dt)
+
+    def _check(self, xs, start: int, stop: int) -> None:
+        if getattr(xs, "ndim", None) != 3 or xs.shape[2] != self.cell.input_size:
+            raise ValueError(f"`xs` must have shape (batch, length, {self.cell.input_size}), "
+                             f"got {getattr(xs, 'shape', type(xs).__name__)}.")
+        if not 0 <= start < stop:
+            raise ValueError(f"need 0 <= `start` < `stop`, got start={start}, stop={stop}.")
+        if start >= xs.shape[1]:
+            raise ValueError(f"`start` ({start}) must index into `xs` of length {xs.shape[1]}.")
+
+    def phi(self, params, h, xs, start: int, stop: int, bk):
+        """Φ(h, start, stop): one step of size (stop − start)·dt with input xs[:, start]."""
+        self._check(xs, start, stop)
+        return self.cell.step(params, h, (stop - start) * self.dt, xs[:, start], bk)
+
+    def run(self, params, h0, xs, bk, stride: int = 1):
+        """Sequential solve h[k+1] = Φ(h[k], k·m, (k+1)·m) over the sequence, m = ``stride``.
+
+        Returns (states, tape): states = [h[0], …, h[K]], K = ⌈L/m⌉ steps (the last one may
+        reach past L: positions are points in time, the inputs sit at the steps' starts).
+        """
+        check_positive_int("stride", stride)
+        L = xs.shape[1]
+        states, caches = [h0], []
+        for start in range(0, L, stride):
+            h, cache = self.phi(params, states[-1], xs, start, start + stride, bk)
+            states.append(h)
+            caches.append(cache)
+        return states, (caches, stride, xs.shape)
+
+    def run_adjoint(self, params, tape, dstates, bk):
+        """Backprop through time. dstates[k−1] = ∂L/∂h[k] for k = 1..K (entries may be None).
+
+        λ[K] = dstates[K−1],  λ[k] = Φ_k'ᵀ λ[k+1] + dstates[k−1];  returns (dh0 = λ[0], dxs
+        (B, L, I) with the input adjoints at the steps' start positions, dweights summed over
+        the steps).
+        """
+        caches, stride, xs_shape = tape
+        if len(dstates) != len(caches):
+            raise ValueError(f"`dstates` must hold {len(caches)} entries, got {len(dstates)}.")
+        xp = bk.xp
+        lam = None
+        dweights: dict = {}
+        dxs = None
+        for k in reversed(range(len(caches))):
+            seed = dstates[k]
+            lam = seed if lam is None else (lam if seed is None else lam + seed)
+            if lam is None:
+                continue
+            lam, d = self.cell.adjoint(params, caches[k], lam, stride * self.dt, bk)
+            dx = d.pop("x")
+            if dxs is None:
+                dxs = xp.zeros((dx.shape[0], *xs_shape[1:]), dtype=dx.dtype)
+            dxs[:, k * stride] = dx
+            for name, v in d.items():
+                dweights[name] = v if name not in dweights else dweights[name] + v
+        return lam, dxs, dweights
