@@ -18,7 +18,7 @@ from refbraid.training.checkpoint import (
 )
 from refbraid.training.optim import Adam
 
-BASE = dict(samples=300, layers=3, width=6, T=1.5, batch_size=25, lr=1e-2, quiet=True)
+BASE = dict(samples=300, layers=3, width=6, T=1.5, batch_size=25, lr=1e-2, quiet=True, serial=True)
 COMPARED = ("epoch", "train_loss", "train_acc", "val_loss", "val_acc", "steps", "stats")
 
 

@@ -12,7 +12,7 @@ from refbraid.training import cli as train_cli
 from refbraid.training.config import TrainConfig, config_from_args
 
 TINY = ["--samples", "200", "--layers", "2", "--width", "4", "--epochs", "2",
-        "--batch-size", "50"]
+        "--batch-size", "50", "--serial"]
 
 
 def _parse(argv):
@@ -65,7 +65,7 @@ def test_non_numeric_values_are_rejected_by_argparse(capsys):
 
 def test_a_tiny_run_prints_progress_and_a_summary_and_writes_files(capsys, tmp_path):
     out = tmp_path / "run"
-    assert main(["train", *TINY, "--out", str(out), "--serial"]) == 0
+    assert main(["train", *TINY, "--out", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [ln.split()[1] for ln in lines[:2]] == ["1/2", "2/2"]
     assert lines[-1].startswith("finished peaks-resnet: 2 epochs, val acc")
@@ -88,7 +88,7 @@ def test_default_output_folder_is_runs_data_model(capsys, tmp_path, monkeypatch)
 
 
 def test_checkpoint_and_resume_through_the_cli(capsys, tmp_path):
-    base = [*TINY[:-4], "--batch-size", "50"]
+    base = [*TINY[:-5], "--batch-size", "50", "--serial"]
     assert main(["train", *base, "--epochs", "3", "--quiet", "--out", str(tmp_path / "a")]) == 0
     assert main(["train", *base, "--epochs", "2", "--quiet", "--checkpoint-every", "1",
                  "--out", str(tmp_path / "b")]) == 0

@@ -217,9 +217,9 @@ def test_build_network_errors():
 
 # ----------------------------------------------------------------------------- trainer
 SMALL = dict(samples=600, layers=4, width=8, T=2.0, epochs=8, batch_size=32, lr=1e-2,
-             quiet=True)
+             quiet=True, serial=True)
 TINY_PEAKS = dict(samples=800, layers=4, width=12, T=2.0, epochs=20, batch_size=20, lr=1e-2,
-                  quiet=True)  # val acc 0.75-0.88 over seeds 0-4
+                  quiet=True, serial=True)  # val acc 0.75-0.88 over seeds 0-4
 
 
 def test_sequential_gradient_is_backprop():
@@ -342,7 +342,8 @@ def test_numba_backend_trains_like_numpy():
 def test_training_digits_with_the_conv_model():
     pytest.importorskip("sklearn")
     cfg = TrainConfig(data="digits", samples=200, model="conv", layers=2, width=2, T=1.0,
-                      activation="relu", epochs=2, batch_size=50, lr=1e-2, quiet=True)
+                      activation="relu", epochs=2, batch_size=50, lr=1e-2, quiet=True,
+                      serial=True)
     result = train(cfg)
     assert result.state.history[-1]["val_acc"] > 0.3  # 10 classes: chance is 0.1
 

@@ -1,4 +1,4 @@
-"""``refbraid train``: train a network sequentially and write log, curves and checkpoints.
+"""``refbraid train``: train a network layer-parallel (or ``--serial``), write log, curves, checkpoints.
 
 Flags map one-to-one onto :class:`refbraid.training.config.TrainConfig` fields, whose
 defaults they show; the config validates them (errors name the flag). Example::
@@ -35,7 +35,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``train`` sub-command on ``subparsers``."""
     p = subparsers.add_parser(
         "train",
-        help="train a network (sequential backprop) and write log, curves, checkpoints",
+        help="train a network (layer-parallel MGRIT or --serial) and write log, curves, checkpoints",
         description="Train a layer-as-time-step network. Writes log.json, curves.png and "
         "(with --checkpoint-every) checkpoint.npz to --out.",
     )
@@ -63,8 +63,23 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     _add(g, "backend", str, f"kernels: {' | '.join(BACKENDS)}", metavar="NAME")
     _add(g, "dtype", str, f"floating point type: {' | '.join(DTYPES)}", metavar="NAME")
     g.add_argument("--serial", dest="serial", action="store_true",
-                   help="sequential gradient (forward and backprop layer by layer); the only "
-                   "mode until layer-parallel MGRIT training lands")
+                   help="sequential backprop (layer by layer) instead of layer-parallel MGRIT")
+    g = p.add_argument_group("layer-parallel MGRIT (defaults: TorchBraid's examples)")
+    _add(g, "levels", int, "MGRIT levels (1: exact sequential solves)", metavar="L")
+    _add(g, "cfactor", int, "coarsening factor", metavar="M")
+    _add(g, "fwd_iters", int, "forward MGRIT cycles after the skipped first down-cycle "
+         "(TorchBraid counts one more)", metavar="K")
+    _add(g, "bwd_iters", int, "adjoint MGRIT cycles after the skipped first down-cycle",
+         metavar="K")
+    _add(g, "fwd_tol", float, "forward absolute residual tolerance", metavar="TOL")
+    _add(g, "bwd_tol", float, "adjoint absolute residual tolerance", metavar="TOL")
+    _add(g, "relax", str, "relaxation per level, finest first: F or FCF, comma-separated",
+         metavar="LIST")
+    _add(g, "cycle", str, "V or F cycle", metavar="V|F")
+    g.add_argument("--no-skip-down", dest="skip_down", action="store_false",
+                   help="do a full first cycle instead of TorchBraid's skipped down-cycle")
+    _add(g, "check_gradient_every", int, "every K steps also compute sequential backprop and "
+         "log the relative gradient error (0: never)", metavar="K")
     g = p.add_argument_group("output")
     _add(g, "out", str, "output folder (default: runs/<data>-<model>)", metavar="DIR")
     _add(g, "checkpoint_every", int, "write checkpoint.npz every K epochs and at the end "

@@ -80,7 +80,18 @@ class TrainConfig:
     checkpoint_every: int = 0  # epochs between checkpoints; 0 = no checkpoints
     resume: str | None = None
     quiet: bool = False
-    serial: bool = False  # sequential gradient; layer-parallel (MGRIT) arrives in a later issue
+    serial: bool = False  # sequential backprop instead of layer-parallel MGRIT
+    # layer-parallel MGRIT (TorchBraid's example defaults, REFERENCES.md §6)
+    levels: int = 3
+    cfactor: int = 4
+    fwd_iters: int = 1  # MGRIT cycles after the skipped first down-cycle (TorchBraid's "2")
+    bwd_iters: int = 0  # ... for the adjoint (TorchBraid's "1")
+    fwd_tol: float = 1e-9
+    bwd_tol: float = 1e-9
+    relax: str = "F,FCF"  # finest level first; the last entry repeats on coarser levels
+    cycle: str = "V"
+    skip_down: bool = True
+    check_gradient_every: int = 0  # steps between comparisons with sequential backprop
 
     def __post_init__(self):
         _choice("data", self.data, DATASETS)
@@ -106,9 +117,31 @@ class TrainConfig:
                 or not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"`--val-fraction` must be a number in (0, 1), got "
                              f"{self.val_fraction!r}.")
+        for name in ("levels", "cfactor"):
+            _positive_int(name, getattr(self, name))
+        if self.cfactor < 2:
+            raise ValueError(f"`--cfactor` must be an integer >= 2, got {self.cfactor!r}.")
+        for name in ("fwd_iters", "bwd_iters", "check_gradient_every"):
+            _positive_int(name, getattr(self, name), allow_zero=True)
+        _positive_float("fwd_tol", self.fwd_tol)
+        _positive_float("bwd_tol", self.bwd_tol)
+        _choice("cycle", self.cycle, ("V", "F"))
+        relax = self.relax_per_level  # validates
+        if any(r not in ("F", "FCF") for r in relax):
+            raise ValueError(f"`--relax` must be a comma-separated list of F or FCF, got "
+                             f"{self.relax!r}.")
         if self.data == "mnist" and not self.data_dir:
             raise ValueError("`--data-dir` is required with `--data mnist` (a folder holding "
                              "train-images-idx3-ubyte and train-labels-idx1-ubyte, or .gz).")
+
+    @property
+    def relax_per_level(self) -> tuple[str, ...]:
+        """``--relax`` for each coarsening level 0..levels-2 (last entry repeated)."""
+        given = tuple(r.strip().upper() for r in str(self.relax).split(",") if r.strip())
+        if not given:
+            raise ValueError(f"`--relax` must list F or FCF per level, got {self.relax!r}.")
+        n = max(self.levels - 1, 0)
+        return tuple(given[min(i, len(given) - 1)] for i in range(n))
 
     @property
     def out_dir(self) -> str:

@@ -112,3 +112,28 @@ def plot_trajectories(net, params, x, labels, n_classes: int, bk="numpy") -> Fig
     ax.legend(fontsize="small")
     ax.grid(alpha=0.3)
     return fig
+
+
+def plot_solver_history(history: list[dict[str, Any]], title: str | None = None) -> Figure | None:
+    """Per-epoch mean final MGRIT residual norms (forward, adjoint) and, where measured, the
+    relative gradient error against sequential backprop; None for a run without MGRIT stats."""
+    epochs = [r["epoch"] for r in history]
+    series = {
+        "forward residual": [r["stats"].get("fwd_res") for r in history],
+        "adjoint residual": [r["stats"].get("bwd_res") for r in history],
+        "gradient rel. error": [r["stats"].get("grad_error") for r in history],
+    }
+    series = {k: v for k, v in series.items() if any(x is not None for x in v)}
+    if not series:
+        return None
+    fig = Figure(figsize=(5.5, 3.4), layout="constrained")
+    ax = fig.subplots()
+    for (label, values), style in zip(series.items(), ("o-", "s-", "^--")):
+        pts = [(e, v) for e, v in zip(epochs, values) if v is not None and v > 0]
+        if pts:
+            ax.semilogy(*zip(*pts), style, ms=3, label=label)
+    ax.set(xlabel="epoch", ylabel="mean over the epoch's batches")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    ax.set_title(title or "layer-parallel MGRIT: final residuals per batch")
+    return fig

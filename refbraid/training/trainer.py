@@ -10,8 +10,8 @@ One epoch (``B`` = batch size, π a fresh seeded permutation of the n training s
 
 The gradient is a callable ``gradient(params, x, labels) -> (loss, grads, stats)``;
 :func:`select_gradient` is the single place that picks it from the config (sequential
-backprop now; layer-parallel MGRIT plugs in there later and reports solver statistics in
-``stats``, which the loop averages per epoch without knowing what they mean).
+backprop with ``--serial``, layer-parallel MGRIT otherwise, which reports solver statistics
+in ``stats``; the loop averages them per epoch without knowing what they mean).
 
 Files in the output folder, each written atomically: ``log.json`` (every epoch),
 ``curves.png`` (at checkpoints and at the end), ``checkpoint.npz`` (every
@@ -35,6 +35,7 @@ import numpy as np
 
 from ..backends import Backend, get_backend
 from ..data import Dataset, load_dataset
+from ..mgrit import MGRITSettings, build_hierarchy
 from ..network import Network, backprop, forward, init_params, to_backend
 from .atomic import save_figure, write_json
 from .checkpoint import FILENAME as CHECKPOINT_FILE
@@ -42,13 +43,21 @@ from .checkpoint import check_params_match, load_checkpoint, save_checkpoint
 from .config import TrainConfig
 from .models import as_network_input, build_network
 from .optim import Optimizer, make_optimizer
-from .plots import plot_training_curves
+from .layer_parallel import (
+    LayerParallelSettings,
+    layer_parallel_gradient,
+    mgrit_forward,
+    relative_gradient_error,
+)
+from .plots import plot_solver_history, plot_training_curves
 
 Params = dict[str, Any]
 GradientFn = Callable[[Params, Any, Any], "tuple[float, Params, dict[str, Any]]"]
 
 LOG_FILE = "log.json"
 CURVES_FILE = "curves.png"
+MGRIT_FILE = "mgrit.png"  # layer-parallel runs: residuals (and gradient error) per epoch
+GRADIENT_ERROR_FILE = "gradient_error.png"  # layer-parallel runs: error vs MGRIT cycles
 EVAL_BATCH = 4096  # samples per forward pass when measuring accuracy
 
 
@@ -68,13 +77,63 @@ def sequential_gradient(net: Network, bk: Backend | str = "numpy") -> GradientFn
     return gradient
 
 
+def layer_parallel_settings(config: TrainConfig) -> LayerParallelSettings:
+    """The MGRIT settings of the forward and adjoint solves from the ``refbraid train`` flags."""
+    if config.levels == 1:
+        return LayerParallelSettings.exact()
+
+    def one(max_iter: int, tol: float) -> MGRITSettings:
+        return MGRITSettings(levels=config.levels, cfactor=config.cfactor, max_iter=max_iter,
+                             abs_tol=tol, rel_tol=None, relax=config.relax_per_level,
+                             cycle=config.cycle, skip_first_down=config.skip_down, min_coarse=1)
+
+    return LayerParallelSettings(forward=one(config.fwd_iters, config.fwd_tol),
+                                 backward=one(config.bwd_iters, config.bwd_tol))
+
+
+def mgrit_gradient(net: Network, settings: LayerParallelSettings, bk: Backend | str = "numpy",
+                   check_every: int = 0) -> GradientFn:
+    """The layer-parallel gradient (MGRIT forward + adjoint solves), with solver stats.
+
+    With ``check_every = k > 0``, every k-th call also runs sequential backprop and reports
+    ``grad_error`` = ‖g_MGRIT − g_backprop‖ / ‖g_backprop‖ in the stats.
+    """
+    bk = get_backend(bk)
+    calls = 0
+
+    def gradient(params, x, labels):
+        nonlocal calls
+        calls += 1
+        loss, grads, info = layer_parallel_gradient(net, params, x, labels, settings, bk)
+        stats = info.stats()
+        if check_every and calls % check_every == 0:
+            _, exact, _ = backprop(net, params, x, labels, bk)
+            stats["grad_error"] = relative_gradient_error(grads, exact, bk)
+        return loss, grads, stats
+
+    def logits(params, x):
+        return mgrit_forward(net, params, x, settings.forward, bk)[0]
+
+    gradient.logits = logits  # the forward pass this gradient trains: used for accuracy
+    return gradient
+
+
 def select_gradient(config: TrainConfig, net: Network, bk: Backend) -> tuple[str, GradientFn]:
     """The one place that chooses how gradients are computed: (name, gradient).
 
-    Every run is sequential for now, with or without ``--serial``; the layer-parallel MGRIT
-    gradient is added here (when ``not config.serial``) by a later issue.
+    ``--serial``: sequential backprop; otherwise layer-parallel MGRIT with the settings of
+    :func:`layer_parallel_settings` (checked against the network depth here, before training).
     """
-    return "sequential", sequential_gradient(net, bk)
+    if config.serial:
+        return "sequential", sequential_gradient(net, bk)
+    settings = layer_parallel_settings(config)
+    try:
+        build_hierarchy(net.n_layers, settings.forward.cfactors, settings.forward.min_coarse)
+    except ValueError as err:
+        raise ValueError(f"`--levels {config.levels}` with `--cfactor {config.cfactor}` does not "
+                         f"fit `--layers {config.layers}`: {err} Use fewer levels, a smaller "
+                         f"cfactor, more layers, or --serial.") from None
+    return "layer-parallel", mgrit_gradient(net, settings, bk, config.check_gradient_every)
 
 
 # ----------------------------------------------------------------------------- state
@@ -123,14 +182,21 @@ def _finite_or_none(v: float) -> float | None:
 
 
 def evaluate(net: Network, params: Params, x, labels, bk: Backend | str = "numpy",
-             batch: int = EVAL_BATCH) -> tuple[float, float]:
-    """(mean cross-entropy loss, accuracy) of the network on x (n, *in_shape), in chunks."""
+             batch: int = EVAL_BATCH, logits_fn: Callable | None = None) -> tuple[float, float]:
+    """(mean cross-entropy loss, accuracy) of the network on x (n, *in_shape), in chunks.
+
+    ``logits_fn(params, x)`` replaces the sequential forward pass (e.g. the MGRIT forward
+    solve a layer-parallel run trains with).
+    """
     bk = get_backend(bk)
     n = x.shape[0]
     loss_sum, correct = 0.0, 0
     for s in range(0, n, batch):
         xb, yb = bk.asarray(x[s : s + batch]), bk.asarray(labels[s : s + batch])
-        logits, _, _ = forward(net, params, xb, bk, keep=False)
+        if logits_fn is None:
+            logits, _, _ = forward(net, params, xb, bk, keep=False)
+        else:
+            logits = logits_fn(params, xb)
         loss, _ = bk.softmax_cross_entropy(logits, yb)
         loss_sum += float(loss) * xb.shape[0]
         correct += int((bk.to_numpy(logits).argmax(axis=1) == labels[s : s + batch]).sum())
@@ -183,6 +249,7 @@ def fit(net: Network, state: TrainState, data: Dataset, gradient: GradientFn, *,
     files: dict[str, Path] = {}
     x_train = as_network_input(net, data.x_train)
     x_val = as_network_input(net, data.x_val)
+    logits_fn = getattr(gradient, "logits", None)  # the forward pass the gradient trains
     t_start = time.perf_counter()
 
     def write_log(status: str, error: str | None = None) -> None:
@@ -198,14 +265,21 @@ def fit(net: Network, state: TrainState, data: Dataset, gradient: GradientFn, *,
             title = f"{data.name}: {meta.get('model', '')}".rstrip(": ")
             files["curves"] = save_figure(plot_training_curves(state.history, title),
                                           out / CURVES_FILE)
+            solver = plot_solver_history(state.history)
+            if solver is not None:
+                files["mgrit"] = save_figure(solver, out / MGRIT_FILE)
 
     try:
         for epoch in range(state.epoch + 1, epochs + 1):
             t0 = time.perf_counter()
             train_loss, per_step = train_epoch(state, gradient, x_train, data.y_train,
                                                batch_size, bk, epoch)
-            _, train_acc = evaluate(net, state.params, x_train, data.y_train, bk)
-            val_loss, val_acc = evaluate(net, state.params, x_val, data.y_val, bk)
+            _, train_acc = evaluate(net, state.params, x_train, data.y_train, bk,
+                                    logits_fn=logits_fn)
+            val_loss, val_acc = evaluate(net, state.params, x_val, data.y_val, bk,
+                                         logits_fn=logits_fn)
+            if logits_fn is not None:  # the same weights with an exact (sequential) forward
+                _, val_acc_exact = evaluate(net, state.params, x_val, data.y_val, bk)
             state.epoch = epoch
             record = {
                 "epoch": epoch,
@@ -217,6 +291,8 @@ def fit(net: Network, state: TrainState, data: Dataset, gradient: GradientFn, *,
                 "time_s": time.perf_counter() - t0,
                 "stats": _mean_stats(per_step),
             }
+            if logits_fn is not None:
+                record["val_acc_sequential_forward"] = val_acc_exact
             state.history.append(record)
             if not quiet:
                 extra = "".join(f"  {k} {v:.3g}" for k, v in record["stats"].items()
@@ -321,6 +397,27 @@ def train(config: TrainConfig, gradient: GradientFn | None = None,
     else:
         name = getattr(gradient, "__name__", "custom")
     meta = run_summary(config, net, data, state.optimizer, name)
-    return fit(net, state, data, gradient, epochs=config.epochs, batch_size=config.batch_size,
-               bk=bk, out_dir=config.out_dir, checkpoint_every=config.checkpoint_every,
-               meta=meta, quiet=config.quiet, stream=stream)
+    result = fit(net, state, data, gradient, epochs=config.epochs, batch_size=config.batch_size,
+                 bk=bk, out_dir=config.out_dir, checkpoint_every=config.checkpoint_every,
+                 meta=meta, quiet=config.quiet, stream=stream)
+    if name == "layer-parallel" and config.out_dir:
+        result.files["gradient_error"] = write_gradient_error(config, net, data, state, bk)
+    return result
+
+
+def write_gradient_error(config: TrainConfig, net: Network, data: Dataset, state: TrainState,
+                         bk: Backend) -> Path:
+    """After a layer-parallel run: the gradient error vs MGRIT cycles at the final weights,
+    on one training batch, as ``gradient_error.png`` (and its table in ``gradient_error.json``)."""
+    from .gradient_error import gradient_error_study, plot_gradient_error
+
+    x = bk.asarray(as_network_input(net, data.x_train[: config.batch_size]))
+    y = bk.asarray(data.y_train[: config.batch_size])
+    rows = gradient_error_study(net, state.params, x, y, range(0, 9), bk,
+                                default=layer_parallel_settings(config),
+                                levels=config.levels, cfactor=config.cfactor,
+                                relax=config.relax_per_level, cycle=config.cycle)
+    out = Path(config.out_dir)
+    write_json(out / "gradient_error.json", [r.__dict__ for r in rows])
+    title = f"final weights, {config.levels} levels, cfactor {config.cfactor}"
+    return save_figure(plot_gradient_error(rows, title), out / GRADIENT_ERROR_FILE)

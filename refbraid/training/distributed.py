@@ -1,0 +1,476 @@
+"""The layer-parallel gradient over MPI: layers distributed over ranks, batches over groups.
+
+Same mathematics as :mod:`refbraid.training.layer_parallel` (same propagators, same MGRIT
+solves, same per-layer gradient formula); only the communicator and the ownership change::
+
+    forward   y[0] = opening(x)  on layer rank 0, broadcast (the solve's u0)
+              MGRIT forward solve: rank q holds y[i] for i in its block [b_q, b_{q+1})
+              logits = closing(y[N]), L, λ[N] = closing'ᵀ ∂L/∂logits   on the last rank
+    adjoint   λ[N] broadcast;  MGRIT adjoint solve on the reversed grid
+    gradient  ∂L/∂θ_n = (∂Φ_n/∂θ_n)ᵀ λ[n+1] at y[n]    for the layers n the rank owns
+              ∂L/∂θ_open = opening'ᵀ λ[0]  on layer rank 0
+
+Ownership (:class:`BlockPlan`). Rank q owns the layers (weights θ_n, states y[n]) of its
+forward block [b_q, b_{q+1}); the blocks start at coarsest-grid points. What it needs from
+others travels through :class:`refbraid.parallel.ops.RowExchange` (linear operators with
+adjoints):
+
+* forward ghost weights: a coarse step from t_a to t_{a+m} uses θ_a (injection), and the step
+  into the block's first point starts on the previous block: θ at the last point of the
+  previous block on every level (always on rank q−1);
+* adjoint ownership is shifted: the adjoint step a+m → a runs on the owner of λ[a] and needs
+  θ_a and y[a]. The backward layout mirrors the forward one when the grids allow it (rank q
+  then owns λ[i] for i in (b_q, b_{q+1}]) and the only extra rows are θ and y at b_{q+1},
+  from rank q+1; otherwise the default backward partition is used and more rows move;
+* the gradient of layer n needs λ[n+1], which the adjoint owner of n+1 sends.
+
+Data parallelism (:func:`refbraid.parallel.mpi.split_world`): D groups of Q = P/D ranks; group
+g takes the contiguous shard of B_g samples of every batch, and its loss and λ[N] are scaled by
+B_g/B, so summing over groups gives the mean over the full batch. MGRIT's residual norms are
+reduced over the whole world, so every group stops exactly when one process would.
+
+Parameter holding, two modes (documented honestly):
+
+* replicated (:meth:`DistributedGradient.__call__`): every rank holds all parameters, computes
+  the gradient rows it owns, and the full gradient is assembled by one sum over the world
+  (bit-identical on every rank); the unchanged trainer then takes the same optimizer step on
+  every rank. Simple, but each rank stores everything and the sum moves the whole gradient.
+* sharded (:meth:`DistributedGradient.sharded`, :class:`ShardedTrainer`): each rank holds only
+  its rows of ``steps.*`` (plus opening on layer rank 0, closing on the last), fetches ghost
+  weights each step, and its optimizer updates only its shard; gradients are summed only over
+  the data-parallel group of its block. Checkpoints gather the shards to world rank 0, which
+  writes them atomically.
+
+Both give the serial gradient (:func:`refbraid.training.layer_parallel.layer_parallel_gradient`
+on the full batch) to round-off; tests/mpi/test_distributed.py checks ≤ 1e-12 (float64).
+
+Shape legend: N layers, P world ranks, D groups, Q = P/D layer ranks, B batch, B_g shard,
+S state shape.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..backends import Backend, get_backend
+from ..mgrit import MGRITSettings, Problem, build_hierarchy, solve
+from ..mgrit.grid import Hierarchy
+from ..network import Network, Params, check_batch, group, layer_params
+from ..parallel.layout import Layout, check_layout, partition
+from ..parallel.mpi import Topology, split_world
+from ..parallel.ops import Broadcast, RowExchange
+from .layer_parallel import AdjointPropagator, ForwardPropagator, LayerParallelSettings
+from .optim import Optimizer
+
+
+# ----------------------------------------------------------------------------- who owns what
+def _hierarchy(n_layers: int, s: MGRITSettings) -> Hierarchy:
+    return build_hierarchy(n_layers, s.cfactors, s.min_coarse)
+
+
+def _mirrored_layout(forward: Layout, backward: Hierarchy) -> Layout | None:
+    """Backward layout in which rank q owns λ[i] for i in (b_q, b_{q+1}] (None if impossible).
+
+    In solver order s = N − i, block position p (rank Q−1−p) starts at N − b_{Q−p}; every
+    start must be a coarsest point of the backward hierarchy.
+    """
+    N, b = forward.n_steps, forward.starts
+    starts = (0, *(N - b[len(b) - p] for p in range(1, len(b))))
+    coarse = {int(s) for s in backward.coarsest.points}
+    if any(s not in coarse for s in starts[1:]):
+        return None
+    return Layout(n_steps=N, starts=starts)
+
+
+@dataclass(frozen=True, eq=False)
+class BlockPlan:
+    """Blocks of the forward and adjoint solves and the rows every rank needs (no MPI here).
+
+    forward_layout   solver (= fine) indices [b_q, b_{q+1}) of y owned by rank q
+    backward_layout  solver indices s = N − i of λ; block position p lives on rank Q−1−p
+    mirrored         True when the backward blocks are the forward ones shifted by one
+    """
+
+    n_layers: int
+    n_ranks: int
+    forward_hierarchy: Hierarchy
+    backward_hierarchy: Hierarchy
+    forward_layout: Layout
+    backward_layout: Layout
+    mirrored: bool
+
+    @classmethod
+    def build(cls, n_layers: int, settings: LayerParallelSettings, n_ranks: int) -> BlockPlan:
+        """Balanced forward blocks and (mirrored if possible) backward blocks for ``n_ranks``."""
+        if not isinstance(settings, LayerParallelSettings):
+            raise TypeError(f"`settings` must be a LayerParallelSettings, got "
+                            f"{type(settings).__name__}.")
+        fh = _hierarchy(n_layers, settings.forward)
+        bh = _hierarchy(n_layers, settings.backward)
+        try:
+            fl = partition(fh.coarsest.points, n_layers, n_ranks)
+            bl = partition(bh.coarsest.points, n_layers, n_ranks)
+        except ValueError as err:
+            raise ValueError(f"layer-parallel over {n_ranks} ranks with {n_layers} layers: {err} "
+                             "(or use more layers, or data parallelism: --data-parallel)") from err
+        mirror = _mirrored_layout(fl, bh)
+        plan = cls(n_layers, n_ranks, fh, bh, fl, mirror or bl, mirror is not None)
+        check_layout(plan.backward_layout, bh.coarsest.points, n_layers)
+        return plan
+
+    def _check_rank(self, rank: int) -> int:
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) \
+                or not 0 <= rank < self.n_ranks:
+            raise ValueError(f"`rank` must be in [0, {self.n_ranks}), got {rank!r}.")
+        return int(rank)
+
+    def forward_points(self, rank: int) -> np.ndarray:
+        """Fine indices i of the states y[i] rank owns after the forward solve."""
+        return self.forward_layout.fine_indices(self._check_rank(rank), "forward")
+
+    def backward_points(self, rank: int) -> np.ndarray:
+        """Fine indices i of the adjoints λ[i] rank owns after the adjoint solve."""
+        pos = self.n_ranks - 1 - self._check_rank(rank)
+        return np.sort(self.backward_layout.fine_indices(pos, "backward"))
+
+    def owned_layers(self, rank: int) -> np.ndarray:
+        """Layers n (weights θ_n, gradient rows) rank owns: its forward points below N."""
+        pts = self.forward_points(rank)
+        return pts[pts < self.n_layers]
+
+    def forward_weight_rows(self, rank: int) -> np.ndarray:
+        """Layers a whose weights the forward solve uses on rank: starts of its steps a → b."""
+        rows: set[int] = set()
+        for lvl in self.forward_hierarchy:
+            sl = self.forward_layout.positions(lvl.points, self._check_rank(rank))
+            rows.update(int(lvl.points[k - 1]) for k in range(max(sl.start, 1), sl.stop))
+        return np.array(sorted(rows), dtype=np.int64)
+
+    def backward_rows(self, rank: int) -> np.ndarray:
+        """Layers a whose θ_a and y[a] the adjoint solve uses on rank: stops of its steps."""
+        pos = self.n_ranks - 1 - self._check_rank(rank)
+        N, rows = self.n_layers, set()
+        for lvl in self.backward_hierarchy:
+            sl = self.backward_layout.positions(lvl.points, pos)
+            rows.update(N - int(lvl.points[k]) for k in range(max(sl.start, 1), sl.stop))
+        return np.array(sorted(rows), dtype=np.int64)
+
+    def weight_rows(self, rank: int) -> np.ndarray:
+        """Every layer whose weights rank uses: owned, forward ghosts, adjoint rows."""
+        rows = set(self.owned_layers(rank)) | set(self.forward_weight_rows(rank)) \
+            | set(self.backward_rows(rank))
+        return np.array(sorted(int(r) for r in rows), dtype=np.int64)
+
+    def table(self) -> str:
+        """One line per rank: owned layers, ghost weight rows, states and adjoints moved."""
+        lines = [f"{'rank':>4}  {'layers':>12}  {'y owned':>12}  {'λ owned':>12}  "
+                 f"{'ghost θ':>8}  {'y in':>5}  {'λ in':>5}"]
+        for q in range(self.n_ranks):
+            own, fp, bp = self.owned_layers(q), self.forward_points(q), self.backward_points(q)
+            ghosts = len(set(self.weight_rows(q)) - set(own))
+            y_in = len(set(self.backward_rows(q)) - set(fp))
+            l_in = len(set(own + 1) - set(bp))
+            lines.append(f"{q:>4}  {_span(own):>12}  {_span(fp):>12}  {_span(bp):>12}  "
+                         f"{ghosts:>8}  {y_in:>5}  {l_in:>5}")
+        return "\n".join(lines)
+
+
+def _span(a: np.ndarray) -> str:
+    return f"{int(a[0])}..{int(a[-1])}" if len(a) else "-"
+
+
+class Rows(dict):
+    """``{global row index: array}``; a missing row names the rank and what it holds."""
+
+    def __init__(self, name: str, rank: int, rows: dict[int, Any]):
+        super().__init__(rows)
+        self.name, self.rank = name, rank
+
+    def __missing__(self, key):
+        raise KeyError(f"rank {self.rank} holds no row {key!r} of {self.name} "
+                       f"(it holds {_span(np.array(sorted(self)))}); the BlockPlan missed it.")
+
+
+# ----------------------------------------------------------------------------- the gradient
+def shard_sizes(batch: int, n_groups: int) -> list[int]:
+    """Contiguous shard sizes: B // D each, one more for the first B % D groups."""
+    if batch < n_groups:
+        raise ValueError(f"`x`: a batch of {batch} samples cannot be split over "
+                         f"{n_groups} data-parallel groups; use a batch of at least {n_groups}.")
+    return [batch // n_groups + (1 if g < batch % n_groups else 0) for g in range(n_groups)]
+
+
+class DistributedGradient:
+    """Layer-parallel (× data-parallel) gradient on this rank of ``topology``.
+
+    ``gradient(params, x, labels) -> (loss, grads, stats)`` (replicated parameters, the
+    trainer's gradient signature) or ``gradient.sharded(shard, x, labels)`` (owned rows
+    only). Every rank must call with the same full batch ``x, labels``; the result is the
+    same on every rank. Construction is collective (it builds the message plans).
+    """
+
+    __name__ = "layer-parallel-mpi"
+
+    def __init__(self, net: Network, topology: Topology,
+                 settings: LayerParallelSettings | None = None, bk: Backend | str = "numpy"):
+        if not isinstance(net, Network):
+            raise TypeError(f"`net` must be a refbraid Network, got {type(net).__name__}.")
+        if not isinstance(topology, Topology):
+            raise TypeError(f"`topology` must be a refbraid.parallel.mpi.Topology (from "
+                            f"split_world), got {type(topology).__name__}.")
+        self.bk = get_backend(bk)
+        if self.bk.xp is not np:
+            raise ValueError(f"`bk`: the MPI gradient sends host (NumPy) arrays; backend "
+                             f"{self.bk.name!r} keeps them on a device. Use numpy or numba.")
+        self.net, self.topo = net, topology
+        self.settings = LayerParallelSettings() if settings is None else settings
+        self.plan = BlockPlan.build(net.n_layers, self.settings, topology.layer.size)
+        q, layer = topology.layer.rank, topology.layer
+        p = self.plan
+        self.q, self.last = q, layer.size - 1
+        self.owned = p.owned_layers(q)
+        self.y_owned, self.lam_owned = p.forward_points(q), p.backward_points(q)
+        weight_in = sorted(set(p.weight_rows(q)) - set(self.owned))
+        state_in = sorted(set(p.backward_rows(q)) - set(self.y_owned))
+        lam_in = sorted(set(self.owned + 1) - set(self.lam_owned))
+        self.weights_x = RowExchange(layer, self.owned, weight_in)  # collective
+        self.states_x = RowExchange(layer, self.y_owned, state_in)
+        self.adjoints_x = RowExchange(layer, self.lam_owned, lam_in)
+        self.bcast_y0 = Broadcast(layer, root=0)
+        self.bcast_lam = Broadcast(layer, root=self.last)
+
+    # -- parameters ---------------------------------------------------------------------
+    def holds(self, key: str) -> bool:
+        """Whether this rank's shard holds parameter ``key`` (or rows of it)."""
+        g = key.partition(".")[0]
+        return g == "steps" or (g == "opening" and self.q == 0) or \
+            (g == "closing" and self.q == self.last)
+
+    def shard(self, params: Params) -> Params:
+        """This rank's part of full ``params``: owned ``steps.*`` rows (copies), opening on
+        layer rank 0, closing on the last layer rank."""
+        lo, hi = int(self.owned[0]), int(self.owned[-1]) + 1
+        out = {}
+        for k, v in params.items():
+            if self.holds(k):
+                out[k] = np.array(v[lo:hi] if k.startswith("steps.") else v, copy=True)
+        return out
+
+    def gather(self, shard: dict[str, Any], root: int = 0) -> dict[str, Any] | None:
+        """Full arrays on world rank ``root`` from group 0's shards (keys ``[buffer/]name``);
+        ``steps.*`` rows are stacked in layer order. Collective over the world."""
+        parts = self.topo.world.gather(shard if self.topo.group == 0 else None, root=root)
+        if parts is None:
+            return None
+        parts = [s for s in parts if s is not None]  # group 0, in layer-rank order
+        full: dict[str, Any] = {}
+        for k in sorted({k for s in parts for k in s}):
+            have = [s[k] for s in parts if k in s]
+            is_rows = k.rpartition("/")[2].startswith("steps.") and np.ndim(have[0]) > 0
+            full[k] = np.concatenate(have, axis=0) if is_rows else have[0]
+        return full
+
+    def _rows(self, shard: Params, fetched: dict[int, dict[str, Any]] | None) -> dict[str, Rows]:
+        """Per step-parameter name, the rows this rank may read: owned + fetched ghosts."""
+        steps = group(shard, "steps")
+        lo = int(self.owned[0])
+        out = {}
+        for k, v in steps.items():
+            rows = {int(n): v[int(n) - lo] for n in self.owned}
+            if fetched is not None:
+                rows.update({i: r[k] for i, r in fetched.items()})
+            out[k] = Rows(f"steps.{k}", self.q, rows)
+        return out
+
+    # -- the gradient -------------------------------------------------------------------
+    def __call__(self, params: Params, x, labels) -> tuple[float, Params, dict[str, float]]:
+        """Replicated mode: full params on every rank in, the full gradient on every rank out."""
+        steps = group(params, "steps")
+        need = self.plan.weight_rows(self.q)
+        rows = {k: Rows(f"steps.{k}", self.q, {int(n): v[int(n)] for n in need})
+                for k, v in steps.items()}
+        loss, part, stats = self._gradient(rows, params, x, labels)
+        t0 = time.perf_counter()
+        grads = {k: np.zeros_like(v) for k, v in params.items()}
+        lo, hi = int(self.owned[0]), int(self.owned[-1]) + 1
+        for k, v in part.items():
+            if k.startswith("steps."):
+                grads[k][lo:hi] = v
+            else:
+                grads[k][...] = v
+        grads = _unpack(self.topo.world.sum_to_all(_pack(grads)), grads)
+        stats["assemble_s"] = time.perf_counter() - t0
+        return loss, grads, stats
+
+    def sharded(self, shard: Params, x, labels) -> tuple[float, Params, dict[str, float]]:
+        """Sharded mode: this rank's shard in, the gradient of its shard out (summed over the
+        data-parallel groups). Ghost weights are fetched from their owners first."""
+        t0 = time.perf_counter()
+        steps = group(shard, "steps")
+        lo = int(self.owned[0])
+        mine = {int(n): {k: v[int(n) - lo] for k, v in steps.items()} for n in self.owned}
+        fetched = self.weights_x.forward(mine)
+        fetch_s = time.perf_counter() - t0
+        loss, grads, stats = self._gradient(self._rows(shard, fetched), shard, x, labels)
+        t0 = time.perf_counter()
+        if self.topo.n_groups > 1:
+            grads = _unpack(self.topo.data.sum_to_all(_pack(grads)), grads)
+        stats["assemble_s"] = time.perf_counter() - t0 + fetch_s
+        return loss, grads, stats
+
+    def _shard_batch(self, x, labels):
+        sizes = shard_sizes(x.shape[0], self.topo.n_groups)
+        lo = sum(sizes[: self.topo.group])
+        hi = lo + sizes[self.topo.group]
+        return x[lo:hi], labels[lo:hi], sizes[self.topo.group] / x.shape[0]
+
+    def _gradient(self, rows: dict[str, Rows], params: Params, x, labels):
+        """Both solves and the owned gradient rows; ``params`` supplies opening/closing."""
+        net, bk, plan, layer = self.net, self.bk, self.plan, self.topo.layer
+        check_batch(net, x, labels)
+        t_start = time.perf_counter()
+        xs, ys, weight = self._shard_batch(x, labels)
+        N, grads = net.n_layers, {}
+        y0 = open_cache = None
+        if self.q == 0:
+            y0, open_cache = net.opening.forward(group(params, "opening"), xs, bk)
+        y0 = self.bcast_y0.forward(y0)
+        fwd = solve(Problem(ForwardPropagator(net, rows, bk), y0, N), self.settings.forward,
+                    comm=layer, layout=plan.forward_layout)
+        states = dict(zip((int(i) for i in fwd.fine_indices), fwd.solution, strict=True))
+        lam_N, loss_part = None, 0.0
+        if self.q == self.last:
+            closing = group(params, "closing")
+            logits, close_cache = net.closing.forward(closing, states[N], bk)
+            loss, probs = bk.softmax_cross_entropy(logits, ys)
+            dlogits = bk.softmax_cross_entropy_adjoint(probs, ys, weight)
+            lam_N, dclose = net.closing.adjoint(closing, close_cache, dlogits, bk)
+            grads.update({f"closing.{k}": v for k, v in dclose.items()})
+            loss_part = weight * float(loss)
+        lam_N = self.bcast_lam.forward(lam_N)
+        states.update(self.states_x.forward({i: states[i] for i in self.y_owned}))
+        states = Rows("y", self.q, states)
+        bwd = solve(Problem(AdjointPropagator(net, rows, states, bk), lam_N, N,
+                            direction="backward"),
+                    self.settings.backward, comm=layer, layout=plan.backward_layout)
+        lams = dict(zip((int(i) for i in bwd.fine_indices), bwd.solution, strict=True))
+        lams.update(self.adjoints_x.forward({i: lams[i] for i in self.lam_owned}))
+        lams = Rows("λ", self.q, lams)
+        t_sweep = time.perf_counter()
+        per_layer = []
+        for n in self.owned:  # ∂L/∂θ_n = (∂Φ_n/∂θ_n)ᵀ λ[n+1] at y[n]
+            n = int(n)
+            theta = layer_params(rows, n)
+            _, cache = net.step.forward(theta, states[n], net.h, bk)
+            _, dtheta = net.step.adjoint(theta, cache, lams[n + 1], net.h, bk, grads=True)
+            per_layer.append(dtheta)
+        for k in per_layer[0]:
+            grads[f"steps.{k}"] = np.stack([d[k] for d in per_layer])
+        if self.q == 0:
+            _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, lams[0], bk)
+            grads.update({f"opening.{k}": v for k, v in dopen.items()})
+        sweep_s = time.perf_counter() - t_sweep
+        world = self.topo.world
+        loss_total = world.allreduce_sum(loss_part)
+        steps_here = fwd.total_steps + bwd.total_steps
+        stats = {  # the keys of LayerParallelInfo.stats(), then this rank's timings
+            "fwd_res": float(fwd.norms[-1]),
+            "fwd_iters": float(fwd.iterations),
+            "bwd_res": float(bwd.norms[-1]),
+            "bwd_iters": float(bwd.iterations),
+            "phi_calls": world.allreduce_sum(steps_here) / self.topo.n_groups,
+            "rank_phi_calls": float(steps_here),
+            "fwd_s": fwd.solve_seconds,
+            "bwd_s": bwd.solve_seconds,
+            "sweep_s": sweep_s,
+            "gradient_s": time.perf_counter() - t_start,
+        }
+        ordered = {k: grads[k] for k in params if k in grads}
+        return loss_total, ordered, stats
+
+
+def _pack(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """All arrays as one flat contiguous vector (one message instead of one per key)."""
+    if not arrays:
+        return np.zeros(0)
+    return np.concatenate([np.ravel(a) for a in arrays.values()])
+
+
+def _unpack(flat: np.ndarray, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    out, o = {}, 0
+    for k, v in like.items():
+        out[k] = flat[o : o + v.size].reshape(v.shape).astype(v.dtype, copy=False)
+        o += v.size
+    return out
+
+
+def distributed_gradient(net: Network, settings: LayerParallelSettings | None = None,
+                         bk: Backend | str = "numpy", data_parallel: int = 1,
+                         world=None) -> DistributedGradient:
+    """The trainer's gradient callable ``(params, x, labels) -> (loss, grads, stats)`` over
+    MPI: ``COMM_WORLD`` (or ``world``) split into ``data_parallel`` groups of layer ranks.
+
+    Every rank must call it with the same parameters and the same full batch; it returns the
+    same loss and gradient everywhere (replicated mode, see the module docstring). Raises the
+    same ValueError on every rank for a bad split (D not dividing P, more layer ranks than
+    coarsest intervals) before any message is sent.
+    """
+    topo = split_world(data_parallel, world)
+    return DistributedGradient(net, topo, settings, bk)
+
+
+# ----------------------------------------------------------------------------- sharded training
+class ShardedTrainer:
+    """Training with owned parameter shards: the optimizer step is local to the owner.
+
+    ``step(x, labels)`` = sharded gradient + ``optimizer.step`` on this rank's shard. The
+    optimizers are element-wise (SGD, Adam), so updating shards equals updating the whole.
+    """
+
+    def __init__(self, gradient: DistributedGradient, params: Params, optimizer: Optimizer):
+        if not isinstance(gradient, DistributedGradient):
+            raise TypeError(f"`gradient` must be a DistributedGradient, got "
+                            f"{type(gradient).__name__}.")
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"`optimizer` must be a refbraid Optimizer, got "
+                            f"{type(optimizer).__name__}.")
+        self.gradient = gradient
+        self.shard = gradient.shard(params)
+        self.optimizer = optimizer
+
+    def step(self, x, labels) -> tuple[float, dict[str, float]]:
+        """One training step on the batch (every rank passes the same full batch)."""
+        loss, grads, stats = self.gradient.sharded(self.shard, x, labels)
+        self.optimizer.step(self.shard, grads)
+        return loss, stats
+
+    def gather_params(self, root: int = 0) -> Params | None:
+        """The full parameters on world rank ``root`` (None elsewhere). Collective."""
+        return self.gradient.gather(self.shard, root)
+
+    def gather_optimizer_state(self, root: int = 0) -> dict[str, np.ndarray] | None:
+        """The optimizer state of the whole network on ``root`` (``step`` and buffers)."""
+        full = self.gradient.gather(self.optimizer.state_dict(), root)
+        return full
+
+    def save_checkpoint(self, path: str | Path, *, epoch: int, rng: np.random.Generator,
+                        config: dict[str, Any], history: list[dict[str, Any]],
+                        root: int = 0) -> Path | None:
+        """Gather shards and optimizer state; world rank ``root`` writes the checkpoint
+        atomically (:func:`refbraid.training.checkpoint.save_checkpoint`). Collective."""
+        from .checkpoint import save_checkpoint
+
+        params = self.gather_params(root)
+        state = self.gather_optimizer_state(root)
+        if params is None:
+            return None
+        full_opt = copy.copy(self.optimizer)  # same class and hyper-parameters
+        full_opt.load_state_dict(state, params)
+        return save_checkpoint(path, epoch=epoch, params=params, optimizer=full_opt, rng=rng,
+                               config=config, history=history)

@@ -1,0 +1,208 @@
+"""Layer-parallel gradient: MGRIT forward solve, MGRIT adjoint solve, parallel gradient sweep.
+
+The ODE block of a :class:`~refbraid.network.Network` is the time-stepping problem
+(REFERENCES.md §1–2, TorchBraid's coarse levels)::
+
+    forward   y[0] = opening(x),        y[i] = Φ(y[i-1]; i-1 → i)
+              Φ(y; a → b) = y + (b − a)·h·F(θ_a, y)         (coarse: step (b−a)h, weights of layer a)
+    adjoint   λ[N] = ∂L/∂y[N],          λ[i] = Ψ(λ[i+1]; i+1 → i)
+              Ψ(λ; b → a) = Φ'(y[a]; a → b)ᵀ λ                 (linearised at the forward state y[a])
+    gradient  ∂L/∂θ_n = (∂Φ(y[n]; n → n+1)/∂θ_n)ᵀ λ[n+1],   n = 0..N-1
+
+Both recurrences are solved by :func:`refbraid.mgrit.solve` (the adjoint on the reversed grid).
+The gradient sweep is independent per layer (each needs only ``y[n]`` and ``λ[n+1]``), so it is
+as parallel as a relaxation sweep: it plays the role of TorchBraid's final FC-relaxation, but
+uses the *fine* adjoint at every layer, which is why a converged MGRIT adjoint gives
+sequential backprop's gradient to round-off. With inexact solves, the gradient is that of the
+approximate trajectory: exactly the error ``refbraid verify --layer-parallel`` measures.
+
+With one MGRIT level both solves are sequential substitutions and the result equals
+:func:`refbraid.network.backprop` to round-off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..backends import Backend, get_backend
+from ..mgrit import MGRITResult, MGRITSettings, Problem, solve
+from ..network import Network, Params, check_batch, group, layer_params
+
+
+def _default_forward() -> MGRITSettings:
+    # TorchBraid's examples: 3 levels, cfactor 4, 2 forward iterations (skip + 1 cycle here).
+    return MGRITSettings.torchbraid(max_iter=1)
+
+
+def _default_backward() -> MGRITSettings:
+    # ... and 1 backward iteration (the skipped down-cycle, then relaxation and measurement).
+    return MGRITSettings.torchbraid(max_iter=0)
+
+
+@dataclass(frozen=True)
+class LayerParallelSettings:
+    """MGRIT settings for the forward and the adjoint solve (TorchBraid's defaults)."""
+
+    forward: MGRITSettings = field(default_factory=_default_forward)
+    backward: MGRITSettings = field(default_factory=_default_backward)
+
+    def __post_init__(self):
+        for name in ("forward", "backward"):
+            if not isinstance(getattr(self, name), MGRITSettings):
+                raise TypeError(f"`{name}` must be an MGRITSettings, got {getattr(self, name)!r}.")
+
+    @classmethod
+    def exact(cls) -> LayerParallelSettings:
+        """One level each way: sequential substitution, the exactness baseline."""
+        one = MGRITSettings(levels=1)
+        return cls(forward=one, backward=one)
+
+    @classmethod
+    def with_iterations(cls, forward: int, backward: int, **common) -> LayerParallelSettings:
+        """TorchBraid-like hierarchy with fixed iteration counts (tolerances off)."""
+        base = dict(abs_tol=None, rel_tol=None, skip_first_down=False)
+        base.update(common)
+        return cls(
+            forward=MGRITSettings.torchbraid(max_iter=forward, **base),
+            backward=MGRITSettings.torchbraid(max_iter=backward, **base),
+        )
+
+
+# ----------------------------------------------------------------------------- the two problems
+@dataclass(frozen=True, eq=False)
+class ForwardPropagator:
+    """Φ(y; a → b) = the network's step from layer a with step size (b − a)·h."""
+
+    net: Network
+    steps: dict[str, Any]
+    bk: Backend
+
+    def step(self, y, start: int, stop: int):
+        theta = layer_params(self.steps, start)
+        y_next, _ = self.net.step.forward(theta, y, (stop - start) * self.net.h, self.bk)
+        return y_next
+
+
+@dataclass(frozen=True, eq=False)
+class AdjointPropagator:
+    """Ψ(λ; b → a) = Φ'(y[a]; a → b)ᵀ λ for b > a, linearised at the forward states ``states``."""
+
+    net: Network
+    steps: dict[str, Any]
+    states: Any  # (N + 1, *S) forward trajectory, fine order
+    bk: Backend
+
+    def step(self, lam, start: int, stop: int):
+        theta = layer_params(self.steps, stop)
+        hc = (start - stop) * self.net.h
+        _, cache = self.net.step.forward(theta, self.states[stop], hc, self.bk)
+        lam_prev, _ = self.net.step.adjoint(theta, cache, lam, hc, self.bk, grads=False)
+        return lam_prev
+
+
+def forward_problem(net: Network, steps: dict[str, Any], y0, bk: Backend) -> Problem:
+    return Problem(step=ForwardPropagator(net, steps, bk), u0=y0, n_steps=net.n_layers)
+
+
+def adjoint_problem(net: Network, steps: dict[str, Any], states, lam_N, bk: Backend) -> Problem:
+    prop = AdjointPropagator(net, steps, states, bk)
+    return Problem(step=prop, u0=lam_N, n_steps=net.n_layers, direction="backward")
+
+
+# ----------------------------------------------------------------------------- the gradient
+@dataclass
+class LayerParallelInfo:
+    """What one layer-parallel gradient leaves behind: both MGRIT records and the trajectories."""
+
+    forward: MGRITResult
+    backward: MGRITResult
+    states: Any
+    adjoints: Any
+    logits: Any
+
+    def stats(self) -> dict[str, float]:
+        """Numbers for the training log: final fine C-point residual norms and cycles of each
+        solve, and Φ applications of both solves (the gradient sweep adds 2N more)."""
+        f, b = self.forward, self.backward
+        return {
+            "fwd_res": float(f.norms[-1]),
+            "fwd_iters": float(f.iterations),
+            "bwd_res": float(b.norms[-1]),
+            "bwd_iters": float(b.iterations),
+            "phi_calls": float(f.total_steps + b.total_steps),
+        }
+
+
+def parameter_gradient_sweep(net: Network, steps: dict[str, Any], states, adjoints, bk: Backend):
+    """∂L/∂θ_n = (∂Φ_n/∂θ_n)ᵀ λ[n+1] at y[n] for every layer n (independent per layer)."""
+    dsteps = {k: bk.xp.zeros_like(v) for k, v in steps.items()}
+    for n in range(net.n_layers):
+        theta = layer_params(steps, n)
+        _, cache = net.step.forward(theta, states[n], net.h, bk)
+        _, dtheta = net.step.adjoint(theta, cache, adjoints[n + 1], net.h, bk, grads=True)
+        for k, v in dtheta.items():
+            dsteps[k][n] = v
+    return dsteps
+
+
+def mgrit_forward(net: Network, params: Params, x, settings: MGRITSettings,
+                  bk: Backend | str = "numpy"):
+    """The network's forward pass with the ODE block solved by MGRIT.
+
+    Returns (logits, the MGRIT result — its ``solution`` is y[0..N] —, (opening cache,
+    closing cache)). This is the network a layer-parallel run trains, so it is also the one
+    its accuracy is measured with (as TorchBraid does).
+    """
+    bk = get_backend(bk)
+    y0, open_cache = net.opening.forward(group(params, "opening"), x, bk)
+    fwd = solve(forward_problem(net, group(params, "steps"), y0, bk), settings)
+    logits, close_cache = net.closing.forward(group(params, "closing"), fwd.solution[-1], bk)
+    return logits, fwd, (open_cache, close_cache)
+
+
+def layer_parallel_gradient(
+    net: Network,
+    params: Params,
+    x,
+    labels,
+    settings: LayerParallelSettings | None = None,
+    bk: Backend | str = "numpy",
+) -> tuple[float, Params, LayerParallelInfo]:
+    """Loss and gradient with MGRIT forward and adjoint solves (see the module docstring).
+
+    Returns (loss, grads keyed like params, info). The loss is evaluated on the MGRIT
+    forward solution, the gradient is the exact gradient of that approximate forward pass
+    when the adjoint solve has converged.
+    """
+    bk = get_backend(bk)
+    settings = LayerParallelSettings() if settings is None else settings
+    check_batch(net, x, labels)
+    steps = group(params, "steps")
+    logits, fwd, (open_cache, close_cache) = mgrit_forward(net, params, x, settings.forward, bk)
+    states = fwd.solution  # (N + 1, *S)
+    loss, probs = bk.softmax_cross_entropy(logits, labels)
+    dlogits = bk.softmax_cross_entropy_adjoint(probs, labels, 1.0)
+    lam_N, dclose = net.closing.adjoint(group(params, "closing"), close_cache, dlogits, bk)
+    bwd = solve(adjoint_problem(net, steps, states, lam_N, bk), settings.backward)
+    adjoints = bwd.solution  # (N + 1, *S), fine order
+    dsteps = parameter_gradient_sweep(net, steps, states, adjoints, bk)
+    _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, adjoints[0], bk)
+    grads = {f"opening.{k}": v for k, v in dopen.items()}
+    grads.update({f"steps.{k}": v for k, v in dsteps.items()})
+    grads.update({f"closing.{k}": v for k, v in dclose.items()})
+    info = LayerParallelInfo(fwd, bwd, states, adjoints, logits)
+    return float(loss), {k: grads[k] for k in params}, info
+
+
+def relative_gradient_error(grads: Params, reference: Params, bk: Backend | str = "numpy") -> float:
+    """‖g − g_ref‖ / ‖g_ref‖ over all parameter arrays together (2-norm of the flat vector)."""
+    bk = get_backend(bk)
+    num = den = 0.0
+    for k, ref in reference.items():
+        r, g = bk.to_numpy(ref), bk.to_numpy(grads[k])
+        num += float(np.sum((g - r) ** 2))
+        den += float(np.sum(r**2))
+    return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))
