@@ -1,0 +1,416 @@
+"""One catalogue drives every backend: each kernel in KERNELS, on numpy, numba, cuda (the
+simulator in CI) and cupy (GPU only), against the NumPy reference on the same inputs.
+
+Agreement is measured in the max norm, ``max|got − want| ≤ rtol · max|want|`` per output,
+with rtol 1e-12 in float64 and 1e-5 in float32; outputs must keep the reference's dtype.
+Shapes include odd and non-multiple-of-16 sizes, size-1 axes, non-contiguous inputs and
+Cin ≠ Cout convolutions with k = 1, 3, 5. Cases marked ``big`` (28×28 images, 37×45
+matrices) do not run in the CUDA simulator, which runs one Python thread per CUDA thread.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from conftest import BACKEND_PARAMS, CUDA_SIMULATED, backend_or_skip
+
+from refbraid.backends import BACKENDS, KERNELS, available_backends, get_backend, reference
+
+RTOL = {np.float64: 1e-12, np.float32: 1e-5}
+ACTS = ("tanh", "relu", "gelu", "identity")
+
+
+# ----------------------------------------------------------------------------- the catalogue
+@dataclass(frozen=True)
+class Case:
+    """A kernel call: ``build(rng, dtype)`` returns its positional arguments."""
+
+    kernel: str
+    name: str
+    build: Callable[[np.random.Generator, type], tuple]
+    big: bool = False  # too large for the CUDA simulator
+
+
+def _r(rng, shape, dtype):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _elementwise_cases() -> list[Case]:
+    shapes = {"7x13": (7, 13), "2x3x5x5": (2, 3, 5, 5), "1": (1,)}
+    cases = []
+    for act in ACTS:
+        for sname, shape in shapes.items():
+            cases += [
+                Case("activation", f"{act}-{sname}", lambda g, d, s=shape, a=act: (_r(g, s, d), a)),
+                Case("activation_adjoint", f"{act}-{sname}",
+                     lambda g, d, s=shape, a=act: (_r(g, s, d), _r(g, s, d), a)),
+                Case("euler_act", f"{act}-{sname}",
+                     lambda g, d, s=shape, a=act: (_r(g, s, d), _r(g, s, d), 0.37, a)),
+            ]
+        # transposed (non-contiguous) views
+        cases += [
+            Case("activation", f"{act}-transposed", lambda g, d, a=act: (_r(g, (5, 6), d).T, a)),
+            Case("activation_adjoint", f"{act}-transposed",
+                 lambda g, d, a=act: (_r(g, (5, 6), d).T, _r(g, (6, 5), d), a)),
+            Case("euler_act", f"{act}-transposed",
+                 lambda g, d, a=act: (_r(g, (6, 5), d), _r(g, (5, 6), d).T, 0.25, a)),
+        ]
+    cases.append(Case("activation", "gelu-big", lambda g, d: (_r(g, (64, 129), d), "gelu"), True))
+    return cases
+
+
+def _dense_cases() -> list[Case]:
+    shapes = {"5x11to9": (5, 11, 9), "20x24to17": (20, 24, 17), "1x1to1": (1, 1, 1)}
+    cases = []
+    for sname, (B, K, C) in shapes.items():
+        cases += [
+            Case("matmul", sname, lambda g, d, B=B, K=K, C=C: (_r(g, (B, K), d), _r(g, (K, C), d))),
+            Case("linear", sname,
+                 lambda g, d, B=B, K=K, C=C: (_r(g, (B, K), d), _r(g, (C, K), d), _r(g, C, d))),
+            Case("linear_adjoint", sname,
+                 lambda g, d, B=B, K=K, C=C: (
+                     _r(g, (B, K), d), _r(g, (C, K), d), _r(g, (B, C), d))),
+        ]
+    cases += [
+        Case("linear", "no-bias", lambda g, d: (_r(g, (3, 4), d), _r(g, (6, 4), d), None)),
+        Case("matmul", "37x45to33", lambda g, d: (_r(g, (37, 45), d), _r(g, (45, 33), d)), True),
+        Case("linear", "37x45to33",
+             lambda g, d: (_r(g, (37, 45), d), _r(g, (33, 45), d), _r(g, 33, d)), True),
+        Case("linear_adjoint", "37x45to33",
+             lambda g, d: (_r(g, (37, 45), d), _r(g, (33, 45), d), _r(g, (37, 33), d)), True),
+    ]
+    return cases
+
+
+def _conv_cases() -> list[Case]:
+    # (B, Cin, Cout, H, W, k)
+    shapes = {
+        "2x3to3-6x6-k3": (2, 3, 3, 6, 6, 3),
+        "2x3to5-6x7-k3": (2, 3, 5, 6, 7, 3),
+        "1x2to4-5x5-k5": (1, 2, 4, 5, 5, 5),
+        "3x2to2-4x3-k1": (3, 2, 2, 4, 3, 1),
+    }
+    cases = []
+    for sname, (B, C, O, H, W, k) in shapes.items():
+        cases += [
+            Case("conv2d", sname, lambda g, d, B=B, C=C, O=O, H=H, W=W, k=k: (
+                _r(g, (B, C, H, W), d), _r(g, (O, C, k, k), d), _r(g, O, d))),
+            Case("conv2d_adjoint", sname, lambda g, d, B=B, C=C, O=O, H=H, W=W, k=k: (
+                _r(g, (B, C, H, W), d), _r(g, (O, C, k, k), d), _r(g, (B, O, H, W), d))),
+        ]
+    cases += [
+        Case("conv2d", "no-bias",
+             lambda g, d: (_r(g, (2, 3, 4, 4), d), _r(g, (2, 3, 3, 3), d), None)),
+        Case("conv2d", "4x8to16-28x28-k3",
+             lambda g, d: (_r(g, (4, 8, 28, 28), d), _r(g, (16, 8, 3, 3), d), _r(g, 16, d)), True),
+        Case("conv2d_adjoint", "4x8to16-28x28-k3",
+             lambda g, d: (_r(g, (4, 8, 28, 28), d), _r(g, (16, 8, 3, 3), d),
+                           _r(g, (4, 16, 28, 28), d)), True),
+    ]
+    return cases
+
+
+def _loss_cases() -> list[Case]:
+    def probs(g, d, B, C):
+        return reference.softmax_cross_entropy(_r(g, (B, C), d), g.integers(0, C, B))[1]
+
+    cases = []
+    for B, C in ((6, 4), (1, 1), (17, 10)):
+        cases += [
+            Case("softmax_cross_entropy", f"{B}x{C}",
+                 lambda g, d, B=B, C=C: (3 * _r(g, (B, C), d), g.integers(0, C, B))),
+            Case("softmax_cross_entropy_adjoint", f"{B}x{C}",
+                 lambda g, d, B=B, C=C: (probs(g, d, B, C), g.integers(0, C, B), 0.7)),
+        ]
+    return cases
+
+
+def _transformer_cases() -> list[Case]:
+    def mask(g, shape):
+        m = g.random(shape) < 0.3
+        m[0, 0, :] = True  # one fully masked row
+        return m
+
+    def ln_cache(g, d, shape):
+        x = _r(g, shape, d)
+        gamma = _r(g, shape[-1], d)
+        _, mean, rstd = reference.layernorm(x, gamma, _r(g, shape[-1], d), 1e-5)
+        return x, mean, rstd, gamma, _r(g, shape, d)
+
+    def gru_inputs(g, d, B, H, implicit):
+        gx, gh, h = _r(g, (B, 3 * H), d), _r(g, (B, 3 * H), d), _r(g, (B, H), d)
+        _, gates = reference.gru_cell(gx, gh, h, 0.5, implicit)
+        return gates, gh, h, _r(g, (B, H), d), 0.5, implicit
+
+    cases = [
+        Case("bmm", "3x5x7to4", lambda g, d: (_r(g, (3, 5, 7), d), _r(g, (3, 7, 4), d))),
+        Case("bmm", "2x17x20to18", lambda g, d: (_r(g, (2, 17, 20), d), _r(g, (2, 20, 18), d))),
+        Case("softmax", "3x5x7", lambda g, d: (3 * _r(g, (3, 5, 7), d), None)),
+        Case("softmax", "masked-2x4x6", lambda g, d: (_r(g, (2, 4, 6), d), mask(g, (2, 4, 6)))),
+        Case("softmax_adjoint", "3x5x7", lambda g, d: (
+            reference.softmax(_r(g, (3, 5, 7), d), None), _r(g, (3, 5, 7), d))),
+        Case("layernorm", "3x5x8", lambda g, d: (
+            _r(g, (3, 5, 8), d), _r(g, 8, d), _r(g, 8, d), 1e-5)),
+        Case("layernorm", "4x13", lambda g, d: (
+            _r(g, (4, 13), d), _r(g, 13, d), _r(g, 13, d), 1e-5)),
+        Case("layernorm_adjoint", "3x5x8", lambda g, d: ln_cache(g, d, (3, 5, 8))),
+        Case("embedding", "3x5-V7xE6", lambda g, d: (g.integers(0, 7, (3, 5)), _r(g, (7, 6), d))),
+        Case("embedding_adjoint", "3x5-V7xE6",
+             lambda g, d: (g.integers(0, 7, (3, 5)), _r(g, (3, 5, 6), d), 7)),
+    ]
+    for implicit in (False, True):
+        tag = "implicit" if implicit else "classic"
+        cases += [
+            Case("gru_cell", f"{tag}-4x5", lambda g, d, i=implicit: (
+                _r(g, (4, 15), d), _r(g, (4, 15), d), _r(g, (4, 5), d), 0.5, i)),
+            Case("gru_cell_adjoint", f"{tag}-4x5",
+                 lambda g, d, i=implicit: gru_inputs(g, d, 4, 5, i)),
+        ]
+    return cases
+
+
+CASES = _elementwise_cases() + _dense_cases() + _conv_cases() + _loss_cases()
+CASES += _transformer_cases()
+
+
+def _catalogue_params():
+    params = []
+    for bp in BACKEND_PARAMS:
+        name, bid = bp.values[0], bp.id
+        for case in CASES:
+            if case.big and name == "cuda" and CUDA_SIMULATED:
+                continue
+            for dtype in (np.float64, np.float32):
+                cid = f"{case.kernel}-{case.name}-{np.dtype(dtype).name}-{bid}"
+                params.append(pytest.param(name, case, dtype, id=cid))
+    return params
+
+
+# ----------------------------------------------------------------------------- comparison
+def _leaves(out):
+    return list(out) if isinstance(out, tuple) else [out]
+
+
+def assert_matches(got, want, rtol: float, what: str) -> None:
+    """Every output of ``got`` equals ``want`` in the max norm (relative), with its dtype."""
+    got, want = _leaves(got), _leaves(want)
+    assert len(got) == len(want), f"{what}: {len(got)} outputs, reference has {len(want)}"
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.shape == w.shape, f"{what} output {k}: shape {g.shape}, reference {w.shape}"
+        assert g.dtype == w.dtype, f"{what} output {k}: dtype {g.dtype}, reference {w.dtype}"
+        if w.size == 0:
+            continue
+        err = np.abs(g.astype(np.float64) - w.astype(np.float64))
+        scale = max(float(np.abs(w).max()), np.finfo(w.dtype).tiny)
+        worst = np.unravel_index(int(np.argmax(err)), err.shape) if err.ndim else ()
+        assert float(err.max()) <= rtol * scale, (
+            f"{what} output {k}: max error {float(err.max()):.3e} at index {worst} "
+            f"> {rtol:g} × max|ref| = {rtol * scale:.3e}"
+        )
+
+
+def _to_backend(bk, a):
+    if isinstance(a, np.ndarray):
+        return bk.asarray(a)
+    return a
+
+
+def _host(bk, out):
+    if isinstance(out, tuple):
+        return tuple(_host(bk, o) for o in out)
+    if hasattr(out, "shape") and not isinstance(out, (np.ndarray, np.generic)):
+        return bk.to_numpy(out)
+    return out
+
+
+@pytest.mark.parametrize(("backend_name", "case", "dtype"), _catalogue_params())
+def test_kernel_matches_reference(backend_name, case, dtype):
+    bk = backend_or_skip(backend_name)
+    args = case.build(np.random.default_rng(1234), dtype)
+    want = getattr(reference, case.kernel)(*args)
+    got = _host(bk, getattr(bk, case.kernel)(*[_to_backend(bk, a) for a in args]))
+    what = f"{case.kernel}[{case.name}] on {backend_name} ({np.dtype(dtype).name})"
+    assert_matches(got, want, RTOL[dtype], what)
+
+
+# ----------------------------------------------------------------------------- dispatch
+def test_catalogue_covers_every_kernel():
+    missing = sorted(set(KERNELS) - {c.kernel for c in CASES})
+    assert not missing, f"kernels with no catalogue case: {missing}"
+
+
+def test_unknown_backend_raises_naming_backend():
+    with pytest.raises(ValueError, match="`backend`") as info:
+        get_backend("nope")
+    assert "'nope'" in str(info.value)
+
+
+@pytest.mark.parametrize("backend_name", BACKEND_PARAMS)
+def test_backend_lists_only_known_kernels(backend_name):
+    bk = backend_or_skip(backend_name)
+    assert bk.name in BACKENDS
+    assert set(bk.overrides) <= set(KERNELS), set(bk.overrides) - set(KERNELS)
+    for k in KERNELS:
+        assert callable(getattr(bk, k)), k
+    if backend_name in ("numba", "cuda"):  # the fast backends really override the hot kernels
+        assert {"euler_act", "linear", "conv2d", "conv2d_adjoint"} <= set(bk.overrides)
+
+
+def test_available_backends_include_the_cpu_and_simulated_ones():
+    names = available_backends()
+    assert names[:2] == ["numpy", "numba"]
+    if CUDA_SIMULATED:
+        assert "cuda" in names
+
+
+# ----------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("backend_name", ["numba", "cuda"])
+def test_bad_shapes_raise_value_error_naming_the_argument(backend_name):
+    bk = get_backend(backend_name)
+    rng = np.random.default_rng(0)
+    x, W, b = _r(rng, (3, 4), np.float64), _r(rng, (5, 4), np.float64), _r(rng, 5, np.float64)
+    with pytest.raises(ValueError, match="`W`"):
+        bk.linear(x, W.T.copy(), b)
+    with pytest.raises(ValueError, match="`b`"):
+        bk.linear(x, W, b[:4])
+    with pytest.raises(ValueError, match="`dz`"):
+        bk.linear_adjoint(x, W, _r(rng, (3, 4), np.float64))
+    xi = _r(rng, (1, 2, 4, 4), np.float64)
+    with pytest.raises(ValueError, match="`W`.*odd"):
+        bk.conv2d(xi, _r(rng, (2, 2, 2, 2), np.float64), None)
+    with pytest.raises(ValueError, match="`W`"):
+        bk.conv2d(xi, _r(rng, (2, 3, 3, 3), np.float64), None)
+    with pytest.raises(ValueError, match="`x`"):
+        bk.conv2d(xi[0], _r(rng, (2, 2, 3, 3), np.float64), None)
+    with pytest.raises(ValueError, match="`activation`.*'swish'"):
+        bk.activation(x, "swish")
+    with pytest.raises(TypeError, match="`h`"):
+        bk.euler_act(x, x, "0.1", "tanh")
+
+
+def test_numba_loss_rejects_bad_labels():
+    bk = get_backend("numba")
+    logits = np.zeros((3, 4))
+    with pytest.raises(ValueError, match="`labels`.*\\[0, 4\\)"):
+        bk.softmax_cross_entropy(logits, np.array([0, 4, 1]))
+    with pytest.raises(ValueError, match="`labels`.*shape"):
+        bk.softmax_cross_entropy(logits, np.array([0, 1]))
+    with pytest.raises(TypeError, match="`labels`"):
+        bk.softmax_cross_entropy(logits, np.array([0.0, 1.0, 2.0]))
+
+
+# ----------------------------------------------------------------------------- fallbacks
+@pytest.mark.parametrize("backend_name", ["numba", "cuda"])
+@pytest.mark.parametrize("act", ACTS)
+def test_complex_inputs_take_the_reference_path(backend_name, act):
+    """The verifier's complex steps must see exactly the reference (no silent real cast)."""
+    bk = get_backend(backend_name)
+    rng = np.random.default_rng(3)
+    z = rng.standard_normal((4, 5)) + 1e-20j * rng.standard_normal((4, 5))
+    np.testing.assert_array_equal(bk.activation(z, act), reference.activation(z, act))
+    dy = rng.standard_normal((4, 5)).astype(complex)
+    np.testing.assert_array_equal(
+        bk.activation_adjoint(z, dy, act), reference.activation_adjoint(z, dy, act)
+    )
+
+
+@pytest.mark.parametrize("backend_name", ["numba", "cuda"])
+@pytest.mark.parametrize("act", ["tanh", "relu"])
+def test_mixed_dtypes_promote_like_numpy(backend_name, act):
+    bk = get_backend(backend_name)
+    rng = np.random.default_rng(5)
+    y, z = _r(rng, (3, 4), np.float32), _r(rng, (3, 4), np.float64)
+    got, want = bk.euler_act(y, z, 0.5, act), reference.euler_act(y, z, 0.5, act)
+    assert got.dtype == want.dtype == np.float64
+    assert_matches(got, want, 1e-12, "euler_act float32 + float64")
+    # a Python float h keeps float32; a NumPy float64 scalar h promotes (NEP 50)
+    z32 = z.astype(np.float32)
+    for h in (0.5, np.float64(0.5)):
+        got, want = bk.euler_act(y, z32, h, act), reference.euler_act(y, z32, h, act)
+        assert got.dtype == want.dtype, (type(h), got.dtype, want.dtype)
+        assert_matches(got, want, 1e-5, f"euler_act float32 with h of type {type(h).__name__}")
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 2 * 3 * 9 * 25 * 8])
+def test_numba_conv_chunks_agree(monkeypatch, chunk_bytes):
+    """One image per GEMM, and two per GEMM with a remainder of one (B = 3)."""
+    from refbraid.backends import numba_cpu
+
+    monkeypatch.setattr(numba_cpu, "IM2COL_CHUNK_BYTES", chunk_bytes)
+    rng = np.random.default_rng(7)
+    x, W = _r(rng, (3, 3, 5, 5), np.float64), _r(rng, (4, 3, 3, 3), np.float64)
+    b = _r(rng, 4, np.float64)
+    dz = _r(rng, (3, 4, 5, 5), np.float64)
+    assert numba_cpu._chunk(x, 3) == (1 if chunk_bytes == 1 else 2)
+    assert_matches(numba_cpu.conv2d(x, W, b), reference.conv2d(x, W, b), 1e-12, "conv2d chunked")
+    assert_matches(
+        numba_cpu.conv2d_adjoint(x, W, dz), reference.conv2d_adjoint(x, W, dz), 1e-12,
+        "conv2d_adjoint chunked",
+    )
+
+
+# ----------------------------------------------------------------------------- cuda specifics
+def test_cuda_accepts_device_arrays():
+    from numba import cuda
+
+    bk = get_backend("cuda")
+    rng = np.random.default_rng(11)
+    x, W, b = _r(rng, (3, 5), np.float64), _r(rng, (4, 5), np.float64), _r(rng, 4, np.float64)
+    got = bk.linear(cuda.to_device(x), cuda.to_device(W), cuda.to_device(b))
+    assert isinstance(got, np.ndarray)
+    assert_matches(got, reference.linear(x, W, b), 1e-12, "linear on device arrays")
+    z = _r(rng, (2, 3, 4), np.float64)
+    got = bk.euler_act(cuda.to_device(z), cuda.to_device(z), 0.5, "gelu")
+    assert_matches(got, reference.euler_act(z, z, 0.5, "gelu"), 1e-12, "euler_act on device")
+    with pytest.raises(TypeError, match="dtype"):
+        bk.linear(cuda.to_device(x), cuda.to_device(W.astype(np.float32)), None)
+
+
+def test_cuda_is_usable_and_matches_the_environment():
+    from refbraid.backends import numba_cuda
+
+    assert numba_cuda.is_usable() is True  # a GPU, or the simulator CI enables
+    assert numba_cuda.simulated() == CUDA_SIMULATED
+
+
+def _run_python(code: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120, check=False)
+
+
+def test_cuda_module_imports_without_numba_cuda():
+    """Blocking ``numba.cuda`` leaves a usable package: cuda backend = reference kernels."""
+    code = (
+        "import sys; sys.modules['numba.cuda'] = None\n"
+        "import refbraid.backends.numba_cuda as m\n"
+        "assert m.is_usable() is False and m.OVERRIDES == (), m.OVERRIDES\n"
+        "from refbraid.backends import available_backends\n"
+        "assert 'cuda' not in available_backends()\n"
+        "print('ok')\n"
+    )
+    result = _run_python(code)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr
+
+
+# ----------------------------------------------------------------------------- cupy specifics
+def test_cupy_module_is_safe_without_a_gpu():
+    from refbraid.backends import cupy_gpu
+
+    usable = cupy_gpu.is_usable()
+    assert isinstance(usable, bool)
+    assert cupy_gpu.OVERRIDES == ()
+    if importlib.util.find_spec("cupy") is None:
+        assert usable is False
+        with pytest.raises(ImportError, match="cupy"):
+            cupy_gpu.xp  # noqa: B018 - the lazy attribute raises
+    else:  # pragma: no cover - machines with CuPy
+        assert cupy_gpu.xp.__name__ == "cupy"
