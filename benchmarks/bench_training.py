@@ -70,9 +70,9 @@ def main(argv=None) -> None:
         params = {k: bk.asarray(v) for k, v in init_params(net, 0).items()}
         x = bk.asarray(rng.standard_normal((args.batch, 2)))
         y = bk.asarray(rng.integers(0, 5, args.batch))
-        t_serial = median_time(lambda: backprop(net, params, x, y, bk), repeat)
-        t_lp = median_time(lambda: layer_parallel_gradient(net, params, x, y, settings, bk),
-                           repeat)
+        args_ = (net, params, x, y)
+        t_serial = median_time(lambda a=args_: backprop(*a, bk), repeat)
+        t_lp = median_time(lambda a=args_: layer_parallel_gradient(*a, settings, bk), repeat)
         _, g_ref, _ = backprop(net, params, x, y, bk)
         _, g, info = layer_parallel_gradient(net, params, x, y, settings, bk)
         num = sum(float(np.sum((bk.to_numpy(g[k]) - bk.to_numpy(g_ref[k])) ** 2)) for k in g)

@@ -17,7 +17,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="refbraid",
-        description="Layer-parallel training of deep networks with MGRIT (teaching/reference code).",
+        description="Layer-parallel training of deep networks with MGRIT "
+        "(teaching and reference code).",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     train_cli.add_parser(sub)

@@ -38,7 +38,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, float64
+
+try:
+    from numba import cuda, float32, float64
+except ImportError as err:  # numba without CUDA support: the cuda backend keeps the reference
+    # kernels here; get_backend skips an optional module that reports itself missing.
+    raise ModuleNotFoundError(f"{__name__} needs numba.cuda: {err}", name=__name__) from err
 
 from . import reference
 from .numba_cpu_attention import (

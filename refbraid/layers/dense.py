@@ -41,7 +41,8 @@ class DenseStep:
 
     def init(self, rng: np.random.Generator, dtype=np.float64) -> dict[str, np.ndarray]:
         C = self.width
-        return {"W": uniform_fan_in(rng, (C, C), C, dtype), "b": uniform_fan_in(rng, (C,), C, dtype)}
+        return {"W": uniform_fan_in(rng, (C, C), C, dtype),
+                "b": uniform_fan_in(rng, (C,), C, dtype)}
 
     def forward(self, params, y, h: float, bk):
         """y_next = y + h σ(y Wᵀ + b); returns (y_next, cache)."""
@@ -81,7 +82,8 @@ class DenseLift:
 
     def init(self, rng: np.random.Generator, dtype=np.float64) -> dict[str, np.ndarray]:
         K, C = self.in_features, self.width
-        return {"W": uniform_fan_in(rng, (C, K), K, dtype), "b": uniform_fan_in(rng, (C,), K, dtype)}
+        return {"W": uniform_fan_in(rng, (C, K), K, dtype),
+                "b": uniform_fan_in(rng, (C,), K, dtype)}
 
     def forward(self, params, x, bk):
         z = bk.linear(x, params["W"], params["b"])  # B,C

@@ -26,7 +26,8 @@ class Classifier:
 
     def __post_init__(self):
         if not self.in_shape or any(int(s) < 1 for s in self.in_shape):
-            raise ValueError(f"`in_shape` must be a tuple of positive sizes, got {self.in_shape!r}.")
+            raise ValueError(
+                f"`in_shape` must be a tuple of positive sizes, got {self.in_shape!r}.")
         check_positive_int("n_classes", self.n_classes)
 
     @property

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 
-def uniform_fan_in(rng: np.random.Generator, shape: tuple[int, ...], fan_in: int, dtype) -> np.ndarray:
+def uniform_fan_in(rng: np.random.Generator, shape: tuple[int, ...], fan_in: int,
+                   dtype) -> np.ndarray:
     """U(-1/√fan_in, 1/√fan_in), as torch.nn.Linear / Conv2d initialise weights and biases."""
     bound = 1.0 / np.sqrt(fan_in)
     return rng.uniform(-bound, bound, size=shape).astype(dtype)

@@ -1,4 +1,4 @@
-"""``refbraid train``: train a network layer-parallel (or ``--serial``), write log, curves, checkpoints.
+"""``refbraid train``: train layer-parallel (or ``--serial``); write log, curves, checkpoints.
 
 Flags map one-to-one onto :class:`refbraid.training.config.TrainConfig` fields, whose
 defaults they show; the config validates them (errors name the flag). Example::
@@ -35,7 +35,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``train`` sub-command on ``subparsers``."""
     p = subparsers.add_parser(
         "train",
-        help="train a network (layer-parallel MGRIT or --serial) and write log, curves, checkpoints",
+        help="train a network (layer-parallel MGRIT or --serial); write log, curves, checkpoints",
         description="Train a layer-as-time-step network. Writes log.json, curves.png and "
         "(with --checkpoint-every) checkpoint.npz to --out.",
     )

@@ -51,7 +51,8 @@ def gradient_error_study(
     loss_ref, g_ref, _ = backprop(net, params, x, labels, bk)
     cases = [("1 level", LayerParallelSettings.exact())]
     cases.append(("default", default or LayerParallelSettings()))
-    cases += [(f"{k} cycles", LayerParallelSettings.with_iterations(k, k, **mgrit)) for k in iterations]
+    cases += [(f"{k} cycles", LayerParallelSettings.with_iterations(k, k, **mgrit))
+              for k in iterations]
     rows = []
     for label, settings in cases:
         loss, g, info = layer_parallel_gradient(net, params, x, labels, settings, bk)

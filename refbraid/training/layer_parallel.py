@@ -4,9 +4,9 @@ The ODE block of a :class:`~refbraid.network.Network` is the time-stepping probl
 (REFERENCES.md §1–2, TorchBraid's coarse levels)::
 
     forward   y[0] = opening(x),        y[i] = Φ(y[i-1]; i-1 → i)
-              Φ(y; a → b) = y + (b − a)·h·F(θ_a, y)         (coarse: step (b−a)h, weights of layer a)
+              Φ(y; a → b) = y + (b − a)·h·F(θ_a, y)    (coarse: step (b−a)h, weights of layer a)
     adjoint   λ[N] = ∂L/∂y[N],          λ[i] = Ψ(λ[i+1]; i+1 → i)
-              Ψ(λ; b → a) = Φ'(y[a]; a → b)ᵀ λ                 (linearised at the forward state y[a])
+              Ψ(λ; b → a) = Φ'(y[a]; a → b)ᵀ λ          (linearised at the forward state y[a])
     gradient  ∂L/∂θ_n = (∂Φ(y[n]; n → n+1)/∂θ_n)ᵀ λ[n+1],   n = 0..N-1
 
 Both recurrences are solved by :func:`refbraid.mgrit.solve` (the adjoint on the reversed grid).

@@ -41,14 +41,14 @@ from .atomic import save_figure, write_json
 from .checkpoint import FILENAME as CHECKPOINT_FILE
 from .checkpoint import check_params_match, load_checkpoint, save_checkpoint
 from .config import TrainConfig
-from .models import as_network_input, build_network
-from .optim import Optimizer, make_optimizer
 from .layer_parallel import (
     LayerParallelSettings,
     layer_parallel_gradient,
     mgrit_forward,
     relative_gradient_error,
 )
+from .models import as_network_input, build_network
+from .optim import Optimizer, make_optimizer
 from .plots import plot_solver_history, plot_training_curves
 
 Params = dict[str, Any]
