@@ -1,12 +1,17 @@
 """Regenerate the README's figures: ``python -m refbraid.figures [--out figures]``.
 
 Trains the default ``refbraid train`` configuration (Peaks, ResNet; see
-:class:`refbraid.training.config.TrainConfig`) and writes, atomically, with the Agg backend:
+:class:`refbraid.training.config.TrainConfig`) twice — layer-parallel (the default) and
+``--serial`` — with the same seed, and writes, atomically, with the Agg backend:
 
-* ``training_curves.png``      loss and accuracy per epoch;
-* ``peaks_decision_regions.png`` the validation points and the learned decision regions;
-* ``peaks_trajectories.png``   y[n], n = 0..N, of a few validation points per class through
-  the layers (two principal directions).
+* ``training_curves.png``        loss and accuracy per epoch, serial vs layer-parallel;
+* ``peaks_decision_regions.png`` validation points and the decision regions (serial run);
+* ``peaks_trajectories.png``     y[n], n = 0..N, of a few validation points per class
+  through the layers (serial run; two principal directions);
+* ``mgrit_residuals.png``        a forward MGRIT solve through the trained network, iterated
+  to convergence: residual per iteration on every level;
+* ``gradient_error.png``         layer-parallel gradient error vs MGRIT cycles at the
+  trained weights.
 """
 
 from __future__ import annotations
@@ -17,34 +22,68 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from .data.peaks import peaks_labels
+from .mgrit import MGRITSettings, solve
+from .mgrit.plots import plot_residual_history
+from .network import group
 from .training.atomic import save_figure
 from .training.config import TrainConfig
+from .training.gradient_error import gradient_error_study, plot_gradient_error
+from .training.layer_parallel import forward_problem
 from .training.models import as_network_input
-from .training.plots import plot_decision_regions, plot_training_curves, plot_trajectories
+from .training.plots import plot_decision_regions, plot_trajectories
 from .training.trainer import fit, run_summary, select_gradient, setup
 
 PER_CLASS = 6  # trajectories drawn per class
 
 
-def make_figures(out: str | Path = "figures", config: TrainConfig | None = None,
-                 quiet: bool = True) -> dict[str, Path]:
-    """Train ``config`` (default: the CLI defaults) and write the figures into ``out``."""
-    config = config or TrainConfig()
-    config = replace(config, quiet=quiet)
-    out = Path(out)
+def _train(config: TrainConfig, quiet: bool):
     net, data, state, bk = setup(config)
     name, gradient = select_gradient(config, net, bk)
     result = fit(net, state, data, gradient, epochs=config.epochs,
                  batch_size=config.batch_size, bk=bk, out_dir=None, quiet=quiet,
                  meta=run_summary(config, net, data, state.optimizer, name))
-    params, history = result.state.params, result.state.history
-    final = history[-1]
+    return net, data, bk, result.state
+
+
+def plot_serial_vs_layer_parallel(histories: dict[str, list[dict]], title: str) -> Figure:
+    """Training loss and validation accuracy per epoch for each named run."""
+    fig = Figure(figsize=(8.0, 3.2), layout="constrained")
+    ax_loss, ax_acc = fig.subplots(1, 2)
+    for (name, hist), style in zip(histories.items(), ("-", "--"), strict=False):
+        epochs = [r["epoch"] for r in hist]
+        ax_loss.plot(epochs, [r["train_loss"] for r in hist], style, label=name)
+        ax_acc.plot(epochs, [100 * r["val_acc"] for r in hist], style, label=name)
+    ax_loss.set(xlabel="epoch", ylabel="training loss", yscale="log")
+    ax_acc.set(xlabel="epoch", ylabel="validation accuracy (%)", ylim=(0, 100))
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    return fig
+
+
+def make_figures(out: str | Path = "figures", config: TrainConfig | None = None,
+                 quiet: bool = True) -> dict[str, Path]:
+    """Train ``config`` (default: the CLI defaults) serial and layer-parallel; write figures."""
+    config = replace(config or TrainConfig(), quiet=quiet)
+    out = Path(out)
+    runs = {}
+    for serial in (True, False):
+        runs["serial" if serial else "layer-parallel"] = _train(replace(config, serial=serial),
+                                                                quiet)
+    net, data, bk, serial_state = runs["serial"]
+    lp_state = runs["layer-parallel"][3]
+    final = {k: v[3].history[-1]["val_acc"] for k, v in runs.items()}
     title = (f"{data.name}, {config.model}: N = {config.layers}, width {config.width}, "
-             f"T = {config.T:g} (val acc {100 * final['val_acc']:.1f}%)")
-    files = {"curves": save_figure(plot_training_curves(history, title),
+             f"T = {config.T:g}; val acc serial {100 * final['serial']:.1f}%, "
+             f"layer-parallel {100 * final['layer-parallel']:.1f}%")
+    histories = {k: v[3].history for k, v in runs.items()}
+    files = {"curves": save_figure(plot_serial_vs_layer_parallel(histories, title),
                                    out / "training_curves.png")}
+    params = serial_state.params
     if data.input_shape == (2,):
         label_fn = peaks_labels if data.name == "peaks" else None
         files["regions"] = save_figure(plot_decision_regions(net, params, data, bk,
@@ -56,6 +95,18 @@ def make_figures(out: str | Path = "figures", config: TrainConfig | None = None,
     files["trajectories"] = save_figure(
         plot_trajectories(net, params, x, data.y_val[pick], data.n_classes, bk),
         out / f"{data.name}_trajectories.png")
+
+    xb = bk.asarray(as_network_input(net, data.x_train[: config.batch_size]))
+    yb = bk.asarray(data.y_train[: config.batch_size])
+    y0, _ = net.opening.forward(group(lp_state.params, "opening"), xb, bk)
+    settings = MGRITSettings(levels=config.levels, cfactor=config.cfactor, max_iter=15,
+                             abs_tol=1e-10, relax=config.relax_per_level, min_coarse=1)
+    solved = solve(forward_problem(net, group(lp_state.params, "steps"), y0, bk), settings)
+    files["mgrit"] = save_figure(plot_residual_history(solved), out / "mgrit_residuals.png")
+    rows = gradient_error_study(net, lp_state.params, xb, yb, range(0, 9), bk)
+    files["gradient_error"] = save_figure(
+        plot_gradient_error(rows, "layer-parallel gradient at the trained weights"),
+        out / "gradient_error.png")
     return files
 
 

@@ -349,16 +349,17 @@ def test_training_digits_with_the_conv_model():
 
 
 # ----------------------------------------------------------------------------- figures
-def test_figures_script_writes_the_three_pngs(tmp_path):
+def test_figures_script_writes_every_png(tmp_path):
     from matplotlib.figure import Figure
 
     from refbraid.figures import make_figures
     from refbraid.training.plots import plot_training_curves
 
-    cfg = TrainConfig(**{**SMALL, "epochs": 2, "samples": 200})
+    cfg = TrainConfig(**{**SMALL, "epochs": 2, "samples": 200, "layers": 16})
     files = make_figures(tmp_path, cfg)
     assert sorted(p.name for p in files.values()) == [
-        "peaks_decision_regions.png", "peaks_trajectories.png", "training_curves.png"]
+        "gradient_error.png", "mgrit_residuals.png", "peaks_decision_regions.png",
+        "peaks_trajectories.png", "training_curves.png"]
     for p in files.values():
         assert p.read_bytes()[:4] == b"\x89PNG"
     assert not list(tmp_path.glob(".*.tmp"))
