@@ -61,7 +61,7 @@ def run_layer_parallel(stream=None) -> int:
     config = TrainConfig(quiet=True)
     net, data, state, bk = setup(config)
     x, y = data.x_train[: config.batch_size], data.y_train[: config.batch_size]
-    rows = gradient_error_study(net, state.params, x, y, range(0, 11), bk,
+    rows = gradient_error_study(net, state.params, x, y, range(0, 16), bk,
                                 default=layer_parallel_settings(config))
     print(f"layer-parallel gradient vs sequential backprop: {config.data} batch of {len(y)}, "
           f"N = {net.n_layers} layers, {config.levels} levels, cfactor {config.cfactor}",
