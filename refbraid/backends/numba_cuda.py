@@ -78,6 +78,7 @@ OVERRIDES = (
 
 TILE = 16  # side of the shared-memory tiles of the GEMM (TILE×TILE threads per block)
 THREADS = 128  # threads per block of the 1-D kernels
+SMALL_BLOCK = 8  # block side of the per-element GEMM used for outputs smaller than a tile
 
 
 def is_usable() -> bool:
@@ -164,6 +165,28 @@ def _gemm_kernel(A, B, C, trans_a, trans_b, bias, has_bias):
         if has_bias:
             acc += bias[col]
         C[row, col] = acc
+
+
+@_cuda.jit
+def _gemm_small_kernel(A, B, C, trans_a, trans_b, bias, has_bias):
+    """C = op(A) op(B) (+ bias), one thread per output element, no shared memory.
+
+    Used when C has fewer elements than one TILE×TILE tile, where tiling cannot pay (and
+    where the CUDA simulator, one Python thread per CUDA thread, would idle 256 threads).
+    """
+    row, col = cuda.grid(2)
+    M, N = C.shape
+    if row >= M or col >= N:
+        return
+    K = A.shape[0] if trans_a else A.shape[1]
+    acc = 0.0
+    for k in range(K):
+        a = A[k, row] if trans_a else A[row, k]
+        b = B[col, k] if trans_b else B[k, col]
+        acc += a * b
+    if has_bias:
+        acc += bias[col]
+    C[row, col] = acc
 
 
 @_cuda.jit
@@ -309,10 +332,16 @@ def _no_bias(dtype):
 
 
 def _gemm(A, B, trans_a: bool, trans_b: bool, M: int, N: int, dtype, bias=None):
-    """Launch the tiled GEMM on device arrays; returns the device array C (M, N)."""
+    """Launch the GEMM on device arrays (tiled, or per-element below one tile of output);
+    returns the device array C (M, N)."""
     C = cuda.device_array((M, N), dtype=dtype)
-    grid = (_blocks(N, TILE), _blocks(M, TILE))
     b = bias if bias is not None else _no_bias(dtype)
+    if M * N < TILE * TILE:
+        block = (min(M, SMALL_BLOCK), min(N, SMALL_BLOCK))
+        grid = (_blocks(M, block[0]), _blocks(N, block[1]))
+        _gemm_small_kernel[grid, block](A, B, C, trans_a, trans_b, b, bias is not None)
+        return C
+    grid = (_blocks(N, TILE), _blocks(M, TILE))
     _gemm_kernel[grid, (TILE, TILE)](A, B, C, trans_a, trans_b, b, bias is not None)
     return C
 

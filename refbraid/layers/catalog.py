@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from .conv import ConvLift, ConvStep
 from .dense import DenseLift, DenseStep
+from .attention import MultiheadAttention
+from .gru import GRUCell
 from .heads import Classifier
 from .layernorm import LayerNorm
-from .transformer import PooledClassifier, TokenClassifier
+from .mlp import MLP
+from .transformer import DecoderStep, EncoderStep, PooledClassifier, TokenClassifier
 
 
 def verification_catalog() -> list[tuple[str, object]]:
@@ -25,10 +28,16 @@ def verification_catalog() -> list[tuple[str, object]]:
         ("dense_lift", DenseLift(2, 6, "tanh")),
         ("conv_lift", ConvLift(1, 3, 5, 5, "relu")),
         ("classifier", Classifier((3, 5, 5), 4)),
-        # transformer pieces cheap enough for the CUDA simulator; attention, the encoder and
-        # decoder steps, the token embedding and the GRU cells are verified on every backend
-        # in tests/test_transformer_layers.py and tests/test_gru_layers.py
+        # transformer and GRU pieces (the integer-input token embedding and the masks are
+        # verified in tests/test_transformer_layers.py)
         ("layernorm", LayerNorm(4, 3)),
+        ("mlp", MLP(4, 6, 3)),
+        ("self_attention[causal]", MultiheadAttention(4, 2, 3, causal=True)),
+        ("cross_attention", MultiheadAttention(4, 2, 3, memory_len=2)),
+        ("encoder_step", EncoderStep(4, 2, 6, 3)),
+        ("decoder_step", DecoderStep(4, 2, 6, 3, 2)),
+        ("gru_cell[classic]", GRUCell(3, 4)),
+        ("gru_cell[implicit]", GRUCell(3, 4, "implicit")),
         ("pooled_classifier", PooledClassifier(3, 4, 3)),
         ("token_classifier", TokenClassifier(3, 4, 3)),
     ]
