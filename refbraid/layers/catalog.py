@@ -7,9 +7,9 @@ Each entry is ``(name, layer)``; ODE steps have ``state_shape`` and plain layers
 
 from __future__ import annotations
 
+from .attention import MultiheadAttention
 from .conv import ConvLift, ConvStep
 from .dense import DenseLift, DenseStep
-from .attention import MultiheadAttention
 from .gru import GRUCell
 from .heads import Classifier
 from .layernorm import LayerNorm
