@@ -42,9 +42,11 @@ def fas_rhs(r, v, coarse_points, coarse_step: StepFn, ghost=None, ghost_point=No
     return r + apply_operator(v, coarse_points, coarse_step, ghost, ghost_point)
 
 
-def correct(u, c_pos, w, v):
-    """FAS correction ``u[C] += w - v``; F-points are left for the interpolating F-sweep."""
-    out = copy(u)
+def correct(u, c_pos, w, v, inplace: bool = False):
+    """FAS correction ``u[C] += w - v``; F-points are left for the interpolating F-sweep.
+
+    Returns a corrected copy, or corrects ``u`` itself with ``inplace``."""
+    out = u if inplace else copy(u)
     for j, k in enumerate(c_pos):
         out[int(k), ...] = out[int(k), ...] + (w[j, ...] - v[j, ...])
     return out

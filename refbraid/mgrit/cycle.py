@@ -115,13 +115,14 @@ class Cycler:
         C-point residual after the relaxation and after its first F-sweep, and (if
         ``snapshot``) the iterate after that first F-sweep (else None)."""
         s = self.states[ell]
-        s.u = f_relax(s.u, s.g, s.points, s.f_pos, s.step)
-        u_first = s.u if snapshot else None  # relaxation makes new arrays: no copy needed
+        s.u = f_relax(s.u, s.g, s.points, s.f_pos, s.step, inplace=True)
+        sweeps = 0 if s.coarsest else self.settings.sweeps_on(ell)
+        u_first = (copy(s.u) if sweeps else s.u) if snapshot else None
         pu = self._propagate_c(s)
         r = r_first = pu - take_rows(s.u, s.c_pos)
-        for _ in range(0 if s.coarsest else self.settings.sweeps_on(ell)):
-            s.u = c_relax(s.u, pu, s.c_pos)
-            s.u = f_relax(s.u, s.g, s.points, s.f_pos, s.step)
+        for _ in range(sweeps):
+            s.u = c_relax(s.u, pu, s.c_pos, inplace=True)
+            s.u = f_relax(s.u, s.g, s.points, s.f_pos, s.step, inplace=True)
             pu = self._propagate_c(s)
             r = pu - take_rows(s.u, s.c_pos)
         return r, r_first, u_first
@@ -130,7 +131,7 @@ class Cycler:
         """F-sweep on level ``ell`` so its F-points match its (corrected) C-points."""
         s = self.states[ell]
         if not s.coarsest:
-            s.u = f_relax(s.u, s.g, s.points, s.f_pos, s.step)
+            s.u = f_relax(s.u, s.g, s.points, s.f_pos, s.step, inplace=True)
 
     def solve_coarsest(self) -> None:
         """Forward substitution on the coarsest level, block after block (pipeline)."""
@@ -153,7 +154,7 @@ class Cycler:
         if kind == "F" and not c.coarsest:
             self.cycle(ell + 1, "V")
         self.interpolate(ell + 1)
-        s.u = correct(s.u, s.c_pos, c.u, v)
+        s.u = correct(s.u, s.c_pos, c.u, v, inplace=True)
 
     def cycle(self, ell: int, kind: str) -> None:
         """One V- or F-cycle for level ``ell``'s problem ``A_ℓ(u) = g_ℓ``."""

@@ -16,7 +16,9 @@ Every function works on a *block*: the contiguous points one rank owns (a block 
 C-point, so F-sweeps need no neighbour). The C-update of the block's first point needs the
 previous block's last point on this level: ``ghost`` at solver index ``ghost_point`` (``None``
 when the block starts at the initial point ``s = 0``). The step is called ``step(u, s0, s1)``
-in solver indices. Functions return new arrays and never modify their inputs.
+in solver indices. Functions return new arrays and never modify their inputs, unless asked
+with ``inplace=True`` (the cycle does, on the level arrays it owns, to save a copy of the whole
+level per sweep; the math is the same).
 
 Shape legend: n points in the block, c of them C-points, S the state shape; u, g are (n, *S).
 """
@@ -44,9 +46,9 @@ def take_rows(u, positions):
     return xp.take(u, xp.asarray(np.asarray(positions, dtype=np.int64)), axis=0)
 
 
-def set_rows(u, positions, values):
-    """Copy of ``u`` with ``u[positions[j]] = values[j]``."""
-    out = copy(u)
+def set_rows(u, positions, values, inplace: bool = False):
+    """``u`` (a copy, or ``u`` itself with ``inplace``) with ``u[positions[j]] = values[j]``."""
+    out = u if inplace else copy(u)
     for j, k in enumerate(positions):
         out[int(k), ...] = values[j, ...]
     return out
@@ -81,17 +83,17 @@ def c_residual(u, g, points, c_pos, step: StepFn, ghost=None, ghost_point=None):
     return propagate_at(u, g, points, c_pos, step, ghost, ghost_point) - take_rows(u, c_pos)
 
 
-def c_relax(u, pu_c, c_pos):
+def c_relax(u, pu_c, c_pos, inplace: bool = False):
     """C-relaxation ``u[C] = (P u)[C]``, given ``pu_c = propagate_at(u, ..., c_pos, ...)``.
 
     (The cycle computes ``pu_c`` once and takes the residual ``pu_c - u[C]`` from it.)
     """
-    return set_rows(u, c_pos, pu_c)
+    return set_rows(u, c_pos, pu_c, inplace)
 
 
-def f_relax(u, g, points, f_pos, step: StepFn):
+def f_relax(u, g, points, f_pos, step: StepFn, inplace: bool = False):
     """F-relaxation: ``u[k] = Φ(u[k-1]) + g[k]`` for every F-position k in increasing order."""
-    out = copy(u)
+    out = u if inplace else copy(u)
     for k in (int(k) for k in f_pos):
         out[k, ...] = step(out[k - 1, ...], int(points[k - 1]), int(points[k])) + g[k, ...]
     return out

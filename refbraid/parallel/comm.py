@@ -61,7 +61,12 @@ class Comm(Protocol):
 
 
 def exchange_ghost(comm: Comm, last: Any) -> Any | None:
-    """Send ``last`` to the next block and return the previous block's last value (None first)."""
+    """Send ``last`` to the next block and return the previous block's last value (None first).
+
+    A copy travels: the sender relaxes its level arrays in place afterwards."""
+    if comm.size > 1:
+        last = last.__array_namespace__().asarray(last, copy=True) \
+            if hasattr(last, "__array_namespace__") else last
     comm.send_next(last)
     return comm.recv_prev()
 
