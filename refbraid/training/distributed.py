@@ -7,7 +7,8 @@ solves, same per-layer gradient formula); only the communicator and the ownershi
               MGRIT forward solve: rank q holds y[i] for i in its block [b_q, b_{q+1})
               logits = closing(y[N]), L, λ[N] = closing'ᵀ ∂L/∂logits   on the last rank
     adjoint   λ[N] broadcast;  MGRIT adjoint solve on the reversed grid
-    gradient  ∂L/∂θ_n = (∂Φ_n/∂θ_n)ᵀ λ[n+1] at y[n]    for the layers n the rank owns
+    gradient  ∂L/∂θ_a = (∂Φ_a/∂θ_a)ᵀ λ[a+1] at y[a]: the fine adjoint step a+1 → a,
+              taken by the owner of λ[a] in the solve's last relaxation; rows go home
               ∂L/∂θ_open = opening'ᵀ λ[0]  on layer rank 0
 
 Ownership (:class:`BlockPlan`). Rank q owns the layers (weights θ_n, states y[n]) of its
@@ -22,7 +23,15 @@ adjoints):
   θ_a and y[a]. The backward layout mirrors the forward one when the grids allow it (rank q
   then owns λ[i] for i in (b_q, b_{q+1}]) and the only extra rows are θ and y at b_{q+1},
   from rank q+1; otherwise the default backward partition is used and more rows move;
-* the gradient of layer n needs λ[n+1], which the adjoint owner of n+1 sends.
+* gradient rows: the fine adjoint step a+1 → a is ``step.adjoint(θ_a, cache(y[a]), λ[a+1])``,
+  which also yields ∂L/∂θ_a. :class:`CapturingAdjoint` keeps it from the solve's last
+  relaxation (where every fine step uses the final λ: the same numbers as the separate
+  gradient sweep of :func:`~refbraid.training.layer_parallel.parameter_gradient_sweep`, as
+  TorchBraid takes its gradient from the final relaxation), and :class:`CachingForward`
+  supplies the forward caches of the final states, so no layer is evaluated twice. The row of
+  the boundary layer b_{q+1} is computed on rank q and sent home to rank q+1 by the ADJOINT
+  of a RowExchange whose forward would fetch those rows (DistDL: the adjoint of a halo fetch
+  adds the halos back into their owners).
 
 Data parallelism (:func:`refbraid.parallel.mpi.split_world`): D groups of Q = P/D ranks; group
 g takes the contiguous shard of B_g samples of every batch, and its loss and λ[N] are scaled by
@@ -61,11 +70,16 @@ import numpy as np
 from ..backends import Backend, get_backend
 from ..mgrit import MGRITSettings, Problem, build_hierarchy, solve
 from ..mgrit.grid import Hierarchy
-from ..network import Network, Params, check_batch, group, layer_params
+from ..network import Network, Params, backprop, check_batch, group, layer_params
 from ..parallel.layout import Layout, check_layout, partition
 from ..parallel.mpi import Topology, split_world
 from ..parallel.ops import Broadcast, RowExchange
-from .layer_parallel import AdjointPropagator, ForwardPropagator, LayerParallelSettings
+from .layer_parallel import (
+    AdjointPropagator,
+    ForwardPropagator,
+    LayerParallelSettings,
+    mgrit_forward,
+)
 from .optim import Optimizer
 
 
@@ -161,6 +175,12 @@ class BlockPlan:
             rows.update(N - int(lvl.points[k]) for k in range(max(sl.start, 1), sl.stop))
         return np.array(sorted(rows), dtype=np.int64)
 
+    def gradient_rows(self, rank: int) -> np.ndarray:
+        """Layers a whose gradient rank computes: the fine adjoint steps a+1 → a it makes,
+        i.e. its adjoint points below N (returned to the owners by a RowExchange adjoint)."""
+        pts = self.backward_points(rank)
+        return pts[pts < self.n_layers]
+
     def weight_rows(self, rank: int) -> np.ndarray:
         """Every layer whose weights rank uses: owned, forward ghosts, adjoint rows."""
         rows = set(self.owned_layers(rank)) | set(self.forward_weight_rows(rank)) \
@@ -168,16 +188,17 @@ class BlockPlan:
         return np.array(sorted(int(r) for r in rows), dtype=np.int64)
 
     def table(self) -> str:
-        """One line per rank: owned layers, ghost weight rows, states and adjoints moved."""
-        lines = [f"{'rank':>4}  {'layers':>12}  {'y owned':>12}  {'λ owned':>12}  "
-                 f"{'ghost θ':>8}  {'y in':>5}  {'λ in':>5}"]
+        """One line per rank: owned layers, adjoints, and the rows that cross ranks (ghost
+        weights in, states in, gradient rows out)."""
+        lines = [f"{'rank':>4}  {'layers':>12}  {'λ owned':>12}  {'ghost θ':>7}  "
+                 f"{'y in':>5}  {'∇θ out':>6}"]
         for q in range(self.n_ranks):
-            own, fp, bp = self.owned_layers(q), self.forward_points(q), self.backward_points(q)
+            own, fp = self.owned_layers(q), self.forward_points(q)
             ghosts = len(set(self.weight_rows(q)) - set(own))
             y_in = len(set(self.backward_rows(q)) - set(fp))
-            l_in = len(set(own + 1) - set(bp))
-            lines.append(f"{q:>4}  {_span(own):>12}  {_span(fp):>12}  {_span(bp):>12}  "
-                         f"{ghosts:>8}  {y_in:>5}  {l_in:>5}")
+            g_out = len(set(self.gradient_rows(q)) - set(own))
+            lines.append(f"{q:>4}  {_span(own):>12}  {_span(self.backward_points(q)):>12}  "
+                         f"{ghosts:>7}  {y_in:>5}  {g_out:>6}")
         return "\n".join(lines)
 
 
@@ -195,6 +216,63 @@ class Rows(dict):
     def __missing__(self, key):
         raise KeyError(f"rank {self.rank} holds no row {key!r} of {self.name} "
                        f"(it holds {_span(np.array(sorted(self)))}); the BlockPlan missed it.")
+
+
+# ----------------------------------------------------------------------------- propagators
+class CachingForward(ForwardPropagator):
+    """Φ of :class:`ForwardPropagator`, keeping the layer cache of the latest FINE step a → a+1.
+
+    The solve's last relaxation makes every fine step of the rank's block from the final
+    states, so afterwards ``caches[a]`` is the cache of ``step.forward(θ_a, y[a], h)`` at the
+    returned trajectory: the adjoint reuses it instead of recomputing the forward pass.
+    """
+
+    def __init__(self, net: Network, steps: dict[str, Any], bk: Backend):
+        super().__init__(net, steps, bk)
+        object.__setattr__(self, "caches", {})
+
+    def step(self, y, start: int, stop: int):
+        if stop - start != 1:
+            return super().step(y, start, stop)
+        y_next, cache = self.net.step.forward(layer_params(self.steps, start), y, self.net.h,
+                                              self.bk)
+        self.caches[start] = cache
+        return y_next
+
+
+class CapturingAdjoint(AdjointPropagator):
+    """Ψ of :class:`AdjointPropagator`; FINE steps a+1 → a also return ∂L/∂θ_a.
+
+    A fine adjoint step is ``step.adjoint(θ_a, cache(y[a], h), λ[a+1], h)``: with
+    ``grads=True`` the same call yields ``(∂Φ_a/∂θ_a)ᵀ λ[a+1]``, the layer's gradient. The
+    latest one per layer is kept; the solve's last relaxation makes every fine step of the
+    block from the final λ, so ``grads[a]`` equals the separate sweep of
+    :func:`~refbraid.training.layer_parallel.parameter_gradient_sweep` (TorchBraid likewise
+    takes the gradient from its final relaxation) without its extra pass over the layers.
+    Coarse steps are :class:`AdjointPropagator`'s (forward recomputed at step m·h).
+    """
+
+    def __init__(self, net: Network, steps: dict[str, Any], states, caches: dict[int, Any],
+                 bk: Backend):
+        super().__init__(net, steps, states, bk)
+        object.__setattr__(self, "caches", caches)
+        object.__setattr__(self, "grads", {})
+        object.__setattr__(self, "counts", {"cache_hits": 0, "recomputed": 0})
+
+    def step(self, lam, start: int, stop: int):
+        if start - stop != 1:
+            return super().step(lam, start, stop)
+        theta = layer_params(self.steps, stop)
+        cache = self.caches.get(stop)
+        if cache is None:  # a step that started on another rank: recompute its cache
+            _, cache = self.net.step.forward(theta, self.states[stop], self.net.h, self.bk)
+            self.counts["recomputed"] += 1
+        else:
+            self.counts["cache_hits"] += 1
+        lam_prev, dtheta = self.net.step.adjoint(theta, cache, lam, self.net.h, self.bk,
+                                                 grads=True)
+        self.grads[stop] = dtheta
+        return lam_prev
 
 
 # ----------------------------------------------------------------------------- the gradient
@@ -231,19 +309,35 @@ class DistributedGradient:
         self.net, self.topo = net, topology
         self.settings = LayerParallelSettings() if settings is None else settings
         self.plan = BlockPlan.build(net.n_layers, self.settings, topology.layer.size)
+        #: one layer rank and one MGRIT level both ways: the group's gradient is backprop
+        self.sequential = topology.layer.size == 1 and self.settings.forward.levels == 1 \
+            and self.settings.backward.levels == 1
         q, layer = topology.layer.rank, topology.layer
         p = self.plan
         self.q, self.last = q, layer.size - 1
         self.owned = p.owned_layers(q)
-        self.y_owned, self.lam_owned = p.forward_points(q), p.backward_points(q)
+        self.y_owned = p.forward_points(q)
+        self.grad_rows = p.gradient_rows(q)
         weight_in = sorted(set(p.weight_rows(q)) - set(self.owned))
         state_in = sorted(set(p.backward_rows(q)) - set(self.y_owned))
-        lam_in = sorted(set(self.owned + 1) - set(self.lam_owned))
         self.weights_x = RowExchange(layer, self.owned, weight_in)  # collective
         self.states_x = RowExchange(layer, self.y_owned, state_in)
-        self.adjoints_x = RowExchange(layer, self.lam_owned, lam_in)
+        self.grads_x = RowExchange(layer, self.owned, self.grad_rows)  # used through .adjoint
+        self.last_solves: dict[str, Any] = {}  # this rank's MGRIT records of the last call
+        self.last_timings: dict[str, float] = {}  # and its seconds per phase
         self.bcast_y0 = Broadcast(layer, root=0)
         self.bcast_lam = Broadcast(layer, root=self.last)
+
+    @property
+    def is_root(self) -> bool:
+        """World rank 0: the rank that prints and writes files in a training run."""
+        return self.topo.is_root
+
+    def logits(self, params: Params, x):
+        """Logits of the network this gradient trains (MGRIT forward, TorchBraid's way of
+        measuring accuracy), computed in this process: the same numbers as the distributed
+        forward solve. The trainer's evaluation hook (``gradient.logits``)."""
+        return mgrit_forward(self.net, params, x, self.settings.forward, self.bk)[0]
 
     # -- parameters ---------------------------------------------------------------------
     def holds(self, key: str) -> bool:
@@ -298,14 +392,14 @@ class DistributedGradient:
         loss, part, stats = self._gradient(rows, params, x, labels)
         t0 = time.perf_counter()
         grads = {k: np.zeros_like(v) for k, v in params.items()}
-        lo, hi = int(self.owned[0]), int(self.owned[-1]) + 1
         for k, v in part.items():
-            if k.startswith("steps."):
-                grads[k][lo:hi] = v
+            if isinstance(v, dict):
+                for a, row in v.items():  # rows this rank computed, wherever they are owned
+                    grads[k][a] = row
             else:
                 grads[k][...] = v
         grads = _unpack(self.topo.world.sum_to_all(_pack(grads)), grads)
-        stats["assemble_s"] = time.perf_counter() - t0
+        self.last_timings["assemble_s"] = time.perf_counter() - t0
         return loss, grads, stats
 
     def sharded(self, shard: Params, x, labels) -> tuple[float, Params, dict[str, float]]:
@@ -317,12 +411,35 @@ class DistributedGradient:
         mine = {int(n): {k: v[int(n) - lo] for k, v in steps.items()} for n in self.owned}
         fetched = self.weights_x.forward(mine)
         fetch_s = time.perf_counter() - t0
-        loss, grads, stats = self._gradient(self._rows(shard, fetched), shard, x, labels)
+        loss, part, stats = self._gradient(self._rows(shard, fetched), shard, x, labels)
         t0 = time.perf_counter()
+        if self.sequential:  # one layer rank: every gradient is already complete here
+            grads = {k: part[k] for k in shard}
+        else:
+            computed = {int(a): {k[len("steps."):]: v[a] for k, v in part.items()
+                                 if k.startswith("steps.")} for a in self.grad_rows}
+            mine = self.grads_x.adjoint(computed)  # ∇θ rows go home to their owners (Σ of one)
+            grads = {}
+            for k in shard:
+                if k.startswith("steps."):
+                    grads[k] = np.stack([mine[int(n)][k[len("steps."):]] for n in self.owned])
+                else:
+                    grads[k] = part[k]
         if self.topo.n_groups > 1:
             grads = _unpack(self.topo.data.sum_to_all(_pack(grads)), grads)
-        stats["assemble_s"] = time.perf_counter() - t0 + fetch_s
+        self.last_timings["assemble_s"] = time.perf_counter() - t0 + fetch_s
         return loss, grads, stats
+
+    def _backprop(self, params: Params, xs, ys, weight: float, t_start: float):
+        """Pure data parallelism (one layer rank, one MGRIT level): the group's gradient is
+        sequential backprop on its shard, scaled by B_g/B; no MGRIT machinery."""
+        loss, grads, _ = backprop(self.net, params, xs, ys, self.bk)
+        part = {k: v * weight for k, v in grads.items()}  # full arrays, all layers
+        self.last_solves = {}
+        loss_total = self.topo.world.allreduce_sum(weight * loss)
+        n = 2.0 * self.net.n_layers  # N forward + N adjoint steps, like a 1-level solve pair
+        self.last_timings = {"gradient_s": time.perf_counter() - t_start}
+        return loss_total, part, {"phi_calls": n, "rank_phi_calls": n}
 
     def _shard_batch(self, x, labels):
         sizes = shard_sizes(x.shape[0], self.topo.n_groups)
@@ -331,18 +448,23 @@ class DistributedGradient:
         return x[lo:hi], labels[lo:hi], sizes[self.topo.group] / x.shape[0]
 
     def _gradient(self, rows: dict[str, Rows], params: Params, x, labels):
-        """Both solves and the owned gradient rows; ``params`` supplies opening/closing."""
+        """Both solves; returns (loss, part, stats) with ``part["steps.k"] = {a: ∂L/∂θ_a[k]}``
+        for the layers a whose gradient this rank computed, and opening/closing arrays where
+        they live. ``params`` supplies the opening and closing weights."""
         net, bk, plan, layer = self.net, self.bk, self.plan, self.topo.layer
         check_batch(net, x, labels)
         t_start = time.perf_counter()
         xs, ys, weight = self._shard_batch(x, labels)
-        N, grads = net.n_layers, {}
+        if self.sequential:
+            return self._backprop(params, xs, ys, weight, t_start)
+        N, part = net.n_layers, {}
         y0 = open_cache = None
         if self.q == 0:
             y0, open_cache = net.opening.forward(group(params, "opening"), xs, bk)
         y0 = self.bcast_y0.forward(y0)
-        fwd = solve(Problem(ForwardPropagator(net, rows, bk), y0, N), self.settings.forward,
-                    comm=layer, layout=plan.forward_layout)
+        forward = CachingForward(net, rows, bk)
+        fwd = solve(Problem(forward, y0, N), self.settings.forward, comm=layer,
+                    layout=plan.forward_layout)
         states = dict(zip((int(i) for i in fwd.fine_indices), fwd.solution, strict=True))
         lam_N, loss_part = None, 0.0
         if self.q == self.last:
@@ -351,48 +473,37 @@ class DistributedGradient:
             loss, probs = bk.softmax_cross_entropy(logits, ys)
             dlogits = bk.softmax_cross_entropy_adjoint(probs, ys, weight)
             lam_N, dclose = net.closing.adjoint(closing, close_cache, dlogits, bk)
-            grads.update({f"closing.{k}": v for k, v in dclose.items()})
+            part.update({f"closing.{k}": v for k, v in dclose.items()})
             loss_part = weight * float(loss)
         lam_N = self.bcast_lam.forward(lam_N)
         states.update(self.states_x.forward({i: states[i] for i in self.y_owned}))
-        states = Rows("y", self.q, states)
-        bwd = solve(Problem(AdjointPropagator(net, rows, states, bk), lam_N, N,
-                            direction="backward"),
-                    self.settings.backward, comm=layer, layout=plan.backward_layout)
-        lams = dict(zip((int(i) for i in bwd.fine_indices), bwd.solution, strict=True))
-        lams.update(self.adjoints_x.forward({i: lams[i] for i in self.lam_owned}))
-        lams = Rows("λ", self.q, lams)
-        t_sweep = time.perf_counter()
-        per_layer = []
-        for n in self.owned:  # ∂L/∂θ_n = (∂Φ_n/∂θ_n)ᵀ λ[n+1] at y[n]
-            n = int(n)
-            theta = layer_params(rows, n)
-            _, cache = net.step.forward(theta, states[n], net.h, bk)
-            _, dtheta = net.step.adjoint(theta, cache, lams[n + 1], net.h, bk, grads=True)
-            per_layer.append(dtheta)
-        for k in per_layer[0]:
-            grads[f"steps.{k}"] = np.stack([d[k] for d in per_layer])
+        adjoint = CapturingAdjoint(net, rows, Rows("y", self.q, states), forward.caches, bk)
+        bwd = solve(Problem(adjoint, lam_N, N, direction="backward"), self.settings.backward,
+                    comm=layer, layout=plan.backward_layout)
+        missing = [int(a) for a in self.grad_rows if int(a) not in adjoint.grads]
+        if missing:  # cannot happen: the final relaxation makes every fine adjoint step
+            raise RuntimeError(f"rank {self.q}: no captured gradient for layers {missing[:8]}.")
+        for k in adjoint.grads[int(self.grad_rows[0])]:
+            part[f"steps.{k}"] = {int(a): adjoint.grads[int(a)][k] for a in self.grad_rows}
         if self.q == 0:
-            _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, lams[0], bk)
-            grads.update({f"opening.{k}": v for k, v in dopen.items()})
-        sweep_s = time.perf_counter() - t_sweep
+            lam0 = bwd.solution[list(bwd.fine_indices).index(0)]
+            _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, lam0, bk)
+            part.update({f"opening.{k}": v for k, v in dopen.items()})
+        self.last_solves = {"forward": fwd, "backward": bwd, **adjoint.counts}
         world = self.topo.world
         loss_total = world.allreduce_sum(loss_part)
         steps_here = fwd.total_steps + bwd.total_steps
-        stats = {  # the keys of LayerParallelInfo.stats(), then this rank's timings
+        stats = {  # the keys of LayerParallelInfo.stats(), and this rank's share of the work
             "fwd_res": float(fwd.norms[-1]),
             "fwd_iters": float(fwd.iterations),
             "bwd_res": float(bwd.norms[-1]),
             "bwd_iters": float(bwd.iterations),
             "phi_calls": world.allreduce_sum(steps_here) / self.topo.n_groups,
             "rank_phi_calls": float(steps_here),
-            "fwd_s": fwd.solve_seconds,
-            "bwd_s": bwd.solve_seconds,
-            "sweep_s": sweep_s,
-            "gradient_s": time.perf_counter() - t_start,
         }
-        ordered = {k: grads[k] for k in params if k in grads}
-        return loss_total, ordered, stats
+        self.last_timings = {"fwd_s": fwd.solve_seconds, "bwd_s": bwd.solve_seconds,
+                             "gradient_s": time.perf_counter() - t_start}
+        return loss_total, part, stats
 
 
 def _pack(arrays: dict[str, np.ndarray]) -> np.ndarray:

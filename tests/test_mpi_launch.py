@@ -1,0 +1,113 @@
+"""Launch the MPI test suite under ``mpiexec`` for N = 1..4 ranks, and check fault handling.
+
+``mpiexec -n N python -m mpi4py -m pytest tests/mpi -q`` must pass for every N (tests/mpi
+compares every distributed result with the single-process one in the same run). Faults: an
+exception on one rank ends the job within the timeout with that rank's message; a bad
+data-parallel split stops the job with the explanation; a job past its timeout is killed.
+Every launch has a timeout, so nothing here can hang.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from refbraid.parallel.launch import THREAD_VARS, mpi_env, mpiexec_command, run_mpi
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE_TIMEOUT = 150  # seconds per N; the suite takes ~5-20 s on 2 shared cores
+FAULT_TIMEOUT = 60  # a hang would run into this; a clean abort takes about a second
+
+
+def test_command_uses_the_mpi4py_runner_and_one_thread_per_rank():
+    cmd = mpiexec_command(3, ["-m", "pytest"], python="py")
+    assert cmd[1:3] == ["-n", "3"] and cmd[-5:] == ["py", "-m", "mpi4py", "-m", "pytest"]
+    env = mpi_env({"EXTRA": "x"})
+    assert all(env[v] == "1" for v in THREAD_VARS) and env["EXTRA"] == "x"
+
+
+def test_launch_arguments_are_checked():
+    with pytest.raises(ValueError, match="`n` \\(number of ranks\\) must be a positive integer"):
+        mpiexec_command(0, ["-c", "pass"])
+    with pytest.raises(TypeError, match="`argv` must be a list"):
+        mpiexec_command(2, "-c pass")
+    with pytest.raises(ValueError, match="`timeout` must be a positive number"):
+        run_mpi(1, ["-c", "pass"], timeout=0)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_mpi_suite_passes(n):
+    run = run_mpi(n, ["-m", "pytest", "tests/mpi", "-q", "-p", "no:cacheprovider"],
+                  timeout=SUITE_TIMEOUT, cwd=ROOT)
+    assert run.ok, f"mpiexec -n {n} tests/mpi failed:\n{run.output[-6000:]}"
+    assert " passed" in run.output and " failed" not in run.output
+
+
+FAILING_RANK = """
+from mpi4py import MPI
+import time
+world = MPI.COMM_WORLD
+if world.rank == 1:
+    time.sleep(0.5)  # the others are already blocked in a receive that will never match
+    raise ValueError("rank 1 fails on purpose")
+world.recv(source=(world.rank + 1) % world.size)
+"""
+
+
+@pytest.mark.mpi
+def test_an_exception_on_one_rank_ends_the_job_with_its_message():
+    run = run_mpi(3, ["-c", FAILING_RANK], timeout=FAULT_TIMEOUT, cwd=ROOT)
+    assert not run.timed_out, "the job hung instead of aborting"
+    assert run.returncode != 0
+    assert "ValueError: rank 1 fails on purpose" in run.output
+
+
+@pytest.mark.mpi
+def test_a_bad_split_stops_the_job_with_a_clear_error_from_every_rank():
+    code = ("from refbraid.parallel.mpi import abort_on_error, split_world\n"
+            "with abort_on_error():\n"
+            "    split_world(data_parallel=2)\n")
+    run = run_mpi(3, ["-c", code], timeout=FAULT_TIMEOUT, cwd=ROOT)
+    assert not run.timed_out and run.returncode != 0
+    message = "`data_parallel` (--data-parallel) = 2 does not divide the 3 MPI ranks"
+    for rank in range(3):  # abort_on_error's grace period lets every rank say it
+        assert f"[rank {rank}] ValueError: {message}" in run.output, run.output
+
+
+@pytest.mark.mpi
+def test_a_job_past_its_timeout_is_killed():
+    run = run_mpi(2, ["-c", "import time; time.sleep(120)"], timeout=3, cwd=ROOT)
+    assert run.timed_out and not run.ok
+    with pytest.raises(RuntimeError, match="timed out"):
+        run.check()
+
+
+@pytest.mark.mpi
+def test_lesson_06_runs_in_small_mode_and_saves_its_figure(tmp_path, monkeypatch):
+    """The lesson launches mpiexec itself; its own asserts check the gradients."""
+    import runpy
+
+    monkeypatch.setenv("REFBRAID_LESSON_SMALL", "1")
+    monkeypatch.setenv("REFBRAID_LESSON_FIGURES", str(tmp_path))
+    runpy.run_path(str(ROOT / "lessons" / "06_mpi_layer_parallel.py"), run_name="__main__")
+    assert (tmp_path / "06_mpi_layer_parallel.png").is_file()
+
+
+@pytest.mark.mpi
+def test_refbraid_train_under_mpiexec_matches_one_process(tmp_path):
+    """``mpiexec -n 2 refbraid train``: one summary line, files from rank 0, serial's numbers."""
+    import json
+
+    from refbraid.cli import main
+
+    flags = ["train", "--layers", "32", "--samples", "300", "--epochs", "2", "--quiet"]
+    assert main([*flags, "--out", str(tmp_path / "serial")]) == 0
+    run = run_mpi(2, ["-m", "refbraid", *flags, "--out", str(tmp_path / "mpi")],
+                  timeout=FAULT_TIMEOUT * 2, cwd=ROOT)
+    assert run.ok, run.output
+    assert run.output.count("finished peaks-resnet") == 1  # only rank 0 prints
+    logs = [json.loads((tmp_path / r / "log.json").read_text()) for r in ("serial", "mpi")]
+    assert logs[1]["gradient"] == "layer-parallel-mpi"
+    a, b = (log["history"][-1] for log in logs)
+    assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-12)
+    assert b["val_acc"] == a["val_acc"]
