@@ -12,6 +12,11 @@ Prints median times over repeats, the Φ applications of each, and the *work rat
 P exceeds roughly this ratio (REFERENCES.md §4), which is what the MPI version has to beat.
 
     python benchmarks/bench_training.py [--quick] [--repeat 5] [--width 32] [--batch 64]
+
+``--sequence`` times the sequence models instead (refbraid.sequence): the GRU with MGRIT over
+L = 16, 64, 256 positions (hidden 32, 4 features) and the encoder-only transformer with N = 8,
+32 layers (width 16, 10 tokens), both with their ``refbraid train`` defaults (3 levels,
+cfactor 2, 2 forward / 1 adjoint cycles after the skipped down-cycle).
 """
 
 from __future__ import annotations
@@ -49,7 +54,11 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--backend", default="numpy")
     parser.add_argument("--T", type=float, default=3.0)
+    parser.add_argument("--sequence", action="store_true",
+                        help="time the GRU and transformer models instead of the ResNet")
     args = parser.parse_args(argv)
+    if args.sequence:
+        return sequence_table(args)
     depths = (32, 128) if args.quick else (32, 128, 512)
     repeat = 2 if args.quick else args.repeat
     bk = get_backend(args.backend)
@@ -85,6 +94,42 @@ def main(argv=None) -> None:
     print("work ratio = Φ applications of the layer-parallel gradient / those of serial "
           "backprop;\nwith P ranks and perfect overlap the layer-parallel gradient needs P "
           "well above it to win.")
+
+
+def sequence_table(args) -> None:
+    """Serial BPTT/backprop vs the layer-parallel gradient of the sequence models."""
+    from refbraid.sequence import GRUModel, TransformerModel
+    from refbraid.training.layer_parallel import relative_gradient_error
+
+    repeat = 2 if args.quick else args.repeat
+    bk = get_backend(args.backend)
+    settings = LayerParallelSettings.with_iterations(2, 1, levels=3, cfactor=2,
+                                                     skip_first_down=True)
+    rng = np.random.default_rng(0)
+    B = args.batch
+    cases = [(f"gru L={L}", GRUModel(L, 4, 32, 4), rng.standard_normal((B, L, 4)),
+              rng.integers(0, 4, B)) for L in ((16, 64) if args.quick else (16, 64, 256))]
+    cases += [(f"transformer N={N}", TransformerModel(8, 10, 2, N, 16, 2, 32, 2.0),
+               rng.integers(0, 8, (B, 10)), rng.integers(0, 2, B)) for N in (8, 32)]
+    print(f"sequence models, batch {B}, backend {bk.name}; layer-parallel: 3 levels, cfactor 2, "
+          f"2 forward / 1 adjoint cycles; median of {repeat}")
+    head = (f"{'model':<17} {'serial ms':>10} {'LP ms':>9} {'time ratio':>10} {'Φ LP':>7} "
+            f"{'fwd ‖r‖':>9} {'grad err':>9}")
+    print(head)
+    print("-" * len(head))
+    for name, model, x, y in cases:
+        params = {k: bk.asarray(v) for k, v in model.init_params(np.random.default_rng(1)).items()}
+        x, y = bk.asarray(x), bk.asarray(y)
+        batch = (params, x, y)
+        t_serial = median_time(lambda m=model, a=batch: m.backprop(*a, bk), repeat)
+        t_lp = median_time(lambda m=model, a=batch: m.layer_parallel_gradient(*a, settings, bk),
+                           repeat)
+        _, g_ref, _ = model.backprop(params, x, y, bk)
+        _, g, info = model.layer_parallel_gradient(params, x, y, settings, bk)
+        phi_lp = int(info.stats()["phi_calls"]) + 2 * model.n_layers
+        print(f"{name:<17} {1e3 * t_serial:>10.2f} {1e3 * t_lp:>9.2f} {t_lp / t_serial:>10.2f} "
+              f"{phi_lp:>7d} {info.forward.norms[-1]:>9.2e} "
+              f"{relative_gradient_error(g, g_ref, bk):>9.2e}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ name     samples             input shape   source
 peaks    ``n_samples`` 5000  (2,)          generated from the seed (peaks.py)
 digits   1,797               (1, 8, 8)     ``sklearn.datasets.load_digits`` (offline)
 mnist    60,000              (1, 28, 28)   IDX files in ``data_dir`` (mnist_idx.py)
+seq-*    ``n_samples`` 2000  (L, I), (T,)  generated sequence tasks (sequences.py)
 =======  ==================  ============  ========================================
 """
 
@@ -20,8 +21,9 @@ from .dataset import VAL_FRACTION, Dataset, make_dataset
 from .digits import load_digits_dataset
 from .mnist_idx import load_mnist, read_idx, write_idx
 from .peaks import N_POINTS, load_peaks, peaks, peaks_labels
+from .sequences import SEQUENCE_SETS, TokenDataset, load_sequence_task
 
-DATASETS = ("peaks", "digits", "mnist")
+DATASETS = ("peaks", "digits", "mnist", *SEQUENCE_SETS)
 
 
 def load_dataset(name: str, *, data_dir: str | os.PathLike | None = None,
@@ -41,16 +43,20 @@ def load_dataset(name: str, *, data_dir: str | os.PathLike | None = None,
             raise ValueError("`data_dir` is required for the 'mnist' data set (a folder with "
                              "train-images-idx3-ubyte and train-labels-idx1-ubyte).")
         return load_mnist(data_dir, n_samples, seed, val_fraction)
+    if name in SEQUENCE_SETS:
+        return load_sequence_task(name, n_samples, seed, val_fraction)
     raise ValueError(f"`data` must be one of {DATASETS}, got {name!r}.")
 
 
 __all__ = [
     "DATASETS",
     "Dataset",
+    "TokenDataset",
     "load_dataset",
     "load_digits_dataset",
     "load_mnist",
     "load_peaks",
+    "load_sequence_task",
     "make_dataset",
     "peaks",
     "peaks_labels",

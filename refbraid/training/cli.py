@@ -64,6 +64,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     _add(g, "dtype", str, f"floating point type: {' | '.join(DTYPES)}", metavar="NAME")
     g.add_argument("--serial", dest="serial", action="store_true",
                    help="sequential backprop (layer by layer) instead of layer-parallel MGRIT")
+    _add(g, "data_parallel", int, "under mpiexec -n P: D data-parallel groups of P/D "
+         "layer-parallel ranks (D must divide P)", metavar="D")
     g = p.add_argument_group("layer-parallel MGRIT (defaults: TorchBraid's examples)")
     _add(g, "levels", int, "MGRIT levels (1: exact sequential solves)", metavar="L")
     _add(g, "cfactor", int, "coarsening factor", metavar="M")
@@ -94,13 +96,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Build the config from the flags, train, print a short summary; returns 0."""
+    from ..parallel.mpi import abort_on_error, is_world_root
     from .trainer import train
 
     config = config_from_args(args)
-    result = train(config)
+    with abort_on_error():  # under mpiexec: an error on one rank ends the job, never a hang
+        result = train(config)
     final = result.final
     names = ", ".join(sorted(p.name for p in result.files.values()))
-    if final:
+    if final and is_world_root():
         print(f"finished {config.data}-{config.model}: {final['epoch']} epochs, val acc "
               f"{100 * final['val_acc']:.1f}% (train acc {100 * final['train_acc']:.1f}%, "
               f"train loss {final['train_loss']:.4f}) in {result.elapsed_s:.1f} s; wrote "

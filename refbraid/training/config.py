@@ -3,7 +3,12 @@
 Every field is one ``refbraid train`` flag (``batch_size`` ↔ ``--batch-size``); validation
 errors name the flag, the value and what was expected.
 
-Defaults: Peaks (5000 points, 80/20 split), ResNet of N = 64 tanh layers of width 16 over
+Per-model defaults: ``data``, ``layers``, ``width``, ``T``, ``epochs``, ``lr``, ``cfactor``,
+``fwd_iters``, ``bwd_iters`` and ``relax`` default to None, which means "the model's value" from
+:data:`refbraid.training.models.MODEL_DEFAULTS`, filled in on construction (so a config always
+holds concrete values, and a checkpoint stores them).
+
+Defaults (resnet): Peaks (5000 points, 80/20 split), ResNet of N = 64 tanh layers of width 16 over
 T = 3 (h = 0.047), Adam with lr 5e-3, batch 64, 40 epochs, NumPy backend, float64, trained
 layer-parallel with TorchBraid's MGRIT settings (3 levels, cfactor 4, 2 forward / 1 adjoint
 iterations, F on the finest level, FCF below, skipped first down-cycle).
@@ -26,7 +31,7 @@ from typing import Any
 from ..backends import BACKENDS
 from ..backends.reference import ACTIVATIONS
 from ..data import DATASETS
-from .models import MODELS
+from .models import MODEL_DEFAULTS, MODELS
 from .optim import OPTIMIZERS
 
 DTYPES = ("float64", "float32")
@@ -65,18 +70,18 @@ def _choice(name: str, value, choices) -> None:
 class TrainConfig:
     """Everything that defines a training run (see ``refbraid train --help``)."""
 
-    data: str = "peaks"
+    data: str | None = None  # None: the model's default (MODEL_DEFAULTS), as below
     data_dir: str | None = None
     samples: int | None = None  # Peaks points (default 5000) or a subset of digits/MNIST
     val_fraction: float = 0.2
     model: str = "resnet"
-    layers: int = 64
-    width: int = 16
-    T: float = 3.0
+    layers: int | None = None
+    width: int | None = None
+    T: float | None = None
     activation: str = "tanh"
-    epochs: int = 40
+    epochs: int | None = None
     batch_size: int = 64
-    lr: float = 5e-3
+    lr: float | None = None
     optimizer: str = "adam"
     momentum: float = 0.9  # SGD only
     backend: str = "numpy"
@@ -89,19 +94,23 @@ class TrainConfig:
     serial: bool = False  # sequential backprop instead of layer-parallel MGRIT
     # layer-parallel MGRIT (TorchBraid's example defaults, REFERENCES.md §6)
     levels: int = 3
-    cfactor: int = 4
-    fwd_iters: int = 1  # MGRIT cycles after the skipped first down-cycle (TorchBraid's "2")
-    bwd_iters: int = 0  # ... for the adjoint (TorchBraid's "1")
+    cfactor: int | None = None
+    fwd_iters: int | None = None  # MGRIT cycles after the skipped first down-cycle (resnet: 1,
+    bwd_iters: int | None = None  # TorchBraid's "2"); adjoint cycles likewise (resnet: 0, "1")
     fwd_tol: float = 1e-9
     bwd_tol: float = 1e-9
-    relax: str = "F,FCF"  # finest level first; the last entry repeats on coarser levels
+    relax: str | None = None  # finest level first, the last entry repeats (resnet: "F,FCF")
     cycle: str = "V"
     skip_down: bool = True
     check_gradient_every: int = 0  # steps between comparisons with sequential backprop
+    data_parallel: int = 1  # under mpiexec -n P: D groups of P/D layer-parallel ranks
 
     def __post_init__(self):
-        _choice("data", self.data, DATASETS)
         _choice("model", self.model, tuple(MODELS))
+        for name, value in MODEL_DEFAULTS.get(self.model, {}).items():
+            if getattr(self, name) is None:  # a flag left unset takes the model's value
+                object.__setattr__(self, name, value)
+        _choice("data", self.data, DATASETS)
         _choice("activation", self.activation, ACTIVATIONS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("backend", self.backend, BACKENDS)
@@ -129,6 +138,7 @@ class TrainConfig:
             raise ValueError(f"`--cfactor` must be an integer >= 2, got {self.cfactor!r}.")
         for name in ("fwd_iters", "bwd_iters", "check_gradient_every"):
             _positive_int(name, getattr(self, name), allow_zero=True)
+        _positive_int("data_parallel", self.data_parallel)
         _positive_float("fwd_tol", self.fwd_tol)
         _positive_float("bwd_tol", self.bwd_tol)
         _choice("cycle", self.cycle, ("V", "F"))

@@ -71,10 +71,17 @@ def sequential_gradient(net: Network, bk: Backend | str = "numpy") -> GradientFn
     bk = get_backend(bk)
 
     def gradient(params, x, labels):
-        loss, grads, _ = backprop(net, params, x, labels, bk)
+        loss, grads, _ = _backprop(net, params, x, labels, bk)
         return loss, grads, {}
 
     return gradient
+
+
+def _backprop(net, params, x, labels, bk: Backend):
+    """Sequential backprop of a Network, or of a sequence model (its own ``backprop``)."""
+    if isinstance(net, Network):
+        return backprop(net, params, x, labels, bk)
+    return net.backprop(params, x, labels, bk)
 
 
 def layer_parallel_settings(config: TrainConfig) -> LayerParallelSettings:
@@ -104,14 +111,19 @@ def mgrit_gradient(net: Network, settings: LayerParallelSettings, bk: Backend | 
     def gradient(params, x, labels):
         nonlocal calls
         calls += 1
-        loss, grads, info = layer_parallel_gradient(net, params, x, labels, settings, bk)
+        if isinstance(net, Network):
+            loss, grads, info = layer_parallel_gradient(net, params, x, labels, settings, bk)
+        else:  # a sequence model (refbraid.sequence) brings its own MGRIT gradient
+            loss, grads, info = net.layer_parallel_gradient(params, x, labels, settings, bk)
         stats = info.stats()
         if check_every and calls % check_every == 0:
-            _, exact, _ = backprop(net, params, x, labels, bk)
+            _, exact, _ = _backprop(net, params, x, labels, bk)
             stats["grad_error"] = relative_gradient_error(grads, exact, bk)
         return loss, grads, stats
 
     def logits(params, x):
+        if not isinstance(net, Network):
+            return net.mgrit_logits(params, x, settings.forward, bk)
         return mgrit_forward(net, params, x, settings.forward, bk)[0]
 
     gradient.logits = logits  # the forward pass this gradient trains: used for accuracy
@@ -124,6 +136,18 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend) -> tuple[str
     ``--serial``: sequential backprop; otherwise layer-parallel MGRIT with the settings of
     :func:`layer_parallel_settings` (checked against the network depth here, before training).
     """
+    from ..parallel.mpi import world_size
+
+    if config.data_parallel > 1 or world_size() > 1:  # under mpiexec: ranks share the work
+        from .distributed import distributed_gradient
+
+        if not isinstance(net, Network):
+            raise ValueError(f"`--model {config.model}`: training over MPI supports the "
+                             "resnet and conv models.")
+        settings = LayerParallelSettings.exact() if config.serial else \
+            layer_parallel_settings(config)
+        return "layer-parallel-mpi", distributed_gradient(net, settings, bk,
+                                                          config.data_parallel)
     if config.serial:
         return "sequential", sequential_gradient(net, bk)
     settings = layer_parallel_settings(config)
@@ -186,20 +210,26 @@ def evaluate(net: Network, params: Params, x, labels, bk: Backend | str = "numpy
     """(mean cross-entropy loss, accuracy) of the network on x (n, *in_shape), in chunks.
 
     ``logits_fn(params, x)`` replaces the sequential forward pass (e.g. the MGRIT forward
-    solve a layer-parallel run trains with).
+    solve a layer-parallel run trains with). Per-token outputs (B, T, K) with labels (B, T)
+    (sequence models) are scored per token: loss and accuracy over all n·T tokens.
     """
     bk = get_backend(bk)
-    n = x.shape[0]
+    n = 0
     loss_sum, correct = 0.0, 0
-    for s in range(0, n, batch):
+    for s in range(0, x.shape[0], batch):
         xb, yb = bk.asarray(x[s : s + batch]), bk.asarray(labels[s : s + batch])
-        if logits_fn is None:
+        if logits_fn is not None:
+            logits = logits_fn(params, xb)
+        elif isinstance(net, Network):
             logits, _, _ = forward(net, params, xb, bk, keep=False)
         else:
-            logits = logits_fn(params, xb)
+            logits = net.logits(params, xb, bk)
+        if logits.ndim == 3:  # one prediction per token
+            logits, yb = logits.reshape(-1, logits.shape[-1]), yb.reshape(-1)
         loss, _ = bk.softmax_cross_entropy(logits, yb)
-        loss_sum += float(loss) * xb.shape[0]
-        correct += int((bk.to_numpy(logits).argmax(axis=1) == labels[s : s + batch]).sum())
+        loss_sum += float(loss) * yb.shape[0]
+        n += yb.shape[0]
+        correct += int((bk.to_numpy(logits).argmax(axis=1) == bk.to_numpy(yb)).sum())
     return loss_sum / n, correct / n
 
 
@@ -333,12 +363,16 @@ def setup(config: TrainConfig) -> tuple[Network, Dataset, TrainState, Backend]:
                         seed=config.seed, val_fraction=config.val_fraction).astype(config.dtype)
     try:
         net = build_network(config.model, data.input_shape, data.n_classes, config.layers,
-                            config.width, config.T, config.activation)
+                            config.width, config.T, config.activation, data.info)
     except ValueError as err:
         raise ValueError(f"`--model {config.model}` does not fit `--data {config.data}`: "
                          f"{err}") from err
     init_seq, shuffle_seq = np.random.SeedSequence(config.seed).spawn(2)
-    params = init_params(net, np.random.default_rng(init_seq), np.dtype(config.dtype))
+    init_rng = np.random.default_rng(init_seq)
+    if isinstance(net, Network):
+        params = init_params(net, init_rng, np.dtype(config.dtype))
+    else:  # a sequence model (refbraid.sequence) lays out its own parameters
+        params = net.init_params(init_rng, np.dtype(config.dtype))
     optimizer = make_optimizer(config.optimizer, config.lr, config.momentum)
     state = TrainState(params, optimizer, np.random.default_rng(shuffle_seq))
     if config.resume:
@@ -397,10 +431,12 @@ def train(config: TrainConfig, gradient: GradientFn | None = None,
     else:
         name = getattr(gradient, "__name__", "custom")
     meta = run_summary(config, net, data, state.optimizer, name)
+    root = getattr(gradient, "is_root", True)  # over MPI only world rank 0 prints and writes
     result = fit(net, state, data, gradient, epochs=config.epochs, batch_size=config.batch_size,
-                 bk=bk, out_dir=config.out_dir, checkpoint_every=config.checkpoint_every,
-                 meta=meta, quiet=config.quiet, stream=stream)
-    if name == "layer-parallel" and config.out_dir:
+                 bk=bk, out_dir=config.out_dir if root else None,
+                 checkpoint_every=config.checkpoint_every, meta=meta,
+                 quiet=config.quiet or not root, stream=stream)
+    if name == "layer-parallel" and config.out_dir and isinstance(net, Network):
         result.files["gradient_error"] = write_gradient_error(config, net, data, state, bk)
     return result
 

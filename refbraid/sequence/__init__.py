@@ -1,0 +1,32 @@
+"""Sequence models trained layer-parallel: a GRU with MGRIT over the sequence positions, and
+transformers whose layers are the MGRIT time steps (encoder-only and encoder–decoder).
+
+==================  ==================================================================
+module              job
+==================  ==================================================================
+losses.py           cross-entropy per sequence (B, K) or per token (B, T, K)
+gru_model.py        GRUModel: BPTT and the MGRIT-over-the-sequence gradient
+transformer_model   TransformerModel (classifier / token tagger), Seq2SeqModel
+study.py            gradient error vs MGRIT cycles against the sequential gradient
+==================  ==================================================================
+
+Every model offers the same duck type the trainer uses: ``init_params(rng, dtype)``,
+``logits(params, x, bk)`` (sequential forward), ``backprop(params, x, labels, bk)``,
+``mgrit_logits(params, x, settings, bk)``, ``layer_parallel_gradient(params, x, labels,
+settings, bk)``, and ``opening.in_shape``, ``step``, ``n_layers``, ``T``, ``h``.
+"""
+
+from .gru_model import GRUModel, gru_model
+from .losses import cross_entropy
+from .study import sequence_gradient_error_study
+from .transformer_model import Seq2SeqModel, TransformerModel, transformer_model
+
+__all__ = [
+    "GRUModel",
+    "Seq2SeqModel",
+    "TransformerModel",
+    "cross_entropy",
+    "gru_model",
+    "sequence_gradient_error_study",
+    "transformer_model",
+]

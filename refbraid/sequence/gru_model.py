@@ -1,0 +1,240 @@
+"""GRU sequence classifier, trained by BPTT or with MGRIT over the sequence (Moon & Cyr 2022).
+
+The hidden state is the MGRIT state and the sequence positions are the time steps
+(REFERENCES.md §1)::
+
+    h[0] = 0,   h[k+1] = Φ(h[k]; k → k+1),   k = 0..L-1,     logits = h[L] Wᵀ + b
+    Φ(h; a → b) = step_s(θ, h, (b − a)·Δt, x[a]),   s = ``scheme`` if b − a = 1,
+                                                       else ``coarse_scheme``
+
+so a coarse level with factor m steps m·Δt at a time with the input at the coarse step's start.
+The classic GRU (``torch.nn.GRUCell`` at Δt = 1) is forward Euler and loses stability for
+large m·Δt, so by default coarse levels use the implicit GRU of Moon & Cyr (the decay term
+treated implicitly, stable for every step size); model ``implicit-gru`` uses it on every level.
+The adjoint and the gradient (one set of weights shared by all positions)::
+
+    λ[L] = ∂L/∂h[L],   λ[k] = Φ'(h[k]; k → k+1)ᵀ λ[k+1]
+    ∂L/∂θ = Σ_k (∂Φ(h[k]; k → k+1)/∂θ)ᵀ λ[k+1]
+
+The sum is independent per position given the two trajectories (a parallel sweep and one
+reduction), and with converged MGRIT solves equals BPTT to round-off; with one level it *is*
+BPTT.
+
+Parameters: ``cell.W_ih`` (3H, I), ``cell.W_hh`` (3H, H), ``cell.b_ih``, ``cell.b_hh`` (3H,)
+(torch's names without ``weight_``), ``closing.W`` (K, H), ``closing.b`` (K,).
+
+Shape legend: B batch, L sequence length, I input features, H hidden size, K classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..backends import Backend, get_backend
+from ..layers import Classifier, GRUCell, GRUSequence
+from ..layers.gru import SCHEMES
+from ..layers.init import check_positive_int
+from ..mgrit import MGRITSettings, Problem, solve
+from ..network import group
+from ..training.layer_parallel import LayerParallelInfo, LayerParallelSettings
+from .losses import cross_entropy
+
+CELL_WEIGHTS = ("W_ih", "W_hh", "b_ih", "b_hh")
+
+
+@dataclass(frozen=True)
+class SequenceInput:
+    """The opening of a GRU model: sequences (B, L, I) pass through unchanged."""
+
+    in_shape: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class GRUModel:
+    """GRU over L positions of I features, hidden size H, classifier on h[L]."""
+
+    seq_len: int
+    input_size: int
+    hidden: int
+    n_classes: int
+    scheme: str = "classic"
+    coarse_scheme: str = "implicit"
+    dt: float = 1.0
+
+    def __post_init__(self):
+        for name in ("seq_len", "input_size", "hidden", "n_classes"):
+            check_positive_int(name, getattr(self, name))
+        for name in ("scheme", "coarse_scheme"):
+            if getattr(self, name) not in SCHEMES:
+                raise ValueError(f"`{name}` must be one of {SCHEMES}, got {getattr(self, name)!r}.")
+        if isinstance(self.dt, bool) or not isinstance(self.dt, (int, float)) \
+                or not (np.isfinite(self.dt) and self.dt > 0):
+            raise ValueError(f"`dt` must be a positive finite number, got {self.dt!r}.")
+
+    # the Network-like description the trainer reads -----------------------------------
+    @property
+    def step(self) -> GRUCell:
+        return GRUCell(self.input_size, self.hidden, self.scheme)
+
+    @property
+    def opening(self) -> SequenceInput:
+        return SequenceInput((self.seq_len, self.input_size))
+
+    @property
+    def closing(self) -> Classifier:
+        return Classifier((self.hidden,), self.n_classes)
+
+    @property
+    def n_layers(self) -> int:
+        """MGRIT time steps: one per sequence position."""
+        return self.seq_len
+
+    @property
+    def h(self) -> float:
+        return self.dt
+
+    @property
+    def T(self) -> float:
+        return self.seq_len * self.dt
+
+    def cell(self, span: int) -> GRUCell:
+        """The cell of a step over ``span`` fine positions: ``scheme`` for 1, else coarse."""
+        return self.step if span == 1 else GRUCell(self.input_size, self.hidden,
+                                                   self.coarse_scheme)
+
+    def init_params(self, rng: np.random.Generator, dtype=np.float64) -> dict[str, np.ndarray]:
+        """torch.nn.GRUCell's U(±1/√H) weights and a fan-in uniform classifier."""
+        cell = self.step.init(rng, dtype)
+        params = {f"cell.{k}": cell[k] for k in CELL_WEIGHTS}
+        params.update({f"closing.{k}": v for k, v in self.closing.init(rng, dtype).items()})
+        return params
+
+    def _check(self, x) -> None:
+        want = (self.seq_len, self.input_size)
+        if getattr(x, "ndim", None) != 3 or tuple(x.shape[1:]) != want:
+            raise ValueError(f"`x` must have shape (batch, {want[0]}, {want[1]}), "
+                             f"got {getattr(x, 'shape', type(x).__name__)}.")
+
+    def h0(self, x, bk):
+        return bk.xp.zeros((x.shape[0], self.hidden), dtype=x.dtype)
+
+    # sequential: BPTT ------------------------------------------------------------------
+    def logits(self, params, x, bk: Backend | str = "numpy"):
+        """logits = closing(h[L]) with the sequential (fine) recurrence."""
+        bk = get_backend(bk)
+        self._check(x)
+        seq = GRUSequence(self.step, self.dt)
+        states, _ = seq.run(group(params, "cell"), self.h0(x, bk), x, bk)
+        return self.closing.forward(group(params, "closing"), states[-1], bk)[0]
+
+    def backprop(self, params, x, labels, bk: Backend | str = "numpy"):
+        """Loss and gradient by backprop through time; returns (loss, grads, info)."""
+        bk = get_backend(bk)
+        self._check(x)
+        seq = GRUSequence(self.step, self.dt)
+        cell = group(params, "cell")
+        states, tape = seq.run(cell, self.h0(x, bk), x, bk)
+        logits, cc = self.closing.forward(group(params, "closing"), states[-1], bk)
+        loss, dlogits = cross_entropy(logits, labels, bk)
+        lam, dclose = self.closing.adjoint(group(params, "closing"), cc, dlogits, bk)
+        dstates = [None] * (self.seq_len - 1) + [lam]
+        _, _, dcell = seq.run_adjoint(cell, tape, dstates, bk)
+        grads = {f"cell.{k}": dcell[k] for k in CELL_WEIGHTS}
+        grads.update({f"closing.{k}": v for k, v in dclose.items()})
+        return loss, {k: grads[k] for k in params}, {"logits": logits, "states": states}
+
+    # layer-parallel: MGRIT over the sequence ---------------------------------------------
+    def mgrit_logits(self, params, x, settings: MGRITSettings, bk: Backend | str = "numpy"):
+        """logits from the MGRIT forward solve (the forward a layer-parallel run trains)."""
+        bk = get_backend(bk)
+        self._check(x)
+        fwd = solve(self.forward_problem(group(params, "cell"), x, bk), settings)
+        return self.closing.forward(group(params, "closing"), fwd.solution[-1], bk)[0]
+
+    def forward_problem(self, cell, x, bk) -> Problem:
+        return Problem(step=GRUForward(self, cell, x, bk), u0=self.h0(x, bk),
+                       n_steps=self.seq_len)
+
+    def layer_parallel_gradient(self, params, x, labels,
+                                settings: LayerParallelSettings | None = None,
+                                bk: Backend | str = "numpy"):
+        """Loss and gradient with MGRIT forward and adjoint solves over the sequence."""
+        bk = get_backend(bk)
+        settings = LayerParallelSettings() if settings is None else settings
+        self._check(x)
+        cell = group(params, "cell")
+        fwd = solve(self.forward_problem(cell, x, bk), settings.forward)
+        states = fwd.solution  # L+1,B,H
+        logits, cc = self.closing.forward(group(params, "closing"), states[-1], bk)
+        loss, dlogits = cross_entropy(logits, labels, bk)
+        lam_L, dclose = self.closing.adjoint(group(params, "closing"), cc, dlogits, bk)
+        adj = Problem(step=GRUAdjoint(self, cell, x, states, bk), u0=lam_L,
+                      n_steps=self.seq_len, direction="backward")
+        bwd = solve(adj, settings.backward)
+        dcell = self.weight_gradient_sweep(cell, x, states, bwd.solution, bk)
+        grads = {f"cell.{k}": dcell[k] for k in CELL_WEIGHTS}
+        grads.update({f"closing.{k}": v for k, v in dclose.items()})
+        info = LayerParallelInfo(fwd, bwd, states, bwd.solution, logits)
+        return loss, {k: grads[k] for k in params}, info
+
+    def weight_gradient_sweep(self, cell, x, states, adjoints, bk) -> dict[str, Any]:
+        """∂L/∂θ = Σ_k (∂Φ(h[k]; k → k+1)/∂θ)ᵀ λ[k+1] (independent per k, then summed)."""
+        dcell = {k: bk.xp.zeros_like(cell[k]) for k in CELL_WEIGHTS}
+        for k in range(self.seq_len):
+            _, cache = self.step.step(cell, states[k], self.dt, x[:, k], bk)
+            _, d = self.step.adjoint(cell, cache, adjoints[k + 1], self.dt, bk)
+            for name in CELL_WEIGHTS:
+                dcell[name] += d[name]
+        return dcell
+
+
+@dataclass(frozen=True, eq=False)
+class GRUForward:
+    """Φ(h; a → b) = step of size (b − a)·Δt with input x[:, a] (module docstring)."""
+
+    model: GRUModel
+    cell: dict[str, Any]
+    x: Any
+    bk: Backend
+
+    def step(self, h, start: int, stop: int):
+        span = stop - start
+        m = self.model
+        return m.cell(span).step(self.cell, h, span * m.dt, self.x[:, start], self.bk)[0]
+
+
+@dataclass(frozen=True, eq=False)
+class GRUAdjoint:
+    """Ψ(λ; b → a) = Φ'(h[a]; a → b)ᵀ λ, linearised at the forward states (b > a)."""
+
+    model: GRUModel
+    cell: dict[str, Any]
+    x: Any
+    states: Any
+    bk: Backend
+
+    def step(self, lam, start: int, stop: int):
+        span = start - stop  # the adjoint runs backwards: start = b > stop = a
+        m = self.model
+        c = m.cell(span)
+        _, cache = c.step(self.cell, self.states[stop], span * m.dt, self.x[:, stop], self.bk)
+        return c.adjoint(self.cell, cache, lam, span * m.dt, self.bk, grads=False)[0]
+
+
+def gru_model(data_shape: tuple[int, ...], n_classes: int, hidden: int,
+              scheme: str = "classic") -> GRUModel:
+    """A GRUModel reading samples of shape (L, I), (L,) (scalars) or (1, H, W) (rows)."""
+    if len(data_shape) == 1:
+        L, features = data_shape[0], 1
+    elif len(data_shape) == 2:
+        L, features = data_shape
+    elif len(data_shape) == 3 and data_shape[0] == 1:
+        L, features = data_shape[1], data_shape[2]  # an image read row by row
+    else:
+        raise ValueError(f"a GRU reads sequences (L, I), (L,) or one-channel images (1, H, W); "
+                         f"got samples of shape {tuple(data_shape)}.")
+    coarse = "implicit"
+    return GRUModel(L, features, hidden, n_classes, scheme, coarse)
