@@ -18,7 +18,7 @@ from ..backends import BACKENDS
 from ..backends.reference import ACTIVATIONS
 from ..data import DATASETS
 from .config import DTYPES, TrainConfig, config_from_args
-from .models import MODELS
+from .models import MODEL_DEFAULTS, MODELS
 from .optim import OPTIMIZERS
 
 _DEFAULTS = {f.name: f.default for f in fields(TrainConfig)}
@@ -27,7 +27,10 @@ _DEFAULTS = {f.name: f.default for f in fields(TrainConfig)}
 def _add(parser, name: str, type_, help_: str, **kwargs) -> None:
     flag = "--" + name.replace("_", "-")
     default = _DEFAULTS[name]
-    shown = "" if default is None else f" (default: {default})"
+    if default is None and name in MODEL_DEFAULTS["resnet"]:
+        shown = f" (default: per --model; resnet: {MODEL_DEFAULTS['resnet'][name]})"
+    else:
+        shown = "" if default is None else f" (default: {default})"
     parser.add_argument(flag, dest=name, type=type_, default=default, help=help_ + shown, **kwargs)
 
 

@@ -17,10 +17,15 @@ DenseLift(K, C, σ)     σ(Linear(K, C)(x))
 ConvLift(Cin, C, …, σ) σ(Conv2d(Cin, C, 3, padding=1)(x))
 Classifier(shape, n)   Linear(prod(shape), n)(Flatten()(x))
 softmax cross-entropy  torch.nn.functional.cross_entropy(logits, labels)   (mean over B)
+transformer and GRU    refbraid.verify.torch_sequence (LayerNorm, MLP, attention, encoder and
+                       decoder steps, classic and implicit GRU cells, pooled and token heads)
 =====================  =====================================================================
 
 σ: tanh → Tanh, relu → ReLU, gelu → GELU(approximate="none") (exact, erf), identity.
 A new layer kind registers its builder in :data:`TORCH_EQUIVALENTS` with :func:`register`.
+
+The weights are ``layer.init``'s plus ``PERTURB``·N(0, 1) on every entry, so that no weight
+sits at a special value (zero biases, unit γ) that could hide a mixed-up parameter.
 """
 
 from __future__ import annotations
@@ -37,10 +42,13 @@ from ..layers import Classifier, ConvLift, ConvStep, DenseLift, DenseStep
 from .checks import example_input, run_adjoint, run_forward
 from .ops import LayerOp, SoftmaxCrossEntropyLayer, StepOp
 from .result import CheckResult, compare_arrays, result, tolerance
+from .torch_sequence import SEQUENCE_EQUIVALENTS
 
 DTYPE = torch.float64
+PERTURB = 0.3  # size of the random perturbation added to layer.init's weights
 #: layer type -> builder(layer, h) returning (module, {refbraid parameter name: torch Parameter})
-TORCH_EQUIVALENTS: dict[type, Callable[..., tuple[nn.Module, dict[str, nn.Parameter]]]] = {}
+TORCH_EQUIVALENTS: dict[type, Callable[..., tuple[nn.Module, dict[str, nn.Parameter]]]] = {
+    **SEQUENCE_EQUIVALENTS}
 
 
 def register(kind: type):
@@ -138,7 +146,8 @@ def torch_checks(name: str, layer, backend: str | Backend = "numpy", seed: int =
     is_step = hasattr(layer, "state_shape")
     op = StepOp(layer, h) if is_step else LayerOp(layer)
     rng = np.random.default_rng(seed)
-    params = layer.init(rng, np.float64)
+    params = {k: v + PERTURB * rng.standard_normal(v.shape)
+              for k, v in layer.init(rng, np.float64).items()}
     shape = layer.state_shape if is_step else layer.in_shape
     x = example_input(layer, rng, batch, tuple(shape), np.float64)
     out, cache = run_forward(op, params, x, bk)
