@@ -103,7 +103,7 @@ def make_figures(out: str | Path = "figures", config: TrainConfig | None = None,
                              abs_tol=1e-10, relax=config.relax_per_level, min_coarse=1)
     solved = solve(forward_problem(net, group(lp_state.params, "steps"), y0, bk), settings)
     files["mgrit"] = save_figure(plot_residual_history(solved), out / "mgrit_residuals.png")
-    rows = gradient_error_study(net, lp_state.params, xb, yb, range(0, 9), bk)
+    rows = gradient_error_study(net, lp_state.params, xb, yb, range(0, 16), bk)
     files["gradient_error"] = save_figure(
         plot_gradient_error(rows, "layer-parallel gradient at the trained weights"),
         out / "gradient_error.png")

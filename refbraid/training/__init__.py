@@ -1,17 +1,21 @@
-"""Sequential training: models, optimizers, the training loop, checkpoints, plots, CLI.
+"""Training: models, gradients (sequential and layer-parallel), the loop, checkpoints, CLI.
 
-===============  ==============================================================
-module           job
-===============  ==============================================================
-models.py        model name + data shape → Network ("resnet", "conv")
-optim.py         SGD (momentum) and Adam, in place on the flat params dict
-trainer.py       mini-batch loop with a pluggable ``gradient(params, x, y)``
-checkpoint.py    atomic .npz checkpoints; bit-identical resume
-config.py        the frozen, validated TrainConfig (one field per CLI flag)
-cli.py           ``refbraid train``
-plots.py         training curves, decision regions, trajectories (Figures)
-atomic.py        temp-file + os.replace writes for every output file
-===============  ==============================================================
+=================  ==============================================================
+module             job
+=================  ==============================================================
+models.py          model name + data shape → Network (resnet, conv) or sequence model
+optim.py           SGD (momentum) and Adam, in place on the flat params dict
+layer_parallel.py  MGRIT forward + adjoint solves through a network; gradient sweep
+gradient_error.py  layer-parallel gradient error vs MGRIT cycles (table, figure)
+distributed.py     the layer-parallel gradient over MPI ranks (and data parallelism)
+gradients.py       the one place that picks a gradient: backprop, MGRIT, MPI
+trainer.py         mini-batch loop with a pluggable ``gradient(params, x, y)``
+checkpoint.py      atomic .npz checkpoints; bit-identical resume
+config.py          the frozen, validated TrainConfig (one field per CLI flag)
+cli.py             ``refbraid train``
+plots.py           training curves, solver history, decision regions, trajectories
+atomic.py          temp-file + os.replace writes for every output file
+=================  ==============================================================
 """
 
 from .config import TrainConfig

@@ -128,12 +128,18 @@ def plot_solver_history(history: list[dict[str, Any]], title: str | None = None)
         return None
     fig = Figure(figsize=(5.5, 3.4), layout="constrained")
     ax = fig.subplots()
+    drawn = 0
     for (label, values), style in zip(series.items(), ("o-", "s-", "^--"), strict=False):
         pts = [(e, v) for e, v in zip(epochs, values, strict=True) if v is not None and v > 0]
         if pts:
             ax.semilogy([p[0] for p in pts], [p[1] for p in pts], style, ms=3, label=label)
+            drawn += 1
     ax.set(xlabel="epoch", ylabel="mean over the epoch's batches")
     ax.grid(alpha=0.3, which="both")
-    ax.legend()
+    if drawn:
+        ax.legend()
+    else:  # one MGRIT level: sequential substitution leaves no residual
+        ax.text(0.5, 0.5, "all residuals are zero (exact solves)", ha="center",
+                transform=ax.transAxes)
     ax.set_title(title or "layer-parallel MGRIT: final residuals per batch")
     return fig

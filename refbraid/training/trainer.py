@@ -35,24 +35,23 @@ import numpy as np
 
 from ..backends import Backend, get_backend
 from ..data import Dataset, load_dataset
-from ..mgrit import MGRITSettings, build_hierarchy
-from ..network import Network, backprop, forward, init_params, to_backend
+from ..network import Network, forward, init_params, to_backend
 from .atomic import save_figure, write_json
 from .checkpoint import FILENAME as CHECKPOINT_FILE
 from .checkpoint import check_params_match, load_checkpoint, save_checkpoint
 from .config import TrainConfig
-from .layer_parallel import (
-    LayerParallelSettings,
-    layer_parallel_gradient,
-    mgrit_forward,
-    relative_gradient_error,
+from .gradients import (  # noqa: F401  (re-exported: the trainer's public gradient choices)
+    GradientFn,
+    layer_parallel_settings,
+    mgrit_gradient,
+    select_gradient,
+    sequential_gradient,
 )
 from .models import as_network_input, build_network
 from .optim import Optimizer, make_optimizer
 from .plots import plot_solver_history, plot_training_curves
 
 Params = dict[str, Any]
-GradientFn = Callable[[Params, Any, Any], "tuple[float, Params, dict[str, Any]]"]
 
 LOG_FILE = "log.json"
 CURVES_FILE = "curves.png"
@@ -63,101 +62,6 @@ EVAL_BATCH = 4096  # samples per forward pass when measuring accuracy
 
 class TrainingDiverged(ValueError):
     """The loss became NaN or inf."""
-
-
-# ----------------------------------------------------------------------------- gradients
-def sequential_gradient(net: Network, bk: Backend | str = "numpy") -> GradientFn:
-    """The baseline gradient: sequential backprop (:func:`refbraid.network.backprop`)."""
-    bk = get_backend(bk)
-
-    def gradient(params, x, labels):
-        loss, grads, _ = _backprop(net, params, x, labels, bk)
-        return loss, grads, {}
-
-    return gradient
-
-
-def _backprop(net, params, x, labels, bk: Backend):
-    """Sequential backprop of a Network, or of a sequence model (its own ``backprop``)."""
-    if isinstance(net, Network):
-        return backprop(net, params, x, labels, bk)
-    return net.backprop(params, x, labels, bk)
-
-
-def layer_parallel_settings(config: TrainConfig) -> LayerParallelSettings:
-    """The MGRIT settings of the forward and adjoint solves from the ``refbraid train`` flags."""
-    if config.levels == 1:
-        return LayerParallelSettings.exact()
-
-    def one(max_iter: int, tol: float) -> MGRITSettings:
-        return MGRITSettings(levels=config.levels, cfactor=config.cfactor, max_iter=max_iter,
-                             abs_tol=tol, rel_tol=None, relax=config.relax_per_level,
-                             cycle=config.cycle, skip_first_down=config.skip_down, min_coarse=1)
-
-    return LayerParallelSettings(forward=one(config.fwd_iters, config.fwd_tol),
-                                 backward=one(config.bwd_iters, config.bwd_tol))
-
-
-def mgrit_gradient(net: Network, settings: LayerParallelSettings, bk: Backend | str = "numpy",
-                   check_every: int = 0) -> GradientFn:
-    """The layer-parallel gradient (MGRIT forward + adjoint solves), with solver stats.
-
-    With ``check_every = k > 0``, every k-th call also runs sequential backprop and reports
-    ``grad_error`` = ‖g_MGRIT − g_backprop‖ / ‖g_backprop‖ in the stats.
-    """
-    bk = get_backend(bk)
-    calls = 0
-
-    def gradient(params, x, labels):
-        nonlocal calls
-        calls += 1
-        if isinstance(net, Network):
-            loss, grads, info = layer_parallel_gradient(net, params, x, labels, settings, bk)
-        else:  # a sequence model (refbraid.sequence) brings its own MGRIT gradient
-            loss, grads, info = net.layer_parallel_gradient(params, x, labels, settings, bk)
-        stats = info.stats()
-        if check_every and calls % check_every == 0:
-            _, exact, _ = _backprop(net, params, x, labels, bk)
-            stats["grad_error"] = relative_gradient_error(grads, exact, bk)
-        return loss, grads, stats
-
-    def logits(params, x):
-        if not isinstance(net, Network):
-            return net.mgrit_logits(params, x, settings.forward, bk)
-        return mgrit_forward(net, params, x, settings.forward, bk)[0]
-
-    gradient.logits = logits  # the forward pass this gradient trains: used for accuracy
-    return gradient
-
-
-def select_gradient(config: TrainConfig, net: Network, bk: Backend) -> tuple[str, GradientFn]:
-    """The one place that chooses how gradients are computed: (name, gradient).
-
-    ``--serial``: sequential backprop; otherwise layer-parallel MGRIT with the settings of
-    :func:`layer_parallel_settings` (checked against the network depth here, before training).
-    """
-    from ..parallel.mpi import world_size
-
-    if config.data_parallel > 1 or world_size() > 1:  # under mpiexec: ranks share the work
-        from .distributed import distributed_gradient
-
-        if not isinstance(net, Network):
-            raise ValueError(f"`--model {config.model}`: training over MPI supports the "
-                             "resnet and conv models.")
-        settings = LayerParallelSettings.exact() if config.serial else \
-            layer_parallel_settings(config)
-        return "layer-parallel-mpi", distributed_gradient(net, settings, bk,
-                                                          config.data_parallel)
-    if config.serial:
-        return "sequential", sequential_gradient(net, bk)
-    settings = layer_parallel_settings(config)
-    try:
-        build_hierarchy(net.n_layers, settings.forward.cfactors, settings.forward.min_coarse)
-    except ValueError as err:
-        raise ValueError(f"`--levels {config.levels}` with `--cfactor {config.cfactor}` does not "
-                         f"fit `--layers {config.layers}`: {err} Use fewer levels, a smaller "
-                         f"cfactor, more layers, or --serial.") from None
-    return "layer-parallel", mgrit_gradient(net, settings, bk, config.check_gradient_every)
 
 
 # ----------------------------------------------------------------------------- state

@@ -1,0 +1,1 @@
+"""Tests run under mpiexec (a package, so that its conftest never shadows tests/conftest.py)."""
