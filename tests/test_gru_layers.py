@@ -70,7 +70,7 @@ def test_gru_kernels_match_the_reference(backend_name, dtype, scheme):
 
 
 def test_gru_kernels_reject_bad_shapes():
-    for backend in ("numba", "cuda"):
+    for backend in ("numpy", "numba", "cuda"):
         bk = get_backend(backend)
         with pytest.raises(ValueError, match="`gh`"):
             bk.gru_cell(np.zeros((2, 6)), np.zeros((2, 5)), np.zeros((2, 2)), 1.0, False)

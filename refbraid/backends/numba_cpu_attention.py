@@ -11,13 +11,15 @@ what it changes. What is fused::
                        dγ = Σ dy x̂,  dβ = Σ dy               column for the parameter sums
     embedding_adjoint  dW[tok] += dX                        a scatter-add loop: O(B·T·E), not
                                                             the reference's O(B·T·V·E) one-hot
-    gru_cell           r, z, n, h_new                        one pass over (B, H), no temporaries
-    gru_cell_adjoint   dgx, dgh, dh                          one pass over (B, H)
 
 Not overridden, by choice: ``bmm`` (batched matrix product) stays the reference ``a @ b``,
 i.e. NumPy's BLAS GEMM per matrix — a Numba triple loop is several times slower than BLAS, and
 there is nothing to fuse into it (as ``linear`` in :mod:`refbraid.backends.numba_cpu`, which
-also calls BLAS). ``embedding`` (a gather) stays NumPy's fancy indexing.
+also calls BLAS). ``embedding`` (a gather) stays NumPy's fancy indexing. ``gru_cell`` and
+``gru_cell_adjoint`` stay the reference too: a fused Numba pass over (B, H) was measured 1.5–3×
+slower than NumPy's vectorised exp/tanh (scalar ``math`` calls, no SIMD without fastmath). Their
+per-element bodies :func:`gru_cell_point` / :func:`gru_cell_adjoint_point` live here anyway,
+as the single source the CUDA kernels compile.
 
 The per-row and per-element bodies are small pure functions of (arrays, index) —
 :func:`softmax_row`, :func:`layernorm_row`, … — compiled here with ``njit(inline="always")``
@@ -41,6 +43,7 @@ import numpy as np
 from numba import njit
 
 from . import reference
+from .reference import check_gru  # noqa: F401  (shared with the CUDA kernels)
 
 OVERRIDES = (
     "softmax",
@@ -48,8 +51,6 @@ OVERRIDES = (
     "layernorm",
     "layernorm_adjoint",
     "embedding_adjoint",
-    "gru_cell",
-    "gru_cell_adjoint",
 )
 
 #: A mask argument for kernels called without a mask (``use_mask`` False): never read.
@@ -182,8 +183,6 @@ _softmax_adjoint_row = njit(inline="always")(softmax_adjoint_row)
 _layernorm_row = njit(inline="always")(layernorm_row)
 _layernorm_adjoint_row = njit(inline="always")(layernorm_adjoint_row)
 _layernorm_param_col = njit(inline="always")(layernorm_param_col)
-_gru_cell_point = njit(inline="always")(gru_cell_point)
-_gru_cell_adjoint_point = njit(inline="always")(gru_cell_adjoint_point)
 
 
 # ----------------------------------------------------------------------------- loops
@@ -222,18 +221,7 @@ def _embedding_adjoint_kernel(tokens, dout, dW):
             dW[v, e] += dout[i, e]
 
 
-@njit(cache=True)
-def _gru_cell_kernel(gx, gh, h, dt, implicit, h_new, gates):
-    for b in range(h.shape[0]):
-        for j in range(h.shape[1]):
-            _gru_cell_point(gx, gh, h, dt, implicit, h_new, gates, b, j)
 
-
-@njit(cache=True)
-def _gru_cell_adjoint_kernel(gates, gh, h, dh_new, dt, implicit, dgx, dgh, dh):
-    for b in range(h.shape[0]):
-        for j in range(h.shape[1]):
-            _gru_cell_adjoint_point(gates, gh, h, dh_new, dt, implicit, dgx, dgh, dh, b, j)
 
 
 # ----------------------------------------------------------------------------- input handling
@@ -272,16 +260,6 @@ def check_same_shape(name: str, a, ref_name: str, ref) -> None:
 def check_vector(name: str, v, n: int) -> None:
     if tuple(v.shape) != (n,):
         raise ValueError(f"`{name}` must have shape ({n},), got {tuple(v.shape)}.")
-
-
-def check_gru(h, *named) -> None:
-    """Validate the GRU kernel shapes: h (B, H), each (name, array, width) (B, width·H)."""
-    if h.ndim != 2:
-        raise ValueError(f"`h` must be 2-D (batch, hidden), got shape {tuple(h.shape)}.")
-    B, H = h.shape
-    for name, a, k in named:
-        if tuple(a.shape) != (B, k * H):
-            raise ValueError(f"`{name}` must have shape ({B}, {k * H}), got {tuple(a.shape)}.")
 
 
 # ----------------------------------------------------------------------------- softmax
@@ -365,29 +343,3 @@ def embedding_adjoint(tokens, dout, n_rows: int):
     dW = np.zeros((n_rows, dout.shape[-1]), dout.dtype)
     _embedding_adjoint_kernel(flat, d2, dW)
     return dW
-
-
-# ----------------------------------------------------------------------------- GRU
-def gru_cell(gx, gh, h, dt: float, implicit: bool):
-    """(h_new, gates) of reference.gru_cell in one pass over (B, H)."""
-    if not fast(gx, gh, h):
-        return reference.gru_cell(gx, gh, h, dt, implicit)
-    check_gru(h, ("gx", gx, 3), ("gh", gh, 3))
-    dtype = result_dtype(gx, gh, h)
-    gx, gh, h = (np.ascontiguousarray(a, dtype) for a in (gx, gh, h))
-    h_new = np.empty_like(h)
-    gates = np.empty_like(gx)
-    _gru_cell_kernel(gx, gh, h, float(dt), bool(implicit), h_new, gates)
-    return h_new, gates
-
-
-def gru_cell_adjoint(gates, gh, h, dh_new, dt: float, implicit: bool):
-    """(dgx, dgh, dh) of reference.gru_cell_adjoint in one pass over (B, H)."""
-    if not fast(gates, gh, h, dh_new):
-        return reference.gru_cell_adjoint(gates, gh, h, dh_new, dt, implicit)
-    check_gru(h, ("gates", gates, 3), ("gh", gh, 3), ("dh_new", dh_new, 1))
-    dtype = result_dtype(gates, gh, h, dh_new)
-    gates, gh, h, dh_new = (np.ascontiguousarray(a, dtype) for a in (gates, gh, h, dh_new))
-    dgx, dgh, dh = np.empty_like(gates), np.empty_like(gates), np.empty_like(h)
-    _gru_cell_adjoint_kernel(gates, gh, h, dh_new, float(dt), bool(implicit), dgx, dgh, dh)
-    return dgx, dgh, dh

@@ -291,6 +291,16 @@ def _sigmoid(xp, a):
     return 1.0 / (1.0 + xp.exp(-a))
 
 
+def check_gru(h, *named) -> None:
+    """Validate the GRU kernel shapes: h (B, H), each (name, array, width) (B, width·H)."""
+    if h.ndim != 2:
+        raise ValueError(f"`h` must be 2-D (batch, hidden), got shape {tuple(h.shape)}.")
+    B, H = h.shape
+    for name, a, k in named:
+        if tuple(a.shape) != (B, k * H):
+            raise ValueError(f"`{name}` must have shape ({B}, {k * H}), got {tuple(a.shape)}.")
+
+
 def gru_cell(gx, gh, h, dt: float, implicit: bool):
     """Gate algebra of a GRU step (torch.nn.GRUCell gate order r, z, n), after the matmuls.
 
@@ -300,6 +310,7 @@ def gru_cell(gx, gh, h, dt: float, implicit: bool):
         implicit (implicit=True):  h_new = (h + dt (1 − z) ⊙ n) / (1 + dt (1 − z))
     Returns (h_new (B, H), gates (B, 3H) = [r | z | n]).
     """
+    check_gru(h, ("gx", gx, 3), ("gh", gh, 3))
     xp = array_namespace(gx)
     H = h.shape[-1]
     r = _sigmoid(xp, gx[:, :H] + gh[:, :H])
@@ -320,6 +331,7 @@ def gru_cell_adjoint(gates, gh, h, dh_new, dt: float, implicit: bool):
     dh = λ ∂h_new/∂h (the direct part; the layer adds dgh W_hh for the path through the gates).
     Returns (dgx (B, 3H), dgh (B, 3H), dh (B, H)).
     """
+    check_gru(h, ("gates", gates, 3), ("gh", gh, 3), ("dh_new", dh_new, 1))
     xp = array_namespace(gates)
     H = h.shape[-1]
     r, z, n = gates[:, :H], gates[:, H : 2 * H], gates[:, 2 * H :]
