@@ -126,9 +126,10 @@ def worker(spec: dict) -> None:
 
     from refbraid.backends import get_backend
     from refbraid.network import backprop, init_params
-    from refbraid.training.distributed import ShardedTrainer, distributed_gradient
+    from refbraid.training.distributed import distributed_gradient
     from refbraid.training.layer_parallel import LayerParallelSettings
     from refbraid.training.optim import make_optimizer
+    from refbraid.training.sharded import ShardedTrainer
 
     world = MPI.COMM_WORLD
     P, repeat = world.Get_size(), spec["repeat"]

@@ -35,9 +35,9 @@ from matplotlib.figure import Figure
 
 from refbraid.network import backprop, init_params
 from refbraid.parallel.launch import run_mpi
-from refbraid.training.distributed import BlockPlan
 from refbraid.training.layer_parallel import LayerParallelSettings
 from refbraid.training.models import build_network
+from refbraid.training.ownership import BlockPlan
 
 SMALL = os.environ.get("REFBRAID_LESSON_SMALL") == "1"
 FIGURES = os.environ.get("REFBRAID_LESSON_FIGURES")  # save the figure here when set

@@ -8,6 +8,8 @@ optim.py           SGD (momentum) and Adam, in place on the flat params dict
 layer_parallel.py  MGRIT forward + adjoint solves through a network; gradient sweep
 gradient_error.py  layer-parallel gradient error vs MGRIT cycles (table, figure)
 distributed.py     the layer-parallel gradient over MPI ranks (and data parallelism)
+ownership.py       which rank owns which layers, ghosts and gradient rows (bookkeeping)
+sharded.py         owned parameter shards: optimizer steps local to each rank
 gradients.py       the one place that picks a gradient: backprop, MGRIT, MPI
 trainer.py         mini-batch loop with a pluggable ``gradient(params, x, y)``
 checkpoint.py      atomic .npz checkpoints; bit-identical resume

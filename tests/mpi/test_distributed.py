@@ -14,7 +14,7 @@ from refbraid.mgrit import MGRITSettings
 from refbraid.network import backprop, init_params
 from refbraid.parallel.mpi import split_world
 from refbraid.training.checkpoint import load_checkpoint
-from refbraid.training.distributed import DistributedGradient, ShardedTrainer, distributed_gradient
+from refbraid.training.distributed import DistributedGradient, distributed_gradient
 from refbraid.training.layer_parallel import (
     LayerParallelSettings,
     layer_parallel_gradient,
@@ -22,6 +22,7 @@ from refbraid.training.layer_parallel import (
 )
 from refbraid.training.models import build_network
 from refbraid.training.optim import make_optimizer
+from refbraid.training.sharded import ShardedTrainer
 
 TOL = 1e-12
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from refbraid.mgrit import MGRITSettings, Problem, solve
-from refbraid.training.distributed import BlockPlan, Rows, shard_sizes
+from refbraid.training.distributed import shard_sizes
 from refbraid.training.layer_parallel import LayerParallelSettings
+from refbraid.training.ownership import BlockPlan, Rows
 
 CASES = [
     (64, LayerParallelSettings(), 4),
