@@ -159,3 +159,15 @@ def test_mgrit_settings_reach_the_solves():
     assert (s.forward.levels, s.forward.max_iter, s.backward.max_iter) == (4, 3, 2)
     assert [s.forward.relax_on(i) for i in range(3)] == ["FCF", "F", "F"]
     assert s.forward.cycle == "F"
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the overflow is the point of the test
+def test_diverging_mgrit_stops_training_with_a_clear_error_and_keeps_the_log(tmp_path):
+    from refbraid.training import TrainingDiverged
+
+    cfg = TrainConfig(**{**SMALL_LP, "lr": 1e8, "optimizer": "sgd", "activation": "relu"},
+                      epochs=3, out=str(tmp_path))
+    with pytest.raises(TrainingDiverged, match="MGRIT diverged.*--lr"):
+        train(cfg)
+    log = json.loads((tmp_path / "log.json").read_text())
+    assert log["status"] == "diverged" and "MGRIT" in log["error"]

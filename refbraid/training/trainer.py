@@ -35,6 +35,7 @@ import numpy as np
 
 from ..backends import Backend, get_backend
 from ..data import Dataset, load_dataset
+from ..mgrit import MGRITDiverged
 from ..network import Network, forward, init_params, to_backend
 from .atomic import save_figure, write_json
 from .checkpoint import FILENAME as CHECKPOINT_FILE
@@ -151,12 +152,17 @@ def train_epoch(state: TrainState, gradient: GradientFn, x_train, y_train, batch
     for b, s in enumerate(range(0, n, batch_size)):
         idx = perm[s : s + batch_size]
         xb, yb = bk.asarray(x_train[idx]), bk.asarray(y_train[idx])  # B,*in_shape and B
-        loss, grads, stats = gradient(state.params, xb, yb)
+        lr_hint = f"try a smaller learning rate `--lr`, now {state.optimizer.hyper()['lr']:g}"
+        try:
+            loss, grads, stats = gradient(state.params, xb, yb)
+        except MGRITDiverged as err:  # the layer-parallel solves blew up: same remedy
+            raise TrainingDiverged(f"{err} (epoch {epoch}, batch {b + 1}); stopped ({lr_hint}, "
+                                   f"or check the MGRIT settings).") from None
         loss = float(loss)
         if not math.isfinite(loss):
             raise TrainingDiverged(
                 f"the training loss became {loss} at epoch {epoch}, batch {b + 1}; stopped "
-                f"(try a smaller learning rate `--lr`, now {state.optimizer.hyper()['lr']:g})."
+                f"({lr_hint})."
             )
         if not isinstance(stats, dict):
             raise TypeError(f"`gradient` must return (loss, grads, stats: dict), got stats of "
