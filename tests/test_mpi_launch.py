@@ -111,3 +111,50 @@ def test_refbraid_train_under_mpiexec_matches_one_process(tmp_path):
     a, b = (log["history"][-1] for log in logs)
     assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-12)
     assert b["val_acc"] == a["val_acc"]
+
+
+@pytest.mark.mpi
+def test_checkpoints_resume_across_mpi_and_one_process(tmp_path):
+    """A checkpoint from ``mpiexec refbraid train`` (owned shards, gathered on rank 0) resumes
+    in one process and vice versa: bit-identical to an uninterrupted single-process run for a
+    pure layer-parallel split, ≤ 1e-12 with data parallelism."""
+    import numpy as np
+
+    from refbraid.cli import main
+    from refbraid.training.checkpoint import load_checkpoint
+    from refbraid.training.layer_parallel import relative_gradient_error
+
+    flags = ["train", "--layers", "32", "--samples", "300", "--quiet", "--checkpoint-every", "1"]
+
+    def mpi(n, *extra):
+        run = run_mpi(n, ["-m", "refbraid", *flags, *extra], timeout=FAULT_TIMEOUT * 2, cwd=ROOT)
+        assert run.ok, run.output
+
+    def out(name):
+        return ["--out", str(tmp_path / name)]
+
+    assert main([*flags, "--epochs", "4", *out("whole")]) == 0  # the oracle, uninterrupted
+    assert main([*flags, "--epochs", "2", *out("one")]) == 0
+    mpi(2, "--epochs", "2", *out("mpi"))
+    mpi(2, "--epochs", "4", "--resume", str(tmp_path / "one"), *out("one-then-mpi"))
+    mpi(2, "--epochs", "4", "--data-parallel", "2", "--resume", str(tmp_path / "one"),
+        *out("one-then-dp"))
+    assert main([*flags, "--epochs", "4", "--resume", str(tmp_path / "mpi"),
+                 *out("mpi-then-one")]) == 0
+    whole = load_checkpoint(tmp_path / "whole" / "checkpoint.npz")
+    for run in ("one-then-mpi", "mpi-then-one", "one-then-dp"):
+        ckpt = load_checkpoint(tmp_path / run / "checkpoint.npz")
+        assert ckpt.epoch == 4 and set(ckpt.params) == set(whole.params), run
+        assert set(ckpt.optimizer_state) == set(whole.optimizer_state), run
+        assert ckpt.rng_state == whole.rng_state, run
+        losses = [[r["train_loss"] for r in c.history] for c in (ckpt, whole)]
+        if run == "one-then-dp":  # the gradient sums over groups in another order
+            assert relative_gradient_error(ckpt.params, whole.params) <= 1e-12, run
+            assert losses[0] == pytest.approx(losses[1], rel=1e-12), run
+            continue
+        for k in whole.params:
+            np.testing.assert_array_equal(ckpt.params[k], whole.params[k], err_msg=f"{run} {k}")
+        for k in whole.optimizer_state:
+            np.testing.assert_array_equal(ckpt.optimizer_state[k], whole.optimizer_state[k],
+                                          err_msg=f"{run} {k}")
+        assert losses[0] == losses[1], run

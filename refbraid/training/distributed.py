@@ -49,7 +49,8 @@ Parameter holding, two modes (documented honestly):
   ``steps.*`` (plus opening on layer rank 0, closing on the last), fetches ghost weights each
   step, and its optimizer updates only its shard; gradients are summed only over
   the data-parallel group of its block. Checkpoints gather the shards to world rank 0, which
-  writes them atomically.
+  writes them atomically. ``refbraid train`` under ``mpiexec`` trains this way
+  (:class:`~refbraid.training.sharded.ShardedGradient` in the trainer's loop).
 
 Both give the serial gradient (:func:`refbraid.training.layer_parallel.layer_parallel_gradient`
 on the full batch) to round-off; tests/mpi/test_distributed.py checks ≤ 1e-12 (float64).
@@ -202,19 +203,21 @@ class DistributedGradient:
 
     # -- parameters ---------------------------------------------------------------------
     def holds(self, key: str) -> bool:
-        """Whether this rank's shard holds parameter ``key`` (or rows of it)."""
-        g = key.partition(".")[0]
+        """Whether this rank's shard holds parameter ``key`` (or rows of it); a key
+        ``buffer/name`` (optimizer state) follows its parameter ``name``."""
+        g = key.rpartition("/")[2].partition(".")[0]
         return g == "steps" or (g == "opening" and self.q == 0) or \
             (g == "closing" and self.q == self.last)
 
     def shard(self, params: Params) -> Params:
         """This rank's part of full ``params``: owned ``steps.*`` rows (copies), opening on
-        layer rank 0, closing on the last layer rank."""
+        layer rank 0, closing on the last layer rank. Keys ``[buffer/]name`` as :meth:`gather`."""
         lo, hi = int(self.owned[0]), int(self.owned[-1]) + 1
         out = {}
         for k, v in params.items():
             if self.holds(k):
-                out[k] = np.array(v[lo:hi] if k.startswith("steps.") else v, copy=True)
+                is_rows = k.rpartition("/")[2].startswith("steps.")
+                out[k] = np.array(v[lo:hi] if is_rows else v, copy=True)
         return out
 
     def gather(self, shard: dict[str, Any], root: int = 0) -> dict[str, Any] | None:

@@ -4,7 +4,8 @@
 * :func:`mgrit_gradient` — layer-parallel: MGRIT forward and adjoint solves
   (:mod:`refbraid.training.layer_parallel`), with solver statistics, optionally the gradient
   error against backprop every k steps, and the MGRIT forward pass it trains (``.logits``);
-* the MPI gradient (:mod:`refbraid.training.distributed`) under ``mpiexec``.
+* the MPI gradient (:mod:`refbraid.training.distributed`) under ``mpiexec``, with owned
+  parameter shards (:class:`~refbraid.training.sharded.ShardedGradient`).
 
 Every gradient is a callable ``gradient(params, x, labels) -> (loss, grads, stats)``;
 :func:`select_gradient` picks one from a :class:`~refbraid.training.config.TrainConfig`.
@@ -104,14 +105,15 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend) -> tuple[str
 
     if config.data_parallel > 1 or world_size() > 1:  # under mpiexec: ranks share the work
         from .distributed import distributed_gradient
+        from .sharded import ShardedGradient
 
         if not isinstance(net, Network):
             raise ValueError(f"`--model {config.model}`: training over MPI supports the "
                              "resnet and conv models.")
         settings = LayerParallelSettings.exact() if config.serial else \
             layer_parallel_settings(config)
-        return "layer-parallel-mpi", distributed_gradient(net, settings, bk,
-                                                          config.data_parallel)
+        return "layer-parallel-mpi", ShardedGradient(distributed_gradient(
+            net, settings, bk, config.data_parallel))  # each rank steps its own layers
     if config.serial:
         return "sequential", sequential_gradient(net, bk)
     settings = layer_parallel_settings(config)

@@ -1,7 +1,22 @@
 """Training with owned parameter shards over MPI: each rank's optimizer updates its own layers.
 
-The optimizers are element-wise (SGD, Adam), so updating shards equals updating the whole;
-checkpoints gather the shards on world rank 0, which writes them atomically.
+Rank q holds θ_q = its rows of ``steps.*`` (its block of layers), plus the opening weights on
+layer rank 0 and the closing weights on the last layer rank, and the optimizer state of
+exactly those entries. One step::
+
+    g_q = ∂L/∂θ_q                  (DistributedGradient.sharded: ghosts fetched, rows sent home)
+    θ_q ← optimizer(θ_q, g_q)      local: the optimizers are element-wise (SGD, Adam), so
+                                   updating the shards equals updating the whole
+
+Full parameters exist only when gathered (collective) on world rank 0: to measure accuracy and
+to write a checkpoint, in the single-process format, atomically. Two ways to drive it:
+
+* :class:`ShardedGradient` — the trainer's gradient callable ``(shard, x, labels)`` with the
+  hooks :func:`refbraid.training.trainer.fit` asks for (``localize``, ``gather_params``,
+  ``gather_optimizer``, ``share``): ``refbraid train`` under ``mpiexec`` uses it;
+* :class:`ShardedTrainer` — a stand-alone step/gather/save object for your own loop.
+
+Shape legend: N layers, Q layer ranks, [b_q, b_{q+1}) the layer block of rank q.
 """
 
 from __future__ import annotations
@@ -17,23 +32,100 @@ from .distributed import DistributedGradient
 from .optim import Optimizer
 
 
+def _check_gradient(gradient) -> DistributedGradient:
+    if not isinstance(gradient, DistributedGradient):
+        raise TypeError(f"`gradient` must be a DistributedGradient, got "
+                        f"{type(gradient).__name__}.")
+    return gradient
+
+
+def _check_optimizer(optimizer) -> Optimizer:
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(f"`optimizer` must be a refbraid Optimizer, got "
+                        f"{type(optimizer).__name__}.")
+    return optimizer
+
+
+def shard_optimizer(gradient: DistributedGradient, optimizer: Optimizer, shard: Params) -> None:
+    """Restrict ``optimizer``'s state (of the full parameters, or fresh) to this rank's
+    ``shard``, in place: the step counter and the buffer entries of the owned parameters."""
+    state = optimizer.state_dict()
+    local = gradient.shard({k: v for k, v in state.items() if k != "step"})
+    optimizer.load_state_dict({"step": state["step"], **local}, shard)
+
+
+def gather_optimizer(gradient: DistributedGradient, optimizer: Optimizer, params: Params | None,
+                     root: int = 0) -> Optimizer | None:
+    """On world rank ``root``: a copy of ``optimizer`` holding the state of the whole network
+    (``params`` = the gathered full parameters there); None elsewhere. Collective."""
+    state = gradient.gather(optimizer.state_dict(), root)
+    if state is None:
+        return None
+    full = copy.copy(optimizer)  # same class and hyper-parameters; load_state_dict rebinds
+    full.load_state_dict(state, params)
+    return full
+
+
+class ShardedGradient:
+    """The trainer's view of sharded MPI training: ``gradient(shard, x, labels)``.
+
+    Returns ``(loss, ∂L/∂shard, stats)``, so the unchanged loop step ``optimizer.step(shard,
+    grads)`` is local. Hooks used by :func:`~refbraid.training.trainer.fit` and ``train``:
+
+    ``localize(state)``          full params and optimizer state → this rank's shard (in place)
+    ``gather_params(shard)``     full params on world rank 0, None elsewhere (collective)
+    ``gather_optimizer(opt, p)`` full optimizer state on world rank 0 (collective)
+    ``share(value)``             world rank 0's value on every rank (collective)
+    ``logits(params, x)``        the MGRIT forward pass, on full params (rank 0 evaluates)
+    """
+
+    __name__ = "layer-parallel-mpi"
+
+    def __init__(self, gradient: DistributedGradient):
+        self.gradient = _check_gradient(gradient)
+        self.logits = gradient.logits
+
+    @property
+    def is_root(self) -> bool:
+        """World rank 0: the rank that evaluates, prints and writes files."""
+        return self.gradient.is_root
+
+    def __call__(self, shard: Params, x, labels) -> tuple[float, Params, dict[str, float]]:
+        return self.gradient.sharded(shard, x, labels)
+
+    def localize(self, state) -> None:
+        """``state.params`` and ``state.optimizer`` (full, identical on every rank) become
+        this rank's shard, in place."""
+        state.params = self.gradient.shard(state.params)
+        shard_optimizer(self.gradient, _check_optimizer(state.optimizer), state.params)
+
+    def gather_params(self, shard: Params, root: int = 0) -> Params | None:
+        """The full parameters on world rank ``root`` (None elsewhere). Collective."""
+        return self.gradient.gather(shard, root)
+
+    def gather_optimizer(self, optimizer: Optimizer, params: Params | None,
+                         root: int = 0) -> Optimizer | None:
+        """See :func:`gather_optimizer`. Collective."""
+        return gather_optimizer(self.gradient, optimizer, params, root)
+
+    def share(self, value: Any, root: int = 0) -> Any:
+        """World rank ``root``'s ``value`` on every rank. Collective."""
+        return self.gradient.topo.world.bcast(value, root)
+
+
 class ShardedTrainer:
     """Training with owned parameter shards: the optimizer step is local to the owner.
 
     ``step(x, labels)`` = sharded gradient + ``optimizer.step`` on this rank's shard. The
     optimizers are element-wise (SGD, Adam), so updating shards equals updating the whole.
+    ``optimizer`` may hold the state of the full ``params`` (e.g. resumed): it is sharded too.
     """
 
     def __init__(self, gradient: DistributedGradient, params: Params, optimizer: Optimizer):
-        if not isinstance(gradient, DistributedGradient):
-            raise TypeError(f"`gradient` must be a DistributedGradient, got "
-                            f"{type(gradient).__name__}.")
-        if not isinstance(optimizer, Optimizer):
-            raise TypeError(f"`optimizer` must be a refbraid Optimizer, got "
-                            f"{type(optimizer).__name__}.")
-        self.gradient = gradient
+        self.gradient = _check_gradient(gradient)
+        self.optimizer = _check_optimizer(optimizer)
         self.shard = gradient.shard(params)
-        self.optimizer = optimizer
+        shard_optimizer(gradient, optimizer, self.shard)
 
     def step(self, x, labels) -> tuple[float, dict[str, float]]:
         """One training step on the batch (every rank passes the same full batch)."""
@@ -47,8 +139,7 @@ class ShardedTrainer:
 
     def gather_optimizer_state(self, root: int = 0) -> dict[str, np.ndarray] | None:
         """The optimizer state of the whole network on ``root`` (``step`` and buffers)."""
-        full = self.gradient.gather(self.optimizer.state_dict(), root)
-        return full
+        return self.gradient.gather(self.optimizer.state_dict(), root)
 
     def save_checkpoint(self, path: str | Path, *, epoch: int, rng: np.random.Generator,
                         config: dict[str, Any], history: list[dict[str, Any]],
@@ -58,10 +149,8 @@ class ShardedTrainer:
         from .checkpoint import save_checkpoint
 
         params = self.gather_params(root)
-        state = self.gather_optimizer_state(root)
+        full_opt = gather_optimizer(self.gradient, self.optimizer, params, root)
         if params is None:
             return None
-        full_opt = copy.copy(self.optimizer)  # same class and hyper-parameters
-        full_opt.load_state_dict(state, params)
         return save_checkpoint(path, epoch=epoch, params=params, optimizer=full_opt, rng=rng,
                                config=config, history=history)

@@ -13,6 +13,14 @@ The gradient is a callable ``gradient(params, x, labels) -> (loss, grads, stats)
 backprop with ``--serial``, layer-parallel MGRIT otherwise, which reports solver statistics
 in ``stats``; the loop averages them per epoch without knowing what they mean).
 
+Sharded gradients (``refbraid train`` under ``mpiexec``,
+:class:`~refbraid.training.sharded.ShardedGradient`) bring optional hooks: ``localize(state)``
+turns the state into this rank's shard before the first epoch (the loop step above then runs
+on the shard), ``gather_params`` / ``gather_optimizer`` collect the full parameters and
+optimizer state on world rank 0 once per epoch, where they are evaluated and checkpointed, and
+``share`` gives every rank rank 0's epoch record. At the end ``state`` holds the full
+parameters again on rank 0 (its shard elsewhere).
+
 Files in the output folder, each written atomically: ``log.json`` (every epoch),
 ``curves.png`` (at checkpoints and at the end), ``checkpoint.npz`` (every
 ``checkpoint_every`` epochs and at the last epoch).
@@ -180,17 +188,46 @@ def fit(net: Network, state: TrainState, data: Dataset, gradient: GradientFn, *,
     """Train from ``state.epoch`` up to ``epochs`` (total), updating ``state`` in place.
 
     ``meta`` (e.g. the config and data summary) goes into the log and, under ``config``, the
-    checkpoints. With ``out_dir`` None nothing is written.
+    checkpoints. With ``out_dir`` None nothing is written; over MPI (a gradient with
+    ``is_root``) only world rank 0 writes.
     """
     bk = get_backend(bk)
     stream = stream or sys.stdout
     meta = dict(meta or {})
-    out = Path(out_dir) if out_dir is not None else None
-    files: dict[str, Path] = {}
+    out = Path(out_dir) if out_dir is not None and getattr(gradient, "is_root", True) else None
+    files: dict[str, Path] = {}  # over MPI only world rank 0 writes
     x_train = as_network_input(net, data.x_train)
     x_val = as_network_input(net, data.x_val)
     logits_fn = getattr(gradient, "logits", None)  # the forward pass the gradient trains
+    localize = getattr(gradient, "localize", None)  # owned shards over MPI: see the docstring
+    share = getattr(gradient, "share", None)
+    writes = out is not None if share is None else share(out is not None)  # same on all ranks
     t_start = time.perf_counter()
+    if localize is not None:
+        localize(state)
+
+    def full_params() -> Params | None:
+        """The full parameters where they are evaluated (collective for shards)."""
+        return state.params if localize is None else gradient.gather_params(state.params)
+
+    def scores(params: Params | None) -> dict[str, float] | None:
+        """Train accuracy, validation loss and accuracy of ``params`` (None: not here)."""
+        if params is None:
+            return None
+        _, train_acc = evaluate(net, params, x_train, data.y_train, bk, logits_fn=logits_fn)
+        val_loss, val_acc = evaluate(net, params, x_val, data.y_val, bk, logits_fn=logits_fn)
+        res = {"train_acc": train_acc, "val_loss": _finite_or_none(val_loss), "val_acc": val_acc}
+        if logits_fn is not None:  # the same weights with an exact (sequential) forward
+            res["val_acc_sequential_forward"] = evaluate(net, params, x_val, data.y_val, bk)[1]
+        return res
+
+    def unshard() -> None:
+        """Shards back to the full parameters and optimizer state on world rank 0."""
+        if localize is not None:
+            params = gradient.gather_params(state.params)
+            optimizer = gradient.gather_optimizer(state.optimizer, params)
+            if params is not None:
+                state.params, state.optimizer = params, optimizer
 
     def write_log(status: str, error: str | None = None) -> None:
         if out is None:
@@ -214,25 +251,19 @@ def fit(net: Network, state: TrainState, data: Dataset, gradient: GradientFn, *,
             t0 = time.perf_counter()
             train_loss, per_step = train_epoch(state, gradient, x_train, data.y_train,
                                                batch_size, bk, epoch)
-            _, train_acc = evaluate(net, state.params, x_train, data.y_train, bk,
-                                    logits_fn=logits_fn)
-            val_loss, val_acc = evaluate(net, state.params, x_val, data.y_val, bk,
-                                         logits_fn=logits_fn)
-            if logits_fn is not None:  # the same weights with an exact (sequential) forward
-                _, val_acc_exact = evaluate(net, state.params, x_val, data.y_val, bk)
+            params = full_params()  # gathered once per epoch: evaluated and checkpointed
             state.epoch = epoch
             record = {
                 "epoch": epoch,
                 "train_loss": _finite_or_none(train_loss),
-                "train_acc": train_acc,
-                "val_loss": _finite_or_none(val_loss),
-                "val_acc": val_acc,
+                **(scores(params) or {}),
                 "steps": len(per_step),
                 "time_s": time.perf_counter() - t0,
                 "stats": _mean_stats(per_step),
             }
-            if logits_fn is not None:
-                record["val_acc_sequential_forward"] = val_acc_exact
+            if share is not None:  # the record rank 0 logs, on every rank
+                record = share(record)
+            train_acc, val_acc = record["train_acc"], record["val_acc"]
             state.history.append(record)
             if not quiet:
                 extra = "".join(f"  {k} {v:.3g}" for k, v in record["stats"].items()
@@ -241,20 +272,25 @@ def fit(net: Network, state: TrainState, data: Dataset, gradient: GradientFn, *,
                       f"  train acc {100 * train_acc:5.1f}%  val acc {100 * val_acc:5.1f}%"
                       f"  ({record['time_s']:.2f} s){extra}", file=stream, flush=True)
             write_log("running")
-            if out is not None and checkpoint_every and (epoch % checkpoint_every == 0
-                                                         or epoch == epochs):
-                files["checkpoint"] = save_checkpoint(
-                    out / CHECKPOINT_FILE, epoch=epoch, params=state.params,
-                    optimizer=state.optimizer, rng=state.rng, config=meta.get("config", {}),
-                    history=state.history)
-                write_curves()
+            if writes and checkpoint_every and (epoch % checkpoint_every == 0
+                                                or epoch == epochs):
+                optimizer = state.optimizer if localize is None else \
+                    gradient.gather_optimizer(state.optimizer, params)
+                if out is not None:
+                    files["checkpoint"] = save_checkpoint(
+                        out / CHECKPOINT_FILE, epoch=epoch, params=params,
+                        optimizer=optimizer, rng=state.rng, config=meta.get("config", {}),
+                        history=state.history)
+                    write_curves()
     except TrainingDiverged as err:
+        unshard()
         write_log("diverged", str(err))
         write_curves()
         if out is not None:
             kept = ", ".join(sorted(p.name for p in files.values()))
             raise TrainingDiverged(f"{err} Kept {kept} in {out}.") from None
         raise
+    unshard()
     write_log("finished")
     write_curves()
     return TrainResult(state, out if out is not None else Path("."), files,
