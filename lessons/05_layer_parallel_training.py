@@ -10,7 +10,8 @@
 #    from layer `a` to layer `b` uses step size `(b − a)·h` and the weights of layer `a`;
 # 2. **adjoint solve**: `λ[N] = ∂L/∂y[N]`, then `λ[n] = Φ_n'(y[n])ᵀ λ[n+1]` by the *same*
 #    MGRIT on the reversed grid, linearised at the forward states;
-# 3. **gradient sweep**: `∂L/∂θ_n = (∂Φ_n/∂θ_n)ᵀ λ[n+1]`, independent for every layer.
+# 3. **gradient**: `∂L/∂θ_n = (∂Φ_n/∂θ_n)ᵀ λ[n+1]`, independent for every layer; the fine
+#    adjoint step n+1 → n of the adjoint solve's last relaxation computes it anyway.
 #
 # With MGRIT iterated to convergence this *is* sequential backprop (to round-off). With the
 # few iterations used in practice (TorchBraid: 2 forward, 1 backward) the gradient is

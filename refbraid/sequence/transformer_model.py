@@ -21,7 +21,7 @@ of the first fine layer, TorchBraid's injection), solved in the order the data f
 
     forward   encoder solve → M → decoder solve → logits, loss
     adjoint   decoder adjoint solve from λ_Z[N] = ∂L/∂Z[N]
-              ∂L/∂θ'_n and ∂L/∂M = Σ_n (∂Φ'_n/∂M)ᵀ λ_Z[n+1]   (the gradient sweep)
+              ∂L/∂θ'_n and ∂L/∂M = Σ_n (∂Φ'_n/∂M)ᵀ λ_Z[n+1]   (from the final relaxation)
               encoder adjoint solve from λ_X[N] = ∂L/∂M,   ∂L/∂θ_n likewise
 
 The memory rides in the decoder's stacked step parameters as a read-only broadcast
@@ -51,14 +51,15 @@ from ..layers import (
     TokenEmbedding,
 )
 from ..layers.init import check_positive_int
-from ..mgrit import MGRITSettings, solve
+from ..mgrit import MGRITSettings, Problem, solve
 from ..network import Network, forward, group, init_params, layer_params
 from ..training.layer_parallel import (
+    CachingForward,
+    CapturingAdjoint,
     LayerParallelInfo,
     LayerParallelSettings,
-    adjoint_problem,
+    captured_gradient,
     mgrit_forward,
-    parameter_gradient_sweep,
 )
 from .losses import cross_entropy
 
@@ -173,16 +174,19 @@ def block_backprop(net: Network, params, x, dloss_fn, bk: Backend):
 
 def block_layer_parallel(net: Network, params, x, dloss_fn, settings: LayerParallelSettings,
                          bk: Backend):
-    """MGRIT forward solve, loss, MGRIT adjoint solve and gradient sweep through one Network.
+    """MGRIT forward solve, loss, MGRIT adjoint solve (gradient rows from its last relaxation).
 
     Returns (loss, grads keyed like params, info).
     """
     steps = group(params, "steps")
-    out, fwd, (open_cache, close_cache) = mgrit_forward(net, params, x, settings.forward, bk)
+    caching = CachingForward(net, steps, bk)
+    out, fwd, (open_cache, close_cache) = mgrit_forward(net, params, x, settings.forward, bk,
+                                                        caching)
     loss, dout = dloss_fn(out)
     lam_N, dclose = net.closing.adjoint(group(params, "closing"), close_cache, dout, bk)
-    bwd = solve(adjoint_problem(net, steps, fwd.solution, lam_N, bk), settings.backward)
-    dsteps = parameter_gradient_sweep(net, steps, fwd.solution, bwd.solution, bk)
+    adjoint = CapturingAdjoint(net, steps, fwd.solution, caching.caches, bk)
+    bwd = solve(Problem(adjoint, lam_N, net.n_layers, direction="backward"), settings.backward)
+    dsteps = captured_gradient(adjoint, steps, range(net.n_layers))
     _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, bwd.solution[0], bk)
     grads = {f"opening.{k}": v for k, v in dopen.items()}
     grads.update({f"steps.{k}": v for k, v in dsteps.items()})

@@ -5,7 +5,7 @@ module             job
 =================  ==============================================================
 models.py          model name + data shape → Network (resnet, conv) or sequence model
 optim.py           SGD (momentum) and Adam, in place on the flat params dict
-layer_parallel.py  MGRIT forward + adjoint solves through a network; gradient sweep
+layer_parallel.py  MGRIT forward + adjoint solves through a network, gradient from them
 gradient_error.py  layer-parallel gradient error vs MGRIT cycles (table, figure)
 distributed.py     the layer-parallel gradient over MPI ranks (and data parallelism)
 ownership.py       which rank owns which layers, ghosts and gradient rows (bookkeeping)

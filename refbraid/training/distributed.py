@@ -24,11 +24,10 @@ coarsest-grid points. What it needs from others travels through
   then owns λ[i] for i in (b_q, b_{q+1}]) and the only extra rows are θ and y at b_{q+1},
   from rank q+1; otherwise the default backward partition is used and more rows move;
 * gradient rows: the fine adjoint step a+1 → a is ``step.adjoint(θ_a, cache(y[a]), λ[a+1])``,
-  which also yields ∂L/∂θ_a. :class:`CapturingAdjoint` keeps it from the solve's last
-  relaxation (where every fine step uses the final λ: the same numbers as the separate
-  gradient sweep of :func:`~refbraid.training.layer_parallel.parameter_gradient_sweep`, as
-  TorchBraid takes its gradient from the final relaxation), and :class:`CachingForward`
-  supplies the forward caches of the final states, so no layer is evaluated twice. The row of
+  which also yields ∂L/∂θ_a. As in one process
+  (:mod:`refbraid.training.layer_parallel`), :class:`CapturingAdjoint` keeps it from the
+  solve's last relaxation and :class:`CachingForward` supplies the forward caches of the final
+  states, so no layer is evaluated twice. The row of
   the boundary layer b_{q+1} is computed on rank q and sent home to rank q+1 by the ADJOINT
   of a RowExchange whose forward would fetch those rows (DistDL: the adjoint of a halo fetch
   adds the halos back into their owners).
@@ -68,12 +67,12 @@ import numpy as np
 
 from ..backends import Backend, get_backend
 from ..mgrit import Problem, solve
-from ..network import Network, Params, backprop, check_batch, group, layer_params
+from ..network import Network, Params, backprop, check_batch, group
 from ..parallel.mpi import Topology, split_world
 from ..parallel.ops import Broadcast, RowExchange
 from .layer_parallel import (
-    AdjointPropagator,
-    ForwardPropagator,
+    CachingForward,
+    CapturingAdjoint,
     LayerParallelSettings,
     mgrit_forward,
 )
@@ -81,62 +80,6 @@ from .ownership import BlockPlan, Rows
 
 
 # ----------------------------------------------------------------------------- propagators
-class CachingForward(ForwardPropagator):
-    """Φ of :class:`ForwardPropagator`, keeping the layer cache of the latest FINE step a → a+1.
-
-    The solve's last relaxation makes every fine step of the rank's block from the final
-    states, so afterwards ``caches[a]`` is the cache of ``step.forward(θ_a, y[a], h)`` at the
-    returned trajectory: the adjoint reuses it instead of recomputing the forward pass.
-    """
-
-    def __init__(self, net: Network, steps: dict[str, Any], bk: Backend):
-        super().__init__(net, steps, bk)
-        object.__setattr__(self, "caches", {})
-
-    def step(self, y, start: int, stop: int):
-        if stop - start != 1:
-            return super().step(y, start, stop)
-        y_next, cache = self.net.step.forward(layer_params(self.steps, start), y, self.net.h,
-                                              self.bk)
-        self.caches[start] = cache
-        return y_next
-
-
-class CapturingAdjoint(AdjointPropagator):
-    """Ψ of :class:`AdjointPropagator`; FINE steps a+1 → a also return ∂L/∂θ_a.
-
-    A fine adjoint step is ``step.adjoint(θ_a, cache(y[a], h), λ[a+1], h)``: with
-    ``grads=True`` the same call yields ``(∂Φ_a/∂θ_a)ᵀ λ[a+1]``, the layer's gradient. The
-    latest one per layer is kept; the solve's last relaxation makes every fine step of the
-    block from the final λ, so ``grads[a]`` equals the separate sweep of
-    :func:`~refbraid.training.layer_parallel.parameter_gradient_sweep` (TorchBraid likewise
-    takes the gradient from its final relaxation) without its extra pass over the layers.
-    Coarse steps are :class:`AdjointPropagator`'s (forward recomputed at step m·h).
-    """
-
-    def __init__(self, net: Network, steps: dict[str, Any], states, caches: dict[int, Any],
-                 bk: Backend):
-        super().__init__(net, steps, states, bk)
-        object.__setattr__(self, "caches", caches)
-        object.__setattr__(self, "grads", {})
-        object.__setattr__(self, "counts", {"cache_hits": 0, "recomputed": 0})
-
-    def step(self, lam, start: int, stop: int):
-        if start - stop != 1:
-            return super().step(lam, start, stop)
-        theta = layer_params(self.steps, stop)
-        cache = self.caches.get(stop)
-        if cache is None:  # a step that started on another rank: recompute its cache
-            _, cache = self.net.step.forward(theta, self.states[stop], self.net.h, self.bk)
-            self.counts["recomputed"] += 1
-        else:
-            self.counts["cache_hits"] += 1
-        lam_prev, dtheta = self.net.step.adjoint(theta, cache, lam, self.net.h, self.bk,
-                                                 grads=True)
-        self.grads[stop] = dtheta
-        return lam_prev
-
-
 # ----------------------------------------------------------------------------- the gradient
 def shard_sizes(batch: int, n_groups: int) -> list[int]:
     """Contiguous shard sizes: B // D each, one more for the first B % D groups."""

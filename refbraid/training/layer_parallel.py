@@ -1,4 +1,4 @@
-"""Layer-parallel gradient: MGRIT forward solve, MGRIT adjoint solve, parallel gradient sweep.
+"""Layer-parallel gradient: MGRIT forward solve, MGRIT adjoint solve, gradient from the last.
 
 The ODE block of a :class:`~refbraid.network.Network` is the time-stepping problem
 (REFERENCES.md §1–2, TorchBraid's coarse levels)::
@@ -10,11 +10,15 @@ The ODE block of a :class:`~refbraid.network.Network` is the time-stepping probl
     gradient  ∂L/∂θ_n = (∂Φ(y[n]; n → n+1)/∂θ_n)ᵀ λ[n+1],   n = 0..N-1
 
 Both recurrences are solved by :func:`refbraid.mgrit.solve` (the adjoint on the reversed grid).
-The gradient sweep is independent per layer (each needs only ``y[n]`` and ``λ[n+1]``), so it is
-as parallel as a relaxation sweep: it plays the role of TorchBraid's final FC-relaxation, but
-uses the *fine* adjoint at every layer, which is why a converged MGRIT adjoint gives
-sequential backprop's gradient to round-off. With inexact solves, the gradient is that of the
-approximate trajectory: exactly the error ``refbraid verify --layer-parallel`` measures.
+The gradient of layer n needs only ``y[n]`` and ``λ[n+1]``, and it is what the *fine* adjoint
+step n+1 → n yields besides ``λ[n]`` (``step.adjoint(..., grads=True)``). The solve's last
+relaxation on the finest level makes every fine step from the final iterate (F-relaxation into
+the F-points, the residual's step into the C-points), so :class:`CapturingAdjoint` keeps the
+gradient rows from it, linearised at the forward caches :class:`CachingForward` kept from the
+forward solve's last relaxation: no extra pass over the layers, as TorchBraid takes its
+gradient from the final relaxation. Since every layer uses the fine adjoint, a converged MGRIT
+adjoint gives sequential backprop's gradient to round-off. With inexact solves, the gradient
+is that of the approximate trajectory: the error ``refbraid verify --layer-parallel`` measures.
 
 With one MGRIT level both solves are sequential substitutions and the result equals
 :func:`refbraid.network.backprop` to round-off.
@@ -103,6 +107,62 @@ class AdjointPropagator:
         return lam_prev
 
 
+class CachingForward(ForwardPropagator):
+    """Φ of :class:`ForwardPropagator`, keeping the layer cache of the latest FINE step a → a+1.
+
+    The solve's last relaxation makes every fine step of the rank's block from the final
+    states, so afterwards ``caches[a]`` is the cache of ``step.forward(θ_a, y[a], h)`` at the
+    returned trajectory: the adjoint reuses it instead of recomputing the forward pass.
+    """
+
+    def __init__(self, net: Network, steps: dict[str, Any], bk: Backend):
+        super().__init__(net, steps, bk)
+        object.__setattr__(self, "caches", {})
+
+    def step(self, y, start: int, stop: int):
+        if stop - start != 1:
+            return super().step(y, start, stop)
+        y_next, cache = self.net.step.forward(layer_params(self.steps, start), y, self.net.h,
+                                              self.bk)
+        self.caches[start] = cache
+        return y_next
+
+
+class CapturingAdjoint(AdjointPropagator):
+    """Ψ of :class:`AdjointPropagator`; FINE steps a+1 → a also return ∂L/∂θ_a.
+
+    A fine adjoint step is ``step.adjoint(θ_a, cache(y[a], h), λ[a+1], h)``: with
+    ``grads=True`` the same call yields ``(∂Φ_a/∂θ_a)ᵀ λ[a+1]``, the layer's gradient. The
+    latest one per layer is kept; the solve's last relaxation makes every fine step of the
+    block from the final λ, so ``grads[a]`` is ``(∂Φ_a/∂θ_a)ᵀ λ[a+1]`` at the returned
+    trajectories, with no extra pass over the layers (TorchBraid likewise takes the gradient
+    from its final relaxation).
+    Coarse steps are :class:`AdjointPropagator`'s (forward recomputed at step m·h).
+    """
+
+    def __init__(self, net: Network, steps: dict[str, Any], states, caches: dict[int, Any],
+                 bk: Backend):
+        super().__init__(net, steps, states, bk)
+        object.__setattr__(self, "caches", caches)
+        object.__setattr__(self, "grads", {})
+        object.__setattr__(self, "counts", {"cache_hits": 0, "recomputed": 0})
+
+    def step(self, lam, start: int, stop: int):
+        if start - stop != 1:
+            return super().step(lam, start, stop)
+        theta = layer_params(self.steps, stop)
+        cache = self.caches.get(stop)
+        if cache is None:  # a step that started on another rank (MPI): recompute its cache
+            _, cache = self.net.step.forward(theta, self.states[stop], self.net.h, self.bk)
+            self.counts["recomputed"] += 1
+        else:
+            self.counts["cache_hits"] += 1
+        lam_prev, dtheta = self.net.step.adjoint(theta, cache, lam, self.net.h, self.bk,
+                                                 grads=True)
+        self.grads[stop] = dtheta
+        return lam_prev
+
+
 def forward_problem(net: Network, steps: dict[str, Any], y0, bk: Backend) -> Problem:
     return Problem(step=ForwardPropagator(net, steps, bk), u0=y0, n_steps=net.n_layers)
 
@@ -125,7 +185,7 @@ class LayerParallelInfo:
 
     def stats(self) -> dict[str, float]:
         """Numbers for the training log: final fine C-point residual norms and cycles of each
-        solve, and Φ applications of both solves (the gradient sweep adds 2N more)."""
+        solve, and Φ applications of both solves (the parameter gradient comes with them)."""
         f, b = self.forward, self.backward
         return {
             "fwd_res": float(f.norms[-1]),
@@ -136,29 +196,32 @@ class LayerParallelInfo:
         }
 
 
-def parameter_gradient_sweep(net: Network, steps: dict[str, Any], states, adjoints, bk: Backend):
-    """∂L/∂θ_n = (∂Φ_n/∂θ_n)ᵀ λ[n+1] at y[n] for every layer n (independent per layer)."""
-    dsteps = {k: bk.xp.zeros_like(v) for k, v in steps.items()}
-    for n in range(net.n_layers):
-        theta = layer_params(steps, n)
-        _, cache = net.step.forward(theta, states[n], net.h, bk)
-        _, dtheta = net.step.adjoint(theta, cache, adjoints[n + 1], net.h, bk, grads=True)
-        for k, v in dtheta.items():
-            dsteps[k][n] = v
+def captured_gradient(adjoint: CapturingAdjoint, steps: dict[str, Any], layers) -> dict:
+    """The stacked ``steps.*`` gradient rows ``(∂Φ_a/∂θ_a)ᵀ λ[a+1]`` of ``layers`` that the
+    adjoint solve's final relaxation captured (rows of other layers stay zero)."""
+    missing = [int(a) for a in layers if int(a) not in adjoint.grads]
+    if missing:  # cannot happen: the final relaxation makes every fine adjoint step
+        raise RuntimeError(f"no captured gradient for layers {missing[:8]}.")
+    dsteps = {k: adjoint.bk.xp.zeros_like(v) for k, v in steps.items()}
+    for a in layers:
+        for k, v in adjoint.grads[int(a)].items():
+            dsteps[k][int(a)] = v
     return dsteps
 
 
 def mgrit_forward(net: Network, params: Params, x, settings: MGRITSettings,
-                  bk: Backend | str = "numpy"):
+                  bk: Backend | str = "numpy", propagator: ForwardPropagator | None = None):
     """The network's forward pass with the ODE block solved by MGRIT.
 
     Returns (logits, the MGRIT result — its ``solution`` is y[0..N] —, (opening cache,
     closing cache)). This is the network a layer-parallel run trains, so it is also the one
-    its accuracy is measured with (as TorchBraid does).
+    its accuracy is measured with (as TorchBraid does). ``propagator`` (e.g. a
+    :class:`CachingForward`) replaces the plain :class:`ForwardPropagator`.
     """
     bk = get_backend(bk)
     y0, open_cache = net.opening.forward(group(params, "opening"), x, bk)
-    fwd = solve(forward_problem(net, group(params, "steps"), y0, bk), settings)
+    prop = propagator or ForwardPropagator(net, group(params, "steps"), bk)
+    fwd = solve(Problem(step=prop, u0=y0, n_steps=net.n_layers), settings)
     logits, close_cache = net.closing.forward(group(params, "closing"), fwd.solution[-1], bk)
     return logits, fwd, (open_cache, close_cache)
 
@@ -181,14 +244,17 @@ def layer_parallel_gradient(
     settings = LayerParallelSettings() if settings is None else settings
     check_batch(net, x, labels)
     steps = group(params, "steps")
-    logits, fwd, (open_cache, close_cache) = mgrit_forward(net, params, x, settings.forward, bk)
+    forward = CachingForward(net, steps, bk)
+    logits, fwd, (open_cache, close_cache) = mgrit_forward(net, params, x, settings.forward, bk,
+                                                           forward)
     states = fwd.solution  # (N + 1, *S)
     loss, probs = bk.softmax_cross_entropy(logits, labels)
     dlogits = bk.softmax_cross_entropy_adjoint(probs, labels, 1.0)
     lam_N, dclose = net.closing.adjoint(group(params, "closing"), close_cache, dlogits, bk)
-    bwd = solve(adjoint_problem(net, steps, states, lam_N, bk), settings.backward)
+    adjoint = CapturingAdjoint(net, steps, states, forward.caches, bk)
+    bwd = solve(Problem(adjoint, lam_N, net.n_layers, direction="backward"), settings.backward)
     adjoints = bwd.solution  # (N + 1, *S), fine order
-    dsteps = parameter_gradient_sweep(net, steps, states, adjoints, bk)
+    dsteps = captured_gradient(adjoint, steps, range(net.n_layers))
     _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, adjoints[0], bk)
     grads = {f"opening.{k}": v for k, v in dopen.items()}
     grads.update({f"steps.{k}": v for k, v in dsteps.items()})
