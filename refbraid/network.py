@@ -16,18 +16,29 @@ Sequential backprop (the discrete adjoint, run backwards)::
 Parameters are one flat dict of named arrays: ``opening.W``, ``closing.b``, and the step
 parameters stacked over layers, ``steps.W`` of shape (N, ...), so a layer's weights are the
 view ``steps.W[n]``.
+
+Every entry point (:func:`forward`, :func:`backprop`, and the layer-parallel gradient of
+:mod:`refbraid.training.layer_parallel`) first calls :func:`check_inputs`: the params must have
+exactly the names and shapes :func:`init_params` gives (:func:`param_spec`, computed once per
+network from ONE step's ``init``), one floating dtype shared with the input, and finite values;
+the batch is checked by :func:`check_batch`. Extra, missing or mis-shaped entries would
+otherwise be ignored silently (an extra row of ``steps.W``, an extra key) or fail deep inside.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from functools import lru_cache
+from numbers import Real
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .backends import Backend, get_backend
 from .backends.reference import array_namespace
-from .layers.init import check_positive_int
+from .layers.init import NonFiniteError, check_positive_int
 
 Params = dict[str, Any]
 
@@ -46,7 +57,8 @@ class Network:
 
     def __post_init__(self):
         check_positive_int("n_layers", self.n_layers)
-        if not (np.isfinite(self.T) and self.T > 0):
+        if isinstance(self.T, bool) or not isinstance(self.T, Real) \
+                or not (math.isfinite(self.T) and self.T > 0):
             raise ValueError(f"`T` must be a positive finite number, got {self.T!r}.")
         if tuple(self.opening.out_shape) != tuple(self.step.state_shape):
             raise ValueError(
@@ -103,6 +115,149 @@ def zeros_like_params(params: Params, bk: Backend | str = "numpy") -> Params:
 
 
 # ----------------------------------------------------------------------------- checks
+class Expected(NamedTuple):
+    """What one params entry must look like.
+
+    ``shape``: sizes, with None for a free axis (a data entry's batch) and a trailing
+    ``...`` for free trailing axes; ``kind``: 'weight' (exact shape, the params' floating
+    dtype, finite), 'data' (required, e.g. a decoder's ``memory``: the pattern shape, the
+    params' dtype when floating) or 'optional' (e.g. a padding mask: validated by its layer).
+    """
+
+    shape: tuple
+    kind: str
+
+
+def _layer_spec(layer, rng, rows: int | None) -> dict[str, Expected]:
+    """The entries of one layer's ``init`` (stacked over ``rows`` layers when given)."""
+    lead = () if rows is None else (rows,)
+    data = tuple(getattr(layer, "data_entries", ()))
+    spec = {}
+    for name, value in layer.init(rng, np.float64).items():
+        shape = tuple(value.shape)
+        if name in data:  # data with a batch axis of 1 or B (module docstrings of the layers)
+            spec[name] = Expected((*lead, None, *shape[1:]), "data")
+        else:
+            spec[name] = Expected((*lead, *shape), "weight")
+    for name in data:
+        spec.setdefault(name, Expected((*lead, ...), "optional"))
+    return spec
+
+
+def _build_spec(net: Network) -> dict[str, Expected]:
+    rng = np.random.default_rng(0)  # values are discarded: only names and shapes are kept
+    spec = {}
+    for prefix, layer, rows in (("opening", net.opening, None), ("steps", net.step, net.n_layers),
+                                ("closing", net.closing, None)):
+        spec.update({f"{prefix}.{k}": v for k, v in _layer_spec(layer, rng, rows).items()})
+    return spec
+
+
+_cached_spec = lru_cache(maxsize=64)(_build_spec)
+
+
+def param_spec(net: Network) -> dict[str, Expected]:
+    """The names and shapes :func:`init_params` gives ``net`` (plus the data entries its layers
+    accept), from one ``init`` per layer, not N, cached per network (:func:`init_params`
+    costs 28 % of a backprop step on the default 64-layer net, this lookup under 1 µs).
+    """
+    try:
+        hash(net)
+    except TypeError:  # a network of unhashable custom layers: rebuild every time
+        return _build_spec(net)
+    return _cached_spec(net)
+
+
+def _fits(shape: tuple, pattern: tuple) -> bool:
+    if pattern and pattern[-1] is Ellipsis:
+        head = pattern[:-1]
+        return len(shape) >= len(head) and _fits(shape[: len(head)], head)
+    return len(shape) == len(pattern) and all(p is None or p == s
+                                              for s, p in zip(shape, pattern, strict=True))
+
+
+def _show(pattern: tuple) -> str:
+    parts = ["B" if p is None else "..." if p is Ellipsis else str(p) for p in pattern]
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
+def check_param_dict(spec: dict[str, Expected], params, rows_hint: str = "") -> np.dtype:
+    """Check ``params`` against ``spec`` (see :class:`Expected`); returns the params' dtype.
+
+    Names: exactly the weights and required data of ``spec`` (optional data may be present).
+    Weights: exact shape, one floating dtype for all, finite values. Errors name the entry.
+    ``rows_hint`` explains a stacked entry's first axis (e.g. "one row per layer, N = 64").
+    """
+    if not isinstance(params, Mapping):
+        raise TypeError(f"`params` must be a dict of named arrays (as init_params returns), "
+                        f"got {type(params).__name__}.")
+    unknown = [k for k in params if k not in spec]
+    if unknown:
+        raise ValueError(f"`params` has unexpected entries {', '.join(f'`{k}`' for k in unknown)}"
+                         f"; this network takes exactly "
+                         f"{sorted(k for k, e in spec.items() if e.kind != 'optional')}.")
+    missing = [k for k, e in spec.items() if e.kind != "optional" and k not in params]
+    if missing:
+        raise ValueError("`params` is missing " + ", ".join(
+            f"`{k}` (shape {_show(spec[k].shape)})" for k in missing) + ".")
+    dtype, first = None, None
+    for key, want in spec.items():
+        if key not in params:
+            continue
+        value = params[key]
+        if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+            raise TypeError(f"`{key}` must be an array, got {type(value).__name__}.")
+        shape = tuple(value.shape)
+        if not _fits(shape, want.shape):
+            hint = f" ({rows_hint})" if rows_hint and ".steps." in f".{key}" else ""
+            raise ValueError(f"`{key}` must have shape {_show(want.shape)}{hint}, got {shape}.")
+        if want.kind == "optional":
+            continue
+        if value.dtype.kind not in "fc":
+            raise TypeError(f"`{key}` must be a floating array, got dtype {value.dtype}.")
+        if dtype is None:
+            dtype, first = value.dtype, key
+        elif value.dtype != dtype:
+            raise TypeError(f"`{key}` has dtype {value.dtype} but `{first}` has {dtype}: all "
+                            f"parameters (and the input) must share one floating dtype; cast "
+                            f"them with .astype(...).")
+        if want.kind == "weight" and not bool(array_namespace(value).isfinite(value).all()):
+            raise NonFiniteError(f"`{key}` must be finite, got NaN or infinite values.")
+    return dtype
+
+
+def check_params(net: Network, params) -> np.dtype:
+    """Check ``params`` against what :func:`init_params` gives ``net`` (:func:`param_spec`):
+    names, shapes, one floating dtype, finite weights. Returns that dtype.
+
+    Cost on the default net (64 layers of width 16, batch 64; 2-core development machine):
+    18 µs, 1.4 % of a 1.26 ms sequential backprop step and 0.35 % of a layer-parallel one; the
+    isfinite pass over the weights is 8.4 µs of it. (Calling :func:`init_params` instead, to
+    compare with, would cost 350 µs.)
+    """
+    return check_param_dict(param_spec(net), params,
+                            f"one row per layer: n_layers = {net.n_layers}")
+
+
+def check_input_dtype(name: str, x, dtype, discrete: bool = False) -> None:
+    """TypeError unless a floating input ``x`` has the parameters' ``dtype`` (an opening that
+    reads token ids, ``discrete``, takes any dtype)."""
+    if discrete or dtype is None or getattr(x, "dtype", None) is None:
+        return
+    if x.dtype.kind in "fc" and x.dtype != dtype:
+        raise TypeError(f"`{name}` has dtype {x.dtype} but the parameters have {dtype}: one call "
+                        f"must use one floating dtype; cast with .astype(...).")
+
+
+def check_inputs(net: Network, params, x, labels=None) -> np.dtype:
+    """Everything an entry point checks: :func:`check_params`, :func:`check_batch`, and the
+    input's dtype against the parameters'. Returns the parameters' dtype."""
+    dtype = check_params(net, params)
+    check_batch(net, x, labels)
+    check_input_dtype("x", x, dtype, getattr(net.opening, "discrete_input", False))
+    return dtype
+
+
 def check_batch(net: Network, x, labels=None) -> None:
     """Validate a batch: shape (B, *opening.in_shape), finite values, labels in range."""
     shape = tuple(net.opening.in_shape)
@@ -112,7 +267,7 @@ def check_batch(net: Network, x, labels=None) -> None:
     if x.shape[0] < 1:
         raise ValueError("`x` must hold at least one sample.")
     if x.dtype.kind in "fc" and not bool(array_namespace(x).isfinite(x).all()):
-        raise ValueError("`x` must be finite, got NaN or infinite values.")
+        raise NonFiniteError("`x` must be finite, got NaN or infinite values.")
     if labels is not None:
         if getattr(labels, "shape", None) != (x.shape[0],):
             raise ValueError(f"`labels` must have shape ({x.shape[0]},), "
@@ -131,8 +286,15 @@ def forward(net: Network, params: Params, x, bk: Backend | str = "numpy", keep=T
 
     Returns (logits, states, caches): states[n] = y[n] for n = 0..N and caches = (opening
     cache, [step caches], closing cache) when ``keep``; otherwise only y[N] and no step caches.
+    ``params`` and ``x`` are checked first (:func:`check_inputs`).
     """
     bk = get_backend(bk)
+    check_inputs(net, params, x)
+    return _forward(net, params, x, bk, keep)
+
+
+def _forward(net: Network, params: Params, x, bk: Backend, keep=True):
+    """:func:`forward` without the checks (for callers that have made them)."""
     y, open_cache = net.opening.forward(group(params, "opening"), x, bk)
     steps = group(params, "steps")
     states, step_caches = [y], []
@@ -161,8 +323,8 @@ def backprop(net: Network, params: Params, x, labels, bk: Backend | str = "numpy
     logits, the forward states y[0..N] and the adjoints λ[0..N].
     """
     bk = get_backend(bk)
-    check_batch(net, x, labels)
-    logits, states, (open_cache, step_caches, close_cache) = forward(net, params, x, bk)
+    check_inputs(net, params, x, labels)
+    logits, states, (open_cache, step_caches, close_cache) = _forward(net, params, x, bk)
     loss, probs = bk.softmax_cross_entropy(logits, labels)
     dlogits = bk.softmax_cross_entropy_adjoint(probs, labels, 1.0)
     lam, dclose = net.closing.adjoint(group(params, "closing"), close_cache, dlogits, bk)

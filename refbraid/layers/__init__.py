@@ -9,6 +9,13 @@ live in plain dicts of named arrays):
   ``adjoint(params, cache, dout, bk)``).
 
 Adjoint outputs carry a ``d`` prefix and are returned fresh (never accumulated).
+
+Shared argument checks (:mod:`refbraid.layers.init`): ``h`` must be a finite number > 0 where
+it enters a step; an adjoint's incoming ``d…`` must have exactly the forward output's shape
+(no silent broadcasting of a batch of 1); a forward's input and the floating arrays of its
+params must share one dtype. A layer whose params carry data besides weights (an attention's
+``memory``, a GRU cell's input ``x``, padding masks) lists them in ``data_entries``, so
+:func:`refbraid.network.check_params` does not take them for weights.
 """
 
 from .attention import MultiheadAttention

@@ -53,10 +53,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
-from .init import check_positive_int, uniform_fan_in
+from .init import check_adjoint, check_dtype, check_positive_int, uniform_fan_in
 
 
 def _split_heads(a, B: int, L: int, nh: int):
@@ -85,6 +86,9 @@ class MultiheadAttention:
     seq_len: int = 1
     causal: bool = False
     memory_len: int | None = None  # None: self-attention; S: cross-attention to (B, S, E)
+
+    #: params entries that are data, not weights (module docstring); checked by ``_check``
+    data_entries: ClassVar[tuple[str, ...]] = ("memory", "key_padding_mask")
 
     def __post_init__(self):
         check_positive_int("dim", self.dim)
@@ -151,6 +155,7 @@ class MultiheadAttention:
         if getattr(x, "ndim", None) != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"`x` must have shape (batch, tokens, {self.dim}), "
                              f"got {getattr(x, 'shape', type(x).__name__)}.")
+        check_dtype("x", x, params)
         B = x.shape[0]
         if self.cross:
             if "memory" not in params:
@@ -216,6 +221,7 @@ class MultiheadAttention:
         x2, m2, q, k, v, p, o2, (B, T, S, Bm) = cache
         xp = bk.xp
         E, nh = self.dim, self.heads
+        check_adjoint("dout", dout, (B, T, E))
         W_in = params["W_in"]
         do2, dW_out, db_out = _linear_adjoint(bk, o2, params["W_out"], dout.reshape(B * T, E),
                                               grads)

@@ -20,7 +20,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backends.reference import check_activation
-from .init import check_positive_int, uniform_fan_in
+from .init import (
+    check_adjoint,
+    check_dtype,
+    check_positive_int,
+    check_step_size,
+    uniform_fan_in,
+)
 
 KERNEL_SIZE = 3  # 3×3 stencils, padding 1, as in TorchBraid's MNIST example
 
@@ -52,11 +58,15 @@ class ConvStep:
         }
 
     def forward(self, params, y, h: float, bk):
+        h = check_step_size("h", h)
+        check_dtype("y", y, params)
         z = bk.conv2d(y, params["W"], params["b"])  # B,C,H,W
         return bk.euler_act(y, z, h, self.activation), (y, z)
 
     def adjoint(self, params, cache, dy_next, h: float, bk, grads: bool = True):
         y, z = cache
+        h = check_step_size("h", h)
+        check_adjoint("dy_next", dy_next, y.shape)
         s = h * bk.activation_adjoint(z, dy_next, self.activation)  # B,C,H,W
         dys, dW, db = bk.conv2d_adjoint(y, params["W"], s)
         return dy_next + dys, ({"W": dW, "b": db} if grads else None)
@@ -94,11 +104,13 @@ class ConvLift:
         }
 
     def forward(self, params, x, bk):
+        check_dtype("x", x, params)
         z = bk.conv2d(x, params["W"], params["b"])
         return bk.activation(z, self.activation), (x, z)
 
     def adjoint(self, params, cache, dout, bk):
         x, z = cache
+        check_adjoint("dout", dout, z.shape)
         dz = bk.activation_adjoint(z, dout, self.activation)
         dx, dW, db = bk.conv2d_adjoint(x, params["W"], dz)
         return dx, {"W": dW, "b": db}

@@ -21,7 +21,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backends.reference import check_activation
-from .init import check_positive_int, uniform_fan_in
+from .init import (
+    check_adjoint,
+    check_dtype,
+    check_positive_int,
+    check_step_size,
+    uniform_fan_in,
+)
 
 
 @dataclass(frozen=True)
@@ -46,12 +52,16 @@ class DenseStep:
 
     def forward(self, params, y, h: float, bk):
         """y_next = y + h σ(y Wᵀ + b); returns (y_next, cache)."""
+        h = check_step_size("h", h)
+        check_dtype("y", y, params)
         z = bk.linear(y, params["W"], params["b"])  # B,C
         return bk.euler_act(y, z, h, self.activation), (y, z)
 
     def adjoint(self, params, cache, dy_next, h: float, bk, grads: bool = True):
         """dy = dy_next + (h σ'(z) ⊙ dy_next) W; with grads, also dW, db. Returns (dy, dparams)."""
         y, z = cache
+        h = check_step_size("h", h)
+        check_adjoint("dy_next", dy_next, y.shape)
         s = h * bk.activation_adjoint(z, dy_next, self.activation)  # B,C
         if not grads:
             return dy_next + bk.matmul(s, params["W"]), None
@@ -86,11 +96,13 @@ class DenseLift:
                 "b": uniform_fan_in(rng, (C,), K, dtype)}
 
     def forward(self, params, x, bk):
+        check_dtype("x", x, params)
         z = bk.linear(x, params["W"], params["b"])  # B,C
         return bk.activation(z, self.activation), (x, z)
 
     def adjoint(self, params, cache, dout, bk):
         x, z = cache
+        check_adjoint("dout", dout, z.shape)
         dz = bk.activation_adjoint(z, dout, self.activation)  # B,C
         dx, dW, db = bk.linear_adjoint(x, params["W"], dz)
         return dx, {"W": dW, "b": db}

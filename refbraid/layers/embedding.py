@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from .init import check_positive_int
+from .init import check_adjoint, check_positive_int
 
 POSITIONAL = ("sinusoidal", "learned")
 BASE = 10000.0  # wavelength base of the sinusoidal encoding
@@ -103,6 +103,7 @@ class TokenEmbedding:
 
     def adjoint(self, params, cache, dout, bk):
         """(None, {W: onehotᵀ dout [, pos: Σ_b dout]}): no adjoint for integer input."""
+        check_adjoint("dout", dout, (*cache.shape, self.dim))  # cache = the token ids (B, T)
         dparams = {"W": bk.embedding_adjoint(cache, dout, self.vocab_size)}
         if self.positional == "learned":
             dparams["pos"] = dout.sum(axis=0)

@@ -42,19 +42,19 @@ Shape legend: B batch, I input features, H hidden size, L sequence length, K ste
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
-from .init import check_positive_int, uniform_fan_in
+from .init import (
+    check_adjoint,
+    check_dtype,
+    check_positive_int,
+    check_step_size,
+    uniform_fan_in,
+)
 
 SCHEMES = ("classic", "implicit")
-
-
-def _check_dt(dt) -> float:
-    if isinstance(dt, bool) or not isinstance(dt, (int, float, np.floating)) or not dt > 0 \
-            or not np.isfinite(dt):
-        raise ValueError(f"`dt` must be a positive finite number, got {dt!r}.")
-    return float(dt)
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,9 @@ class GRUCell:
     input_size: int
     hidden_size: int
     scheme: str = "classic"
+
+    #: params entries that are data, not weights: the input at this position (docstring)
+    data_entries: ClassVar[tuple[str, ...]] = ("x",)
 
     def __post_init__(self):
         check_positive_int("input_size", self.input_size)
@@ -105,7 +108,8 @@ class GRUCell:
     def forward(self, params, h, dt: float, bk):
         """h_new from the gates (module docstring); returns (h_new, cache)."""
         x = self._check(params, h)
-        dt = _check_dt(dt)
+        dt = check_step_size("dt", dt)
+        check_dtype("h", h, params)
         gx = bk.linear(x, params["W_ih"], params["b_ih"])  # B|1,3H
         gh = bk.linear(h, params["W_hh"], params["b_hh"])  # B,3H
         if gx.shape[0] != gh.shape[0]:  # a batch-1 input broadcasts over the batch
@@ -116,7 +120,9 @@ class GRUCell:
     def adjoint(self, params, cache, dh_new, dt: float, bk, grads: bool = True):
         """dh = λ ∂h_new/∂h + dgh W_hh; with grads, dparams holds the weights' and ``x``'s."""
         x, h, gh, gates = cache
-        dgx, dgh, dh = bk.gru_cell_adjoint(gates, gh, h, dh_new, float(dt), self.implicit)
+        dt = check_step_size("dt", dt)
+        check_adjoint("dh_new", dh_new, h.shape)
+        dgx, dgh, dh = bk.gru_cell_adjoint(gates, gh, h, dh_new, dt, self.implicit)
         if not grads:
             return dh + bk.matmul(dgh, params["W_hh"]), None
         dh_gates, dW_hh, db_hh = bk.linear_adjoint(h, params["W_hh"], dgh)
@@ -140,7 +146,7 @@ class GRUSequence:
     def __post_init__(self):
         if not isinstance(self.cell, GRUCell):
             raise TypeError(f"`cell` must be a GRUCell, got {type(self.cell).__name__}.")
-        _check_dt(self.dt)
+        check_step_size("dt", self.dt)
 
     def _check(self, xs, start: int, stop: int) -> None:
         if getattr(xs, "ndim", None) != 3 or xs.shape[2] != self.cell.input_size:

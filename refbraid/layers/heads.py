@@ -14,7 +14,7 @@ from math import prod
 
 import numpy as np
 
-from .init import check_positive_int, uniform_fan_in
+from .init import check_adjoint, check_dtype, check_positive_int, uniform_fan_in
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,13 @@ class Classifier:
         }
 
     def forward(self, params, x, bk):
+        check_dtype("x", x, params)
         flat = x.reshape(x.shape[0], -1)  # B,K
         return bk.linear(flat, params["W"], params["b"]), flat
 
     def adjoint(self, params, cache, dlogits, bk):
         flat = cache
+        check_adjoint("dlogits", dlogits, (flat.shape[0], self.n_classes))
         dflat, dW, db = bk.linear_adjoint(flat, params["W"], dlogits)
         return dflat.reshape((flat.shape[0], *self.in_shape)), {"W": dW, "b": db}
 

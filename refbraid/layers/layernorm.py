@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .init import check_positive_int
+from .init import check_adjoint, check_dtype, check_positive_int
 
 EPS = 1e-5  # torch.nn.LayerNorm's default
 
@@ -61,6 +61,7 @@ class LayerNorm:
         """y = γ ⊙ x̂ + β; returns (y, cache) with cache = (x, μ, r)."""
         if x.shape[-1] != self.dim:
             raise ValueError(f"`x` must have last axis {self.dim}, got shape {tuple(x.shape)}.")
+        check_dtype("x", x, params)
         y, mean, rstd = bk.layernorm(x, params["gamma"], params["beta"], self.eps)  # ...,E
         return y, (x, mean, rstd)
 
@@ -68,5 +69,6 @@ class LayerNorm:
         """dx = r (g − mean g − x̂ mean(g ⊙ x̂)), g = dout ⊙ γ; returns (dx, {gamma, beta}),
         or (dx, None) without ``grads``."""
         x, mean, rstd = cache
+        check_adjoint("dout", dout, x.shape)
         dx, dgamma, dbeta = bk.layernorm_adjoint(x, mean, rstd, params["gamma"], dout)
         return dx, ({"gamma": dgamma, "beta": dbeta} if grads else None)

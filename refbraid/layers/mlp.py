@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .init import check_positive_int, uniform_fan_in
+from .init import check_adjoint, check_dtype, check_positive_int, uniform_fan_in
 
 ACTIVATION = "gelu"  # exact GELU, z Φ(z)
 
@@ -59,19 +59,21 @@ class MLP:
         }
 
     def forward(self, params, x, bk):
-        """y = gelu(x W1ᵀ + b1) W2ᵀ + b2; returns (y, cache)."""
+        """y = gelu(x W1ᵀ + b1) W2ᵀ + b2; returns (y, cache = (rows, z, a, x.shape))."""
         if x.shape[-1] != self.dim:
             raise ValueError(f"`x` must have last axis {self.dim}, got shape {tuple(x.shape)}.")
+        check_dtype("x", x, params)
         rows = x.reshape(-1, self.dim)  # BT,E
         z = bk.linear(rows, params["W1"], params["b1"])  # BT,F
         a = bk.activation(z, ACTIVATION)  # BT,F
         y = bk.linear(a, params["W2"], params["b2"])  # BT,E
-        return y.reshape(x.shape), (rows, z, a)
+        return y.reshape(x.shape), (rows, z, a, tuple(x.shape))
 
     def adjoint(self, params, cache, dout, bk, grads: bool = True):
         """dx = (gelu'(z) ⊙ dout W2) W1 and, with ``grads``, the weight gradients (else
         None); returns (dx, dparams)."""
-        rows, z, a = cache
+        rows, z, a, out_shape = cache
+        check_adjoint("dout", dout, out_shape)
         drows = dout.reshape(rows.shape)  # BT,E
         da, dW2, db2 = _linear_adjoint(bk, a, params["W2"], drows, grads)  # BT,F
         dz = bk.activation_adjoint(z, da, ACTIVATION)  # BT,F

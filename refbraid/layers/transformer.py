@@ -55,11 +55,18 @@ Shape legend: B batch, T tokens (``seq_len``), S memory tokens (``memory_len``),
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from .attention import MultiheadAttention
-from .init import check_positive_int, uniform_fan_in
+from .init import (
+    check_adjoint,
+    check_dtype,
+    check_positive_int,
+    check_step_size,
+    uniform_fan_in,
+)
 from .layernorm import EPS, LayerNorm, check_eps
 from .mlp import MLP
 
@@ -93,6 +100,9 @@ class EncoderStep:
     causal: bool = False
     eps: float = EPS
 
+    #: params entries that are data, not weights (module docstring)
+    data_entries: ClassVar[tuple[str, ...]] = ("key_padding_mask",)
+
     def __post_init__(self):
         check_eps(self.eps)
         self.parts()  # validates dim, heads, hidden, seq_len, causal
@@ -121,6 +131,8 @@ class EncoderStep:
     def forward(self, params, y, h: float, bk):
         """X_next = X + h (a + c); returns (X_next, cache)."""
         _check_state("y", y, self.state_shape)
+        h = check_step_size("h", h)
+        check_dtype("y", y, params)
         P = self.parts()
         sa_params = {**subparams(params, "sa"), "key_padding_mask": params.get("key_padding_mask")}
         l1, c_ln1 = P["ln1"].forward(subparams(params, "ln1"), y, bk)  # B,T,E
@@ -132,6 +144,8 @@ class EncoderStep:
     def adjoint(self, params, cache, dy_next, h: float, bk, grads: bool = True):
         """dX = λ + du + φ1'ᵀ(g + du), du = φ2'ᵀ g, g = h λ; returns (dX, dparams or None)."""
         c_ln1, c_sa, c_ln2, c_mlp = cache
+        h = check_step_size("h", h)
+        check_adjoint("dy_next", dy_next, c_ln1[0].shape)  # the cache of LN1 holds y
         P = self.parts()
         g = h * dy_next
         dl2, d_mlp = P["mlp"].adjoint(subparams(params, "mlp"), c_mlp, g, bk, grads)
@@ -158,6 +172,10 @@ class DecoderStep:
     memory_len: int
     causal: bool = True
     eps: float = EPS
+
+    #: params entries that are data, not weights (module docstring)
+    data_entries: ClassVar[tuple[str, ...]] = ("memory", "key_padding_mask",
+                                               "memory_padding_mask")
 
     def __post_init__(self):
         check_eps(self.eps)
@@ -198,6 +216,8 @@ class DecoderStep:
     def forward(self, params, y, h: float, bk):
         """X_next = X + h (a + c + e); returns (X_next, cache)."""
         _check_state("y", y, self.state_shape)
+        h = check_step_size("h", h)
+        check_dtype("y", y, params)
         if "memory" not in params:
             raise ValueError("`params` of a DecoderStep must hold the encoder output "
                              "`memory` (B or 1, S, E).")
@@ -218,6 +238,8 @@ class DecoderStep:
         Returns (dX, dparams or None); dparams holds ``memory`` (the adjoint of the memory).
         """
         c_ln1, c_sa, c_ln3, c_ca, c_ln2, c_mlp = cache
+        h = check_step_size("h", h)
+        check_adjoint("dy_next", dy_next, c_ln1[0].shape)  # the cache of LN1 holds y
         P = self.parts()
         g = h * dy_next
         dl2, d_mlp = P["mlp"].adjoint(subparams(params, "mlp"), c_mlp, g, bk, grads)
@@ -266,12 +288,14 @@ class PooledClassifier:
     def forward(self, params, x, bk):
         """logits = mean_t(x) Wᵀ + b; returns (logits (B, K), cache = the pooled x)."""
         _check_state("x", x, self.in_shape)
+        check_dtype("x", x, params)
         pooled = x.mean(axis=1)  # B,E
         return bk.linear(pooled, params["W"], params["b"]), pooled
 
     def adjoint(self, params, cache, dlogits, bk):
         """dx[:, t] = (dlogits W)/T for every t,  dW = dlogitsᵀ pooled,  db = Σ_B dlogits."""
         pooled = cache
+        check_adjoint("dlogits", dlogits, (pooled.shape[0], self.n_classes))
         dpooled, dW, db = bk.linear_adjoint(pooled, params["W"], dlogits)  # B,E
         T = self.seq_len
         dx = bk.xp.broadcast_to(dpooled[:, None, :] / T, (pooled.shape[0], T, self.dim))
@@ -306,6 +330,7 @@ class TokenClassifier:
     def forward(self, params, x, bk):
         """logits[b, t] = x[b, t] Wᵀ + b; returns (logits (B, T, K), cache = x as rows)."""
         _check_state("x", x, self.in_shape)
+        check_dtype("x", x, params)
         rows = x.reshape(-1, self.dim)  # BT,E
         logits = bk.linear(rows, params["W"], params["b"])  # BT,K
         return logits.reshape(x.shape[0], self.seq_len, self.n_classes), rows
@@ -313,6 +338,7 @@ class TokenClassifier:
     def adjoint(self, params, cache, dlogits, bk):
         """dx = dlogits W,  dW = Σ_{b,t} dlogits[b,t] x[b,t]ᵀ,  db = Σ_{b,t} dlogits[b,t]."""
         rows = cache
+        check_adjoint("dlogits", dlogits, (rows.shape[0] // self.seq_len, *self.out_shape))
         drows, dW, db = bk.linear_adjoint(rows, params["W"], dlogits.reshape(rows.shape[0], -1))
         return drows.reshape(-1, self.seq_len, self.dim), {"W": dW, "b": db}
 

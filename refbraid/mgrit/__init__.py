@@ -6,6 +6,7 @@ It knows nothing about neural networks: it sees a step function and arrays.
 module         job
 =============  =====================================================================
 problem.py     the problem (step in fine indices, u0, g, t, direction); sequential solve
+arrays.py      the array namespace of a state (shared by every module below)
 settings.py    MGRITSettings: levels, cfactors, relaxation, cycle, tolerances
 grid.py        the level hierarchy and C/F points (any N)
 relax.py       F-/C-relaxation and the C-point residual (pure functions)

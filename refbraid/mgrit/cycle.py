@@ -40,9 +40,10 @@ import numpy as np
 
 from ..parallel.comm import Comm, exchange_ghost, pipeline
 from ..parallel.layout import Layout
+from .arrays import namespace
 from .coarse import correct, fas_rhs, forward_substitution, inject_up, restrict
 from .grid import Hierarchy, Level
-from .problem import CountingStep, Problem, namespace
+from .problem import CountingStep, Problem
 from .record import LevelVisit
 from .relax import c_relax, copy, f_relax, propagate_at, take_rows
 from .settings import MGRITSettings

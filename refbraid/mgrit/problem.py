@@ -17,7 +17,10 @@ The solver works in *solver order* ``s = 0..N``: ``i = s`` forward, ``i = N - s`
 so one code path serves both directions (the adjoint runs on the reversed grid).
 
 States are arrays of any shape (NumPy, or any array type with ``__array_namespace__``); a
-level's iterate is one stacked array.
+level's iterate is one stacked array in ``u0``'s dtype, so ``u0`` must be a floating (or
+complex) array: an integer or bool array is rejected (its iterates would be truncated to
+integers; pass ``u0.astype(np.float64)``). A plain Python number is taken as float64 (or
+complex128). ``u0`` and ``g`` must be finite.
 
 Shape legend: N steps, S = state shape, so a trajectory is (N + 1, *S).
 """
@@ -31,15 +34,23 @@ from typing import Any
 
 import numpy as np
 
+from .arrays import namespace
+from .coarse import forward_substitution
+
 DIRECTIONS = ("forward", "backward")
 
 Step = Callable[[Any, int, int], Any]
 
 
-def namespace(x):
-    """The array namespace of ``x`` (``x.__array_namespace__()``), NumPy for plain values."""
-    get = getattr(x, "__array_namespace__", None)
-    return get() if get is not None else np
+def _check_state_array(name: str, value, what: str) -> None:
+    """TypeError unless ``value`` is a floating or complex array; ValueError unless finite."""
+    kind = getattr(getattr(value, "dtype", None), "kind", None)
+    if kind is not None and kind not in "fc":
+        raise TypeError(f"`{name}` must be a floating (or complex) array, got dtype "
+                        f"{value.dtype}: {what} in its dtype and integers would be truncated; "
+                        f"pass e.g. {name}.astype(np.float64).")
+    if kind is not None and not bool(namespace(value).all(namespace(value).isfinite(value))):
+        raise ValueError(f"`{name}` must be finite, got NaN or infinite values.")
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,7 +58,8 @@ class Problem:
     """``u[i] = step(u[i∓1], i∓1, i) + g[i]`` from ``u0`` over ``n_steps`` steps.
 
     step       callable ``step(u, start, stop)`` (or an object with such a ``step`` method)
-    u0         initial value: at fine index 0 (forward) or N (backward); shape S
+    u0         initial value: at fine index 0 (forward) or N (backward); shape S; a floating
+               (or complex) array, or a Python number (taken as float64 / complex128)
     n_steps    N ≥ 1
     g          optional forcing, shape (N + 1, *S), indexed by fine index; its entry at the
                initial index is ignored (u0 is used there). None: zero.
@@ -85,6 +97,7 @@ class Problem:
                 raise TypeError(
                     f"`u0` must be an array (or a number), got {type(self.u0).__name__}."
                 )
+        _check_state_array("u0", self.u0, "MGRIT's iterates live")
         if self.direction not in DIRECTIONS:
             raise ValueError(f"`direction` must be one of {DIRECTIONS}, got {self.direction!r}.")
         if self.g is not None:
@@ -94,6 +107,7 @@ class Problem:
                     f"`g` must have shape (n_steps + 1, *u0.shape) = {want}, "
                     f"got {getattr(self.g, 'shape', type(self.g).__name__)}."
                 )
+            _check_state_array("g", self.g, "it is cast to u0's dtype")
         if self.t is not None:
             t = np.asarray(self.t, dtype=float)
             if t.shape != (n + 1,) or not np.all(np.isfinite(t)) or not np.all(np.diff(t) > 0):
@@ -209,8 +223,6 @@ def sequential_solve(problem) -> Any:
     (backward): N step applications, the O(N) serial baseline every MGRIT solve is checked
     against.
     """
-    from .coarse import forward_substitution
-
     problem = as_problem(problem)
     g = rhs_solver_order(problem)
     points = np.arange(problem.n_steps + 1)

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from .problem import namespace
+from .arrays import namespace
 
 StepFn = Callable[[Any, int, int], Any]
 

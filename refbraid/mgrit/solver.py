@@ -13,7 +13,13 @@
 
 Divergence: ``on_divergence='raise'`` raises :class:`MGRITDiverged` (its ``result`` holds the
 record so far); ``'flag'`` returns the result with ``status == 'diverged'``. A non-finite
-value anywhere in the returned solution is also divergence.
+value anywhere in the returned solution is also divergence. The message (and the result's
+``message``) names the iteration and the level where it arose: growth is measured on level 0;
+a NaN/inf is detected on level 0 but may have arisen on a coarse level in the cycle before.
+That level is the first whose recorded residual in that cycle is non-finite (a relaxation
+passes NaN on to every coarser level), else the coarsest level whose iterate holds NaN/inf
+(the exact coarsest solve, or an interpolating F-sweep, passes it only to finer levels), else
+level 0.
 
 Adjoint (backward) problems run the same code on the reversed grid (solver order
 ``s = N - i``) with the communicator's ranks reverted.
@@ -33,9 +39,10 @@ import numpy as np
 
 from ..parallel.comm import SerialComm
 from ..parallel.layout import Layout, check_layout, partition
+from .arrays import namespace
 from .cycle import Cycler, build_states
 from .grid import build_hierarchy
-from .problem import Problem, as_problem, from_fine_order, namespace, rhs_solver_order, stacked
+from .problem import Problem, as_problem, from_fine_order, rhs_solver_order, stacked
 from .record import IterationRecord, LevelVisit, MGRITResult
 from .relax import copy, take_rows
 from .settings import MGRITSettings
@@ -44,11 +51,47 @@ _COMM_METHODS = ("send_next", "recv_prev", "allreduce_sum", "gather", "reverted"
 
 
 class MGRITDiverged(RuntimeError):
-    """The residual became NaN/inf or grew beyond ``max_growth``; ``result`` has the record."""
+    """The residual became NaN/inf or grew beyond ``max_growth``; ``result`` has the record,
+    ``iteration`` and ``level`` say where (module docstring)."""
 
-    def __init__(self, message: str, result: MGRITResult):
+    def __init__(self, message: str, result: MGRITResult, iteration: int | None = None,
+                 level: int | None = None):
         super().__init__(message)
         self.result = result
+        self.iteration = iteration
+        self.level = level
+
+
+def _holds_nonfinite(u, comm) -> bool:
+    """True when any rank's block ``u`` holds NaN/inf (a collective: every rank calls it)."""
+    bad = 0.0
+    if u is not None and u.shape[0]:
+        xp = namespace(u)
+        bad = 0.0 if bool(xp.all(xp.isfinite(u))) else 1.0
+    return comm.allreduce_sum(bad) > 0
+
+
+def _divergence_level(records: list[IterationRecord], cycler: Cycler) -> int:
+    """The level where a NaN/inf arose (module docstring): the first non-finite coarse
+    residual of the last cycle, else the coarsest level holding NaN/inf, else 0."""
+    if len(records) >= 2:
+        for visit in records[-2].visits[1:]:  # chronological; visits[0] is level 0 itself
+            if not math.isfinite(visit.norm):
+                return visit.level
+    for ell in range(len(cycler.states) - 1, 0, -1):
+        if _holds_nonfinite(cycler.states[ell].u, cycler.comm):
+            return ell
+    return 0
+
+
+def _where(level: int, n_levels: int, iteration: int) -> str:
+    """'on level ℓ (...)' for a divergence message."""
+    if level == 0:
+        return "on level 0 (the fine grid)"
+    kind = "the coarsest, solved exactly" if level == n_levels - 1 else "a coarse level"
+    when = f"the cycle after iteration {iteration - 1}" if iteration else "the initial guess"
+    return (f"on level {level} ({kind}; the NaN/inf arose there in {when} and reached the "
+            f"fine grid)")
 
 
 def _check_comm(comm) -> None:
@@ -189,8 +232,14 @@ def solve(
 
     xp = namespace(u0_block)
     finite = bool(xp.all(xp.isfinite(u0_block))) if u0_block.shape[0] else True
-    if status != "diverged" and scomm.allreduce_sum(0.0 if finite else 1.0) > 0:
+    all_finite = scomm.allreduce_sum(0.0 if finite else 1.0) == 0  # every rank's block
+    if status != "diverged" and not all_finite:
         status, message = "diverged", "non-finite values in the solution"
+    level = None
+    if status == "diverged":
+        grew = math.isfinite(records[-1].norm) and all_finite
+        level = 0 if grew else _divergence_level(records, cycler)
+        message = f"{_where(level, len(hierarchy), cycles)}: {message}"
     fine = np.array([problem.to_fine(int(s)) for s in states[0].points], dtype=np.int64)
     solution = u0_block
     if problem.direction == "backward":
@@ -214,7 +263,8 @@ def solve(
         message=message,
     )
     if status == "diverged" and settings.on_divergence == "raise":
-        raise MGRITDiverged(f"MGRIT diverged at iteration {cycles}: {message}", result)
+        raise MGRITDiverged(f"MGRIT diverged at iteration {cycles} {message}", result,
+                            iteration=cycles, level=level)
     return result
 
 

@@ -21,7 +21,9 @@ reduction), and with converged MGRIT solves equals BPTT to round-off; with one l
 BPTT.
 
 Parameters: ``cell.W_ih`` (3H, I), ``cell.W_hh`` (3H, H), ``cell.b_ih``, ``cell.b_hh`` (3H,)
-(torch's names without ``weight_``), ``closing.W`` (K, H), ``closing.b`` (K,).
+(torch's names without ``weight_``), ``closing.W`` (K, H), ``closing.b`` (K,). Every entry
+point checks them against :meth:`GRUModel.init_params` (names, shapes, one dtype shared with
+``x``, finite values; :func:`refbraid.network.check_param_dict`).
 
 Shape legend: B batch, L sequence length, I input features, H hidden size, K classes.
 """
@@ -29,16 +31,18 @@ Shape legend: B batch, L sequence length, I input features, H hidden size, K cla
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
 from ..backends import Backend, get_backend
+from ..backends.reference import array_namespace
 from ..layers import Classifier, GRUCell, GRUSequence
 from ..layers.gru import SCHEMES
-from ..layers.init import check_positive_int
+from ..layers.init import NonFiniteError, check_positive_int, check_step_size
 from ..mgrit import MGRITSettings, Problem, solve
-from ..network import group
+from ..network import Expected, check_input_dtype, check_param_dict, group
 from ..training.layer_parallel import LayerParallelInfo, LayerParallelSettings
 from .losses import cross_entropy
 
@@ -70,9 +74,7 @@ class GRUModel:
         for name in ("scheme", "coarse_scheme"):
             if getattr(self, name) not in SCHEMES:
                 raise ValueError(f"`{name}` must be one of {SCHEMES}, got {getattr(self, name)!r}.")
-        if isinstance(self.dt, bool) or not isinstance(self.dt, (int, float)) \
-                or not (np.isfinite(self.dt) and self.dt > 0):
-            raise ValueError(f"`dt` must be a positive finite number, got {self.dt!r}.")
+        check_step_size("dt", self.dt)
 
     # the Network-like description the trainer reads -----------------------------------
     @property
@@ -112,11 +114,21 @@ class GRUModel:
         params.update({f"closing.{k}": v for k, v in self.closing.init(rng, dtype).items()})
         return params
 
-    def _check(self, x) -> None:
+    def param_spec(self) -> dict[str, Expected]:
+        """Names and shapes of :meth:`init_params` (cached per model)."""
+        return _spec(self)
+
+    def _check(self, params, x) -> None:
+        """The entry-point checks: params against :meth:`param_spec`, x's shape, dtype and
+        values."""
+        dtype = check_param_dict(self.param_spec(), params)
         want = (self.seq_len, self.input_size)
         if getattr(x, "ndim", None) != 3 or tuple(x.shape[1:]) != want:
             raise ValueError(f"`x` must have shape (batch, {want[0]}, {want[1]}), "
                              f"got {getattr(x, 'shape', type(x).__name__)}.")
+        check_input_dtype("x", x, dtype)
+        if x.dtype.kind in "fc" and not bool(array_namespace(x).isfinite(x).all()):
+            raise NonFiniteError("`x` must be finite, got NaN or infinite values.")
 
     def h0(self, x, bk):
         return bk.xp.zeros((x.shape[0], self.hidden), dtype=x.dtype)
@@ -125,7 +137,7 @@ class GRUModel:
     def logits(self, params, x, bk: Backend | str = "numpy"):
         """logits = closing(h[L]) with the sequential (fine) recurrence."""
         bk = get_backend(bk)
-        self._check(x)
+        self._check(params, x)
         seq = GRUSequence(self.step, self.dt)
         states, _ = seq.run(group(params, "cell"), self.h0(x, bk), x, bk)
         return self.closing.forward(group(params, "closing"), states[-1], bk)[0]
@@ -133,7 +145,7 @@ class GRUModel:
     def backprop(self, params, x, labels, bk: Backend | str = "numpy"):
         """Loss and gradient by backprop through time; returns (loss, grads, info)."""
         bk = get_backend(bk)
-        self._check(x)
+        self._check(params, x)
         seq = GRUSequence(self.step, self.dt)
         cell = group(params, "cell")
         states, tape = seq.run(cell, self.h0(x, bk), x, bk)
@@ -150,7 +162,7 @@ class GRUModel:
     def mgrit_logits(self, params, x, settings: MGRITSettings, bk: Backend | str = "numpy"):
         """logits from the MGRIT forward solve (the forward a layer-parallel run trains)."""
         bk = get_backend(bk)
-        self._check(x)
+        self._check(params, x)
         fwd = solve(self.forward_problem(group(params, "cell"), x, bk), settings)
         return self.closing.forward(group(params, "closing"), fwd.solution[-1], bk)[0]
 
@@ -164,7 +176,7 @@ class GRUModel:
         """Loss and gradient with MGRIT forward and adjoint solves over the sequence."""
         bk = get_backend(bk)
         settings = LayerParallelSettings() if settings is None else settings
-        self._check(x)
+        self._check(params, x)
         cell = group(params, "cell")
         fwd = solve(self.forward_problem(cell, x, bk), settings.forward)
         states = fwd.solution  # L+1,B,H
@@ -189,6 +201,12 @@ class GRUModel:
             for name in CELL_WEIGHTS:
                 dcell[name] += d[name]
         return dcell
+
+
+@lru_cache(maxsize=32)
+def _spec(model: GRUModel) -> dict[str, Expected]:
+    params = model.init_params(np.random.default_rng(0))  # values discarded: names and shapes
+    return {k: Expected(tuple(v.shape), "weight") for k, v in params.items()}
 
 
 @dataclass(frozen=True, eq=False)

