@@ -24,6 +24,7 @@
 
 # %%
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,7 @@ import refbraid
 from refbraid.training import TrainConfig, train
 from refbraid.training.gradient_error import format_gradient_error_table, gradient_error_study
 from refbraid.training.layer_parallel import LayerParallelSettings, layer_parallel_gradient
-from refbraid.training.trainer import setup
+from refbraid.training.run import setup
 
 SMALL = os.environ.get("REFBRAID_LESSON_SMALL") == "1"
 FIGURES = os.environ.get("REFBRAID_LESSON_FIGURES")
@@ -81,10 +82,12 @@ print(format_gradient_error_table(rows))
 
 # %%
 runs = {}
-for serial in (True, False):
-    cfg = TrainConfig(samples=SAMPLES, layers=LAYERS, epochs=EPOCHS, quiet=True, out=None,
-                      serial=serial)
-    runs["serial" if serial else "layer-parallel"] = train(cfg).state.history
+with tempfile.TemporaryDirectory() as tmp:  # the runs' logs are not kept
+    for serial in (True, False):
+        name = "serial" if serial else "layer-parallel"
+        cfg = TrainConfig(samples=SAMPLES, layers=LAYERS, epochs=EPOCHS, quiet=True,
+                          out=f"{tmp}/{name}", serial=serial)
+        runs[name] = train(cfg).state.history
 for name, hist in runs.items():
     print(f"{name:>15}: final validation accuracy {100 * hist[-1]['val_acc']:.1f}%")
 

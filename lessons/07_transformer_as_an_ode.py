@@ -112,8 +112,9 @@ common = dict(model="transformer", data="seq-duplicates", backend="numba", quiet
 acc = {}
 with tempfile.TemporaryDirectory() as tmp:  # the runs' logs are not kept
     for serial in (True, False):
-        run = train(TrainConfig(serial=serial, out=tmp, **common))
-        acc["serial" if serial else "layer-parallel"] = run.final["val_acc"]
+        name = "serial" if serial else "layer-parallel"
+        run = train(TrainConfig(serial=serial, out=f"{tmp}/{name}", **common))
+        acc[name] = run.final["val_acc"]
 print("token accuracy: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in acc.items()))
 
 # %%

@@ -34,7 +34,8 @@ from .training.gradient_error import gradient_error_study, plot_gradient_error
 from .training.layer_parallel import forward_problem
 from .training.models import as_network_input
 from .training.plots import plot_decision_regions, plot_trajectories
-from .training.trainer import fit, run_summary, select_gradient, setup
+from .training.run import run_summary, setup
+from .training.trainer import fit, select_gradient
 
 PER_CLASS = 6  # trajectories drawn per class
 

@@ -137,17 +137,19 @@ def test_layer_parallel_run_logs_solver_stats_and_writes_plots(tmp_path):
     assert result.final["epoch"] == 2
 
 
-def test_exact_layer_parallel_training_equals_serial_training():
+def test_exact_layer_parallel_training_equals_serial_training(tmp_path):
     """One MGRIT level: the whole training run reproduces serial training to round-off."""
-    serial = train(TrainConfig(**{**SMALL_LP, "levels": 1}, epochs=2, serial=True))
-    lp = train(TrainConfig(**{**SMALL_LP, "levels": 1}, epochs=2))
+    serial = train(TrainConfig(**{**SMALL_LP, "levels": 1}, epochs=2, serial=True,
+                               out=str(tmp_path / "serial")))
+    lp = train(TrainConfig(**{**SMALL_LP, "levels": 1}, epochs=2, out=str(tmp_path / "lp")))
     for k, v in serial.state.params.items():
         np.testing.assert_allclose(lp.state.params[k], v, rtol=1e-11, atol=1e-13, err_msg=k)
 
 
-def test_too_many_levels_for_the_depth_names_the_flags():
+def test_too_many_levels_for_the_depth_names_the_flags(tmp_path):
     with pytest.raises(ValueError, match="--levels 3.*--cfactor 4.*--layers 4"):
-        train(TrainConfig(samples=100, layers=4, epochs=1, quiet=True))
+        train(TrainConfig(samples=100, layers=4, epochs=1, quiet=True, out=str(tmp_path / "r")))
+    assert not (tmp_path / "r").exists()  # refused before any work: no empty folder left
 
 
 def test_mgrit_settings_reach_the_solves():

@@ -63,15 +63,39 @@ def test_an_exception_on_one_rank_ends_the_job_with_its_message():
 
 
 @pytest.mark.mpi
-def test_a_bad_split_stops_the_job_with_a_clear_error_from_every_rank():
-    code = ("from refbraid.parallel.mpi import abort_on_error, split_world\n"
-            "with abort_on_error():\n"
-            "    split_world(data_parallel=2)\n")
-    run = run_mpi(3, ["-c", code], timeout=FAULT_TIMEOUT, cwd=ROOT)
-    assert not run.timed_out and run.returncode != 0
-    message = "`data_parallel` (--data-parallel) = 2 does not divide the 3 MPI ranks"
-    for rank in range(3):  # abort_on_error's grace period lets every rank say it
-        assert f"[rank {rank}] ValueError: {message}" in run.output, run.output
+@pytest.mark.parametrize("n, flags, message", [
+    (3, ["--data-parallel", "2"],
+     "refbraid train: error: `data_parallel` (--data-parallel) = 2 does not divide the 3 MPI "
+     "ranks; use one of [1, 3]"),
+    (2, ["--layers", "16"],
+     "refbraid train: error: layer-parallel over 2 ranks with 16 layers: 2 ranks exceed the 1 "
+     "interval of the coarsest MPI grid (every rank needs at least one coarsest interval); use "
+     "at most 1 rank,"),
+    (2, ["--model", "gru"], "refbraid train: error: `--model gru`: training over MPI supports"),
+    (2, ["--out", "/dev/null"], "refbraid train: error: `--out` '/dev/null' is not a folder"),
+], ids=["split", "too-many-ranks", "sequence-model", "out-not-a-folder"])
+def test_an_error_every_rank_shares_is_printed_once_without_a_traceback(n, flags, message,
+                                                                       tmp_path):
+    args = ["--out", str(tmp_path / "run"), "--epochs", "1", *flags]
+    run = run_mpi(n, ["-m", "refbraid", "train", *args], timeout=FAULT_TIMEOUT, cwd=ROOT)
+    assert not run.timed_out and run.returncode != 0, run.output
+    assert run.output.count(message) == 1, run.output
+    assert "Traceback" not in run.output and "[rank" not in run.output, run.output
+    assert not (tmp_path / "run").exists()  # refused before any work: no folder left behind
+
+
+@pytest.mark.mpi
+def test_a_folder_holding_a_run_is_refused_on_every_rank(tmp_path):
+    from refbraid.cli import main
+
+    out = tmp_path / "run"
+    flags = ["train", "--layers", "32", "--samples", "200", "--epochs", "1", "--quiet"]
+    assert main([*flags, "--out", str(out)]) == 0
+    before = (out / "log.json").read_bytes()
+    run = run_mpi(2, ["-m", "refbraid", *flags, "--out", str(out)], timeout=FAULT_TIMEOUT,
+                  cwd=ROOT)
+    assert run.returncode != 0 and run.output.count("already holds a run") == 1, run.output
+    assert (out / "log.json").read_bytes() == before
 
 
 @pytest.mark.mpi

@@ -24,7 +24,7 @@ from refbraid.sequence.transformer_model import transformer_model
 from refbraid.training.config import TrainConfig
 from refbraid.training.layer_parallel import LayerParallelSettings, relative_gradient_error
 from refbraid.training.models import MODEL_DEFAULTS, build_network
-from refbraid.training.trainer import train
+from refbraid.training.run import train
 
 EXACT = LayerParallelSettings.exact()
 

@@ -23,7 +23,8 @@ from refbraid.training import (
     train,
 )
 from refbraid.training.models import as_network_input
-from refbraid.training.trainer import fit, select_gradient, setup
+from refbraid.training.run import setup
+from refbraid.training.trainer import fit, select_gradient
 
 
 def _params(rng, shapes=((3, 2), (4,))):
@@ -249,9 +250,9 @@ def test_training_on_tiny_peaks_reaches_a_sensible_accuracy(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))  # no temporary files left behind
 
 
-def test_progress_lines_one_per_epoch_and_quiet():
+def test_progress_lines_one_per_epoch_and_quiet(tmp_path):
     out = io.StringIO()
-    train(TrainConfig(**{**SMALL, "epochs": 3, "quiet": False}, out=None), stream=out)
+    train(TrainConfig(**{**SMALL, "epochs": 3, "quiet": False}, out=str(tmp_path)), stream=out)
     lines = out.getvalue().splitlines()
     assert len(lines) == 3 and lines[0].startswith("epoch 1/3") and "val acc" in lines[0]
     quiet = io.StringIO()
@@ -322,28 +323,29 @@ def test_divergence_with_a_huge_learning_rate_is_reported(tmp_path):
             train(cfg)
 
 
-def test_float32_training_keeps_float32_and_tracks_float64():
-    r64 = train(TrainConfig(**{**SMALL, "epochs": 2}))
-    r32 = train(TrainConfig(**{**SMALL, "epochs": 2, "dtype": "float32"}))
+def test_float32_training_keeps_float32_and_tracks_float64(tmp_path):
+    r64 = train(TrainConfig(**{**SMALL, "epochs": 2}, out=str(tmp_path / "f64")))
+    r32 = train(TrainConfig(**{**SMALL, "epochs": 2, "dtype": "float32"},
+                            out=str(tmp_path / "f32")))
     assert all(v.dtype == np.float32 for v in r32.state.params.values())
     h64, h32 = r64.state.history[-1], r32.state.history[-1]
     assert h32["train_loss"] == pytest.approx(h64["train_loss"], rel=1e-4)
 
 
-def test_numba_backend_trains_like_numpy():
+def test_numba_backend_trains_like_numpy(tmp_path):
     pytest.importorskip("numba")
     cfg = dict(**{**SMALL, "epochs": 2, "samples": 200})
-    ref = train(TrainConfig(**cfg))
-    fast = train(TrainConfig(**cfg, backend="numba"))
+    ref = train(TrainConfig(**cfg, out=str(tmp_path / "numpy")))
+    fast = train(TrainConfig(**cfg, backend="numba", out=str(tmp_path / "numba")))
     for k, v in ref.state.params.items():
         np.testing.assert_allclose(fast.state.params[k], v, rtol=1e-9, atol=1e-12)
 
 
-def test_training_digits_with_the_conv_model():
+def test_training_digits_with_the_conv_model(tmp_path):
     pytest.importorskip("sklearn")
     cfg = TrainConfig(data="digits", samples=200, model="conv", layers=2, width=2, T=1.0,
                       activation="relu", epochs=2, batch_size=50, lr=1e-2, quiet=True,
-                      serial=True)
+                      serial=True, out=str(tmp_path))
     result = train(cfg)
     assert result.state.history[-1]["val_acc"] > 0.3  # 10 classes: chance is 0.1
 

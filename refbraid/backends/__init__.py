@@ -120,6 +120,22 @@ def get_backend(name: str | Backend = "numpy") -> Backend:
     return backend
 
 
+def require_usable(name: str) -> None:
+    """Raise ValueError, naming ``--backend`` and what to do, unless backend ``name`` can run
+    here (``cuda``: a GPU or Numba's simulator; ``cupy``: a GPU and the cupy package)."""
+    if name not in ("cuda", "cupy") or name in available_backends():
+        return
+    if name == "cuda":
+        raise ValueError(
+            "`--backend cuda` needs an NVIDIA GPU and its driver, and none was found here. Set "
+            "NUMBA_ENABLE_CUDASIM=1 to run the same CUDA kernels in Numba's simulator (slow: "
+            "for testing), or use `--backend numba` for fast CPU kernels.")
+    raise ValueError(
+        "`--backend cupy` needs an NVIDIA GPU and CuPy (pip install cupy-cuda12x or "
+        "'refbraid[gpu]'), and none is usable here; use `--backend numba` on a CPU, or "
+        "`--backend cuda` with NUMBA_ENABLE_CUDASIM=1 to test GPU kernels in a simulator.")
+
+
 def available_backends() -> list[str]:
     """Backends that can run here (``cupy`` only with a GPU; ``cuda`` with a GPU or simulator)."""
     names = ["numpy", "numba"]

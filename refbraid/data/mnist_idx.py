@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -40,8 +41,14 @@ def _open(path: Path):
 def read_idx(path: str | os.PathLike) -> np.ndarray:
     """Read one IDX file (optionally gzip-compressed) into an array of its stored shape."""
     path = Path(path)
-    with _open(path) as fh:
-        data = fh.read()
+    try:
+        with _open(path) as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        raise
+    except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
+        raise ValueError(f"{path} cannot be read ({type(err).__name__}: {err}): the file is "
+                         f"damaged or truncated; download it again.") from None
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in IDX_TYPES:
         raise ValueError(f"{path} is not an IDX file (bad magic number {data[:4].hex()!r}).")
     ndim = data[3]

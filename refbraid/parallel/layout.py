@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import CollectiveError
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -94,9 +96,12 @@ def partition(coarsest_points, n_steps: int, n_blocks: int) -> Layout:
         )
     k = max(len(pts) - 1, 1)  # a one-point grid (N = 0) is one block
     if n_blocks > k:
-        raise ValueError(
-            f"`n_blocks`={n_blocks} ranks exceed the {k} intervals of the coarsest grid; "
-            f"use at most {k} ranks, fewer levels or smaller cfactors."
+        intervals = f"{k} interval" + ("s" if k != 1 else "")
+        ranks = f"{k} rank" + ("s" if k != 1 else "")
+        raise CollectiveError(
+            f"{n_blocks} ranks exceed the {intervals} of the coarsest MPI grid (every rank "
+            f"needs at least one coarsest interval); use at most {ranks}, fewer levels, a "
+            f"smaller `--cfactor` or more `--layers`."
         )
     sizes = [k // n_blocks + (1 if p < k % n_blocks else 0) for p in range(n_blocks)]
     first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)

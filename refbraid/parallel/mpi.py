@@ -40,10 +40,13 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from ..errors import CollectiveError
 
 #: Message tag of MGRIT's neighbour messages (one tag: MPI keeps them in order per pair).
 TAG_NEIGHBOUR = 17
@@ -251,9 +254,10 @@ def check_split(world_size: int, data_parallel: int) -> int:
                          f"{data_parallel!r}.")
     if world_size % data_parallel:
         divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
-        raise ValueError(f"`data_parallel` (--data-parallel) = {data_parallel} does not divide "
-                         f"the {world_size} MPI ranks; use one of {divisors} (or run "
-                         f"mpiexec -n {data_parallel * max(1, world_size // data_parallel)}).")
+        raise CollectiveError(
+            f"`data_parallel` (--data-parallel) = {data_parallel} does not divide the "
+            f"{world_size} MPI ranks; use one of {divisors} (or run mpiexec -n "
+            f"{data_parallel * max(1, world_size // data_parallel)}).")
     return world_size // int(data_parallel)
 
 
@@ -261,7 +265,7 @@ def split_world(data_parallel: int = 1, world=None) -> Topology:
     """Split ``world`` (default ``COMM_WORLD``) into ``data_parallel`` groups (see module doc).
 
     The check runs on every rank before any communication, so a bad split raises the same
-    ValueError on every rank.
+    :class:`~refbraid.errors.CollectiveError` on every rank.
     """
     if world is None:
         world = mpi_module().COMM_WORLD
@@ -282,22 +286,55 @@ def split_world(data_parallel: int = 1, world=None) -> Topology:
 ABORT_GRACE_S = 1.0
 
 
+def root_decides(decide: Callable[[], Any]) -> Any:
+    """Run ``decide()`` on world rank 0 only and let every rank share its verdict.
+
+    Returns ``decide()``'s result on rank 0 and None elsewhere. If it raised a user error
+    (``ValueError``, ``TypeError``, ``OSError``), every rank raises
+    :class:`~refbraid.errors.CollectiveError` with its message — before any rank has started
+    work — so the job stops cleanly and the message is printed once. Outside MPI it is just
+    ``decide()``.
+    """
+    if not launched_by_mpiexec():
+        return decide()
+    world = mpi_module().COMM_WORLD
+    if world.Get_size() == 1:
+        return decide()
+    result, message = None, None
+    if world.Get_rank() == 0:
+        try:
+            result = decide()
+        except (ValueError, TypeError, OSError) as err:
+            message = str(err)
+    message = world.bcast(message, root=0)
+    if message is not None:
+        raise CollectiveError(message)
+    return result
+
+
+def one_line(err: BaseException) -> str:
+    """``Type: message`` of an exception, without a traceback."""
+    return "".join(traceback.format_exception_only(type(err), err)).strip()
+
+
 @contextlib.contextmanager
-def abort_on_error(comm=None, grace_s: float = ABORT_GRACE_S):
+def abort_on_error(comm=None, grace_s: float = ABORT_GRACE_S,
+                   describe: Callable[[BaseException], str] = one_line, debug: bool = False):
     """Turn an exception on this rank into ``MPI_Abort`` of the whole job, after printing it.
 
     Use around entry points not started through ``python -m mpi4py`` so that one failing rank
-    never leaves the others blocked. The rank prints its traceback (prefixed with its rank;
-    one line ``ValueError: ...`` for the user errors ValueError, TypeError, FileNotFoundError),
-    waits ``grace_s`` seconds — ranks that fail the same way, e.g. on a bad
-    ``--data-parallel``, print theirs meanwhile — and aborts. Outside MPI, or on one rank,
-    the exception propagates unchanged.
+    never leaves the others blocked. The rank prints ``describe(err)`` prefixed with its rank
+    (one line; the traceback too with ``debug``), waits ``grace_s`` seconds — ranks that fail
+    at the same moment print theirs meanwhile — and aborts. A
+    :class:`~refbraid.errors.CollectiveError` is raised on every rank alike, so it propagates
+    unchanged (no rank is left waiting; the caller prints it once). Outside MPI, or on one
+    rank, every exception propagates unchanged.
     """
     try:
         yield
-    except SystemExit:
+    except (SystemExit, CollectiveError):
         raise
-    except BaseException:
+    except BaseException as err:
         if not launched_by_mpiexec():
             raise
         MPI = mpi_module()
@@ -305,11 +342,7 @@ def abort_on_error(comm=None, grace_s: float = ABORT_GRACE_S):
         if world.Get_size() == 1:
             raise
         rank = MPI.COMM_WORLD.Get_rank()
-        err = sys.exc_info()[1]
-        if isinstance(err, (ValueError, TypeError, FileNotFoundError)):  # a user error: 1 line
-            text = "".join(traceback.format_exception_only(type(err), err))
-        else:
-            text = traceback.format_exc()
+        text = traceback.format_exc() if debug else describe(err)
         sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in text.splitlines()))
         sys.stderr.flush()
         time.sleep(grace_s)

@@ -12,6 +12,10 @@ ownership.py       which rank owns which layers, ghosts and gradient rows (bookk
 sharded.py         owned parameter shards: optimizer steps local to each rank
 gradients.py       the one place that picks a gradient: backprop, MGRIT, MPI
 trainer.py         mini-batch loop with a pluggable ``gradient(params, x, y)``
+evaluate.py        loss and accuracy over a data set; per-epoch means of solver stats
+divergence.py      the rules that stop a diverging run (NaN/inf, a loss that blew up)
+run.py             a run from a config: claim the folder, set up, fit, final figures
+run_folder.py      the run folder: checked before work, locked, never overwritten unasked
 checkpoint.py      atomic .npz checkpoints; bit-identical resume
 config.py          the frozen, validated TrainConfig (one field per CLI flag)
 cli.py             ``refbraid train``
@@ -21,17 +25,12 @@ atomic.py          temp-file + os.replace writes for every output file
 """
 
 from .config import TrainConfig
+from .divergence import TrainingDiverged
+from .gradients import select_gradient, sequential_gradient
 from .models import MODELS, build_network
 from .optim import SGD, Adam, make_optimizer
-from .trainer import (
-    TrainingDiverged,
-    TrainResult,
-    TrainState,
-    fit,
-    select_gradient,
-    sequential_gradient,
-    train,
-)
+from .run import train
+from .trainer import TrainResult, TrainState, fit
 
 __all__ = [
     "MODELS",

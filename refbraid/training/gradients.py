@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..backends import Backend, get_backend
+from ..errors import CollectiveError
 from ..mgrit import MGRITSettings, build_hierarchy
 from ..network import Network, backprop
 from .config import TrainConfig
@@ -107,9 +108,10 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend) -> tuple[str
         from .distributed import distributed_gradient
         from .sharded import ShardedGradient
 
-        if not isinstance(net, Network):
-            raise ValueError(f"`--model {config.model}`: training over MPI supports the "
-                             "resnet and conv models.")
+        if not isinstance(net, Network):  # every rank sees the same model: say it once
+            raise CollectiveError(f"`--model {config.model}`: training over MPI supports the "
+                                  "resnet and conv models; train sequence models in one "
+                                  "process.")
         settings = LayerParallelSettings.exact() if config.serial else \
             layer_parallel_settings(config)
         return "layer-parallel-mpi", ShardedGradient(distributed_gradient(
@@ -120,7 +122,13 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend) -> tuple[str
     try:
         build_hierarchy(net.n_layers, settings.forward.cfactors, settings.forward.min_coarse)
     except ValueError as err:
+        if hasattr(net, "seq_len"):  # MGRIT over the sequence positions (GRU), not the layers
+            grid = (f"the sequence length {net.seq_len} of `--data {config.data}` (the "
+                    f"{config.model} model runs MGRIT over the sequence positions)")
+            longer = "data with longer sequences"
+        else:
+            grid, longer = f"`--layers {config.layers}`", "more layers"
         raise ValueError(f"`--levels {config.levels}` with `--cfactor {config.cfactor}` does not "
-                         f"fit `--layers {config.layers}`: {err} Use fewer levels, a smaller "
-                         f"cfactor, more layers, or --serial.") from None
+                         f"fit {grid}: {err} Use fewer levels, a smaller cfactor, {longer}, "
+                         f"or --serial.") from None
     return "layer-parallel", mgrit_gradient(net, settings, bk, config.check_gradient_every)

@@ -65,9 +65,9 @@ class BlockPlan:
         try:
             fl = partition(fh.coarsest.points, n_layers, n_ranks)
             bl = partition(bh.coarsest.points, n_layers, n_ranks)
-        except ValueError as err:
-            raise ValueError(f"layer-parallel over {n_ranks} ranks with {n_layers} layers: {err} "
-                             "(or use more layers, or data parallelism: --data-parallel)") from err
+        except ValueError as err:  # the same on every rank (CollectiveError): said once
+            raise type(err)(f"layer-parallel over {n_ranks} ranks with {n_layers} layers: {err} "
+                            "(or use data parallelism: --data-parallel)") from err
         mirror = _mirrored_layout(fl, bh)
         plan = cls(n_layers, n_ranks, fh, bh, fl, mirror or bl, mirror is not None)
         check_layout(plan.backward_layout, bh.coarsest.points, n_layers)

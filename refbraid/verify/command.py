@@ -56,7 +56,8 @@ def run_layer_parallel(stream=None) -> int:
     """Gradient error table for the default ``refbraid train`` network on one Peaks batch."""
     from ..training.config import TrainConfig
     from ..training.gradient_error import format_gradient_error_table, gradient_error_study
-    from ..training.trainer import layer_parallel_settings, setup
+    from ..training.gradients import layer_parallel_settings
+    from ..training.run import setup
 
     config = TrainConfig(quiet=True)
     net, data, state, bk = setup(config)

@@ -109,5 +109,5 @@ def test_more_ranks_than_coarsest_intervals_is_an_error():
     problem = nonlinear_ode(16, T=1.0, dim=1)
     s = MGRITSettings(levels=3, cfactor=2)  # coarsest grid: 4 intervals
 
-    with pytest.raises(ValueError, match="exceed the 4 intervals"):
+    with pytest.raises(ValueError, match="exceed the 4 intervals of the coarsest"):
         run_ranks(5, lambda comm: solve(problem, s, comm=comm))
