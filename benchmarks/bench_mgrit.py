@@ -15,7 +15,7 @@ Columns
     t/iter       median wall time of one iteration (relax + residual + coarse correction)
     ÷ t_seq      that time ÷ the median sequential solve time, measured in the same run
     tot ÷ t_seq  whole MGRIT solve ÷ sequential solve (> 1: serially MGRIT only costs more)
-    S(P)         REFERENCES.md §4 model of the speedup on P ranks, equal cost per step on all
+    S(P)         docs/references.md §4 model of the speedup on P ranks, equal cost per step on all
                  levels, no latency: N / (iters · (W/P + C) + init), W = Φ per iteration
                  outside the coarsest solve, C = coarsest-level steps per iteration (serial)
 

@@ -12,7 +12,7 @@ TorchBraid's settings — 3 levels, cfactor 4, 2 forward / 1 backward iterations
 rows, local Adam) on 1 rank and on P ranks; and data parallelism over the same P ranks (D = P
 groups, one MGRIT level: sequential substitution per group, gradients summed).
 
-The model (REFERENCES.md §4), built from quantities measured in this run:
+The model (docs/references.md §4), built from quantities measured in this run:
 
 * unit costs of one network step: c_f (forward Φ), c_bc (coarse adjoint step: forward
   recomputed + transposed step), c_bg (fine adjoint step with its weight gradient, forward
@@ -248,7 +248,7 @@ def model(one: dict, many: dict, L: int = 3) -> dict:
 
 
 def ring_allreduce(n_bytes: float, p: int, alpha: float, beta: float) -> float:
-    """T ≈ 2(p−1)·α + 2(p−1)/p · n·β (REFERENCES.md §4)."""
+    """T ≈ 2(p−1)·α + 2(p−1)/p · n·β (docs/references.md §4)."""
     return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n_bytes * beta
 
 

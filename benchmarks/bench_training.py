@@ -9,7 +9,7 @@ For a dense ResNet (width C, batch B) of N = 32, 128, 512 layers, times one grad
 
 Prints median times over repeats, the Φ applications of each, and the *work ratio*
 (layer-parallel work / serial work): on P ranks the layer-parallel gradient can only win when
-P exceeds roughly this ratio (REFERENCES.md §4), which is what the MPI version has to beat.
+P exceeds roughly this ratio (docs/references.md §4), which is what the MPI version has to beat.
 
     python benchmarks/bench_training.py [--quick] [--repeat 5] [--width 32] [--batch 64]
 

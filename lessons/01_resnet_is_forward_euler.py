@@ -10,7 +10,7 @@
 #
 #     y'(t) = σ(W(t) y(t) + b(t)),   y(0) = x,   t ∈ [0, T]
 #
-# (Haber & Ruthotto 2017; E 2017; REFERENCES.md §1). So the forward pass of a deep ResNet
+# (Haber & Ruthotto 2017; E 2017; docs/references.md §1). So the forward pass of a deep ResNet
 # is a time integration, and as the number of layers N grows with T fixed, `y[N]`
 # converges to the ODE solution `y(T)` — with first-order accuracy, the error shrinking
 # like `h = T/N`. That view is what makes layer-parallel training possible: a time

@@ -13,7 +13,7 @@
 #     λ[n] = Φ_n'(y[n])ᵀ λ[n+1] = λ[n+1] + h W[n]ᵀ (σ'(z[n]) ⊙ λ[n+1])
 #     ∂L/∂W[n] = h (σ'(z[n]) ⊙ λ[n+1]) y[n]ᵀ,      ∂L/∂b[n] = h σ'(z[n]) ⊙ λ[n+1]
 #
-# (summed over the batch; REFERENCES.md §1). The λ recurrence runs *backwards in time*: it
+# (summed over the batch; docs/references.md §1). The λ recurrence runs *backwards in time*: it
 # is itself a time stepper, the discrete adjoint of forward Euler (a consistent
 # discretisation of `λ' = −(∂F/∂y)ᵀ λ`). Backprop is exactly this recurrence, which is why
 # MGRIT can parallelise the backward pass as well: it is one more time integration, on the

@@ -7,7 +7,7 @@
 #     u[0] = u0,    u[i] = Φ(u[i-1]) + g[i],   i = 1..N,
 #
 # which looks hopelessly sequential. Parareal (Lions, Maday, Turinici 2001) and MGRIT
-# (Falgout et al. 2014, REFERENCES.md §2) solve it iteratively instead, with most of the work
+# (Falgout et al. 2014, docs/references.md §2) solve it iteratively instead, with most of the work
 # parallel over time. This lesson shows that the two are the same algorithm:
 #
 # * cut the N steps into N/m intervals of m steps (the **C-points** start the intervals, the
@@ -82,7 +82,7 @@ pr = parareal(n_iter=N // m)
 # %% [markdown]
 # ## The same thing as two-level MGRIT
 #
-# Two-level MGRIT with F-relaxation does, per iteration (REFERENCES.md §2):
+# Two-level MGRIT with F-relaxation does, per iteration (docs/references.md §2):
 #
 # 1. **F-relaxation**: from every C-point, step through the F-points of its interval
 #    (this is `F`, parallel over intervals);

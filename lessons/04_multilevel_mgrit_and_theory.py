@@ -4,7 +4,7 @@
 # Lesson 03 showed that two-level MGRIT with F-relaxation is Parareal. Here we
 #
 # 1. predict the two-level convergence factor of a linear problem *before* running it
-#    (Dobrev et al. 2017, Southworth 2019; REFERENCES.md §3), check the prediction against
+#    (Dobrev et al. 2017, Southworth 2019; docs/references.md §3), check the prediction against
 #    the solver, and see which modes limit convergence;
 # 2. go multilevel: recurse on the coarse problem (V- and F-cycles), look at the residual of
 #    every level, and compare the cost with the sequential solve.

@@ -4,7 +4,7 @@
 # Lessons 01–02: a ResNet's forward pass is forward Euler and backprop is its discrete
 # adjoint, both *sequential* recurrences over the layers. Lessons 03–04: MGRIT solves such a
 # recurrence `u[i] = Φ_i(u[i-1])` iteratively, with work that can be spread over the time
-# points. Put together (TorchBraid's idea, REFERENCES.md §1–2):
+# points. Put together (TorchBraid's idea, docs/references.md §1–2):
 #
 # 1. **forward solve**: the states `y[0..N]` by MGRIT, layers as time steps; a coarse step
 #    from layer `a` to layer `b` uses step size `(b − a)·h` and the weights of layer `a`;

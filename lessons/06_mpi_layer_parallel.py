@@ -15,12 +15,12 @@
 #   point later than its states, so it fetches one state y[b_{q+1}] from rank q+1 — and the
 #   gradient of that boundary layer is sent home afterwards;
 # * every exchange is a linear operator whose adjoint is the reversed exchange
-#   (REFERENCES.md §5): `tests/mpi/test_ops.py` proves each with the distributed dot-product
+#   (docs/references.md §5): `tests/mpi/test_ops.py` proves each with the distributed dot-product
 #   test ⟨A x, y⟩ = ⟨x, Aᵀ y⟩.
 #
 # The lesson launches a small program on P ranks with `mpiexec -n P python -m mpi4py`,
 # checks that every rank count gives the single-process gradient, and compares the measured
-# speedup with a cost model (REFERENCES.md §4).
+# speedup with a cost model (docs/references.md §4).
 #
 # Run it: `python lessons/06_mpi_layer_parallel.py`. Set `REFBRAID_LESSON_SMALL=1` for a quick
 # run, and `REFBRAID_LESSON_FIGURES=<folder>` to save the figure there.
@@ -133,7 +133,7 @@ print(f"sequential backprop: {1e3 * t_seq:7.1f} ms per gradient")
 # %% [markdown]
 # ## Measured speedup against a cost model
 #
-# REFERENCES.md §4: the time of a solve is the work of the busiest rank plus what cannot run
+# docs/references.md §4: the time of a solve is the work of the busiest rank plus what cannot run
 # in parallel. Calibrate one number on the 1-rank run, the time per Φ application
 # `t_Φ = T_1 / calls_1` (kernels and all MGRIT bookkeeping), then predict P ranks from the
 # counted applications of every rank:

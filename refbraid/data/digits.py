@@ -1,4 +1,4 @@
-"""Handwritten digits from scikit-learn (``sklearn.datasets.load_digits``, REFERENCES.md §7):
+"""Handwritten digits from scikit-learn (``sklearn.datasets.load_digits``, docs/references.md §7):
 1,797 grey-scale 8 × 8 images of the digits 0–9, shipped inside scikit-learn (works offline).
 
 Pixels are integers 0–16; they are scaled to [0, 1] and then normalised with ONE scalar

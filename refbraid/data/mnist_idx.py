@@ -1,4 +1,4 @@
-"""MNIST from IDX files in a folder (the format of LeCun's distribution; REFERENCES.md §7).
+"""MNIST from IDX files in a folder (the format of LeCun's distribution; docs/references.md §7).
 
 IDX layout (all integers big-endian)::
 

@@ -1,5 +1,5 @@
 """Peaks: the synthetic 2-D classification problem of Haber & Ruthotto (2017), also used by
-Günther et al. (2020) for layer-parallel training (REFERENCES.md §7).
+Günther et al. (2020) for layer-parallel training (docs/references.md §7).
 
 MATLAB's ``peaks`` function on the square [-3, 3]²::
 

@@ -1,7 +1,7 @@
 """Multi-head scaled dot-product attention, as ``torch.nn.MultiheadAttention(E, nh,
 batch_first=True)`` (dropout 0): self-attention, or cross-attention to a memory.
 
-Forward (REFERENCES.md §1); queries come from x, keys and values from x (self-attention) or
+Forward (docs/references.md §1); queries come from x, keys and values from x (self-attention) or
 from the memory m (cross-attention); ``W_in = [W_q; W_k; W_v]`` stacks three (E, E) blocks::
 
     q = x W_qᵀ + b_q,   k = m W_kᵀ + b_k,   v = m W_vᵀ + b_v        # B,T,E and B,S,E (m = x: S = T)

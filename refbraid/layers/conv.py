@@ -1,6 +1,6 @@
 """Convolutional layers (NCHW, 3×3, padding 1, as ``torch.nn.Conv2d(C, C, 3, padding=1)``).
 
-ODE step and its discrete adjoint (REFERENCES.md §1); ``*`` is the 'same' cross-correlation
+ODE step and its discrete adjoint (docs/references.md §1); ``*`` is the 'same' cross-correlation
 and ``*ᵀ`` its adjoint, the transposed convolution::
 
     z      = W * y + b                     # B,C,H,W

@@ -1,7 +1,7 @@
 """Dense layers.
 
 ODE step (forward Euler for y' = σ(W y + b)), and its discrete adjoint
-(Haber & Ruthotto 2017; REFERENCES.md §1)::
+(Haber & Ruthotto 2017; docs/references.md §1)::
 
     z      = y Wᵀ + b                      # B,C
     y_next = y + h σ(z)                    # B,C

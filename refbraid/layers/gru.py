@@ -1,4 +1,4 @@
-"""GRU cells as time steps over a sequence, with their adjoints (REFERENCES.md §1).
+"""GRU cells as time steps over a sequence, with their adjoints (docs/references.md §1).
 
 Both cells share the gates of ``torch.nn.GRUCell`` (gate order r, z, n); x is the input at
 the current sequence position, h the hidden state::
@@ -32,7 +32,7 @@ sequence, ``GRUSequence.phi(params, h, xs, start, stop, bk)`` is the propagator 
     Φ(h, start, stop) = step(params, h, (stop − start)·dt, xs[:, start]),
 
 so a coarse level with coarsening factor m takes steps of size m·dt with the input at each
-coarse step's start (REFERENCES.md §1); ``GRUSequence.run(..., stride=m)`` is that sequential
+coarse step's start (docs/references.md §1); ``GRUSequence.run(..., stride=m)`` is that sequential
 coarse solve. ``init`` makes a (1, I) stand-in ``x`` (a leading 1 broadcasts over the batch,
 and its adjoint is then summed over the batch) so that a cell verifies on its own.
 

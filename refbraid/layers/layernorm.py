@@ -1,6 +1,6 @@
 """Layer normalisation over the feature axis, as ``torch.nn.LayerNorm(E, eps=1e-5)``.
 
-Forward and adjoint (the kernels ``layernorm`` / ``layernorm_adjoint``; REFERENCES.md §1)::
+Forward and adjoint (the kernels ``layernorm`` / ``layernorm_adjoint``; docs/references.md §1)::
 
     μ  = mean_e x_e,   σ² = mean_e (x_e − μ)²   (biased),   r = 1/√(σ² + eps)    # B,T
     x̂  = (x − μ) r,    y = γ ⊙ x̂ + β                                              # B,T,E

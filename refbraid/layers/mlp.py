@@ -1,7 +1,7 @@
 """Position-wise feed-forward block of a transformer: ``Linear(E→F) → GELU → Linear(F→E)``.
 
 Forward and adjoint, applied to every token independently (GELU is the exact, erf-based one,
-as ``torch.nn.GELU()``; REFERENCES.md §1)::
+as ``torch.nn.GELU()``; docs/references.md §1)::
 
     z  = x W1ᵀ + b1,   a = gelu(z),   y = a W2ᵀ + b2          # (BT,F), (BT,F), (BT,E)
     da = dy W2,        dW2 = dyᵀ a,    db2 = Σ dy

@@ -1,4 +1,4 @@
-"""Transformer blocks as ODE steps (Lu et al. 2019; REFERENCES.md §1), and the heads that
+"""Transformer blocks as ODE steps (Lu et al. 2019; docs/references.md §1), and the heads that
 close a transformer.
 
 A step is forward Euler ``X_next = X + h·F(X)`` on the token states X (B, T, E), with

@@ -14,7 +14,7 @@ coarse.py      injection, FAS right-hand side, correction, exact coarse solve (p
 cycle.py       the V-/F-cycle recursion and nested iteration over those functions
 solver.py      solve(): iterate, stop, record; gather_solution()
 record.py      MGRITResult: residuals per iteration and level, counters, timings
-theory.py      two-level error-propagator bounds and matrices (REFERENCES.md §3)
+theory.py      two-level error-propagator bounds and matrices (docs/references.md §3)
 plots.py       figures from a record
 problems.py    model problems: Dahlquist, 1-D heat equation, a nonlinear ODE
 =============  =====================================================================

@@ -1,5 +1,5 @@
 """Between levels: injection, the FAS coarse right-hand side, the correction, and the exact
-coarsest solve (pure functions on one block; REFERENCES.md §2).
+coarsest solve (pure functions on one block; docs/references.md §2).
 
 Level ℓ has iterate ``u`` and right-hand side ``g``; its C-points are the points of level ℓ+1
 (Φ_Δ is the problem's step over a coarse interval)::

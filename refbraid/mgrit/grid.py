@@ -1,6 +1,6 @@
 """The MGRIT time-grid hierarchy: points of every level and their C/F split.
 
-Indices are solver-order indices ``s = 0..N`` of the finest grid (REFERENCES.md §2)::
+Indices are solver-order indices ``s = 0..N`` of the finest grid (docs/references.md §2)::
 
     level 0 points:    0, 1, 2, ..., N
     level ℓ:           points p_0 < p_1 < ... < p_{n_ℓ}   (p_0 = 0)

@@ -1,6 +1,6 @@
 """The problem MGRIT solves, and its sequential solution (the oracle).
 
-Forward problem (REFERENCES.md §2), fine indices ``i = 0..N``::
+Forward problem (docs/references.md §2), fine indices ``i = 0..N``::
 
     u[0] = u0,      u[i] = Φ(u[i-1]; i-1 → i) + g[i],      i = 1..N
 

@@ -2,7 +2,7 @@
 
 All steps are defined on fine indices with step size ``dt = |t[stop] - t[start]|``, so a
 coarse step over ``m`` fine intervals is the same scheme with step ``m·h`` (re-discretisation,
-REFERENCES.md §2).
+docs/references.md §2).
 
 ==================  =========================================================================
 problem             step from ``start`` to ``stop`` (``dt = t[stop] - t[start]``)

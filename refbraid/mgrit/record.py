@@ -1,6 +1,6 @@
 """What an MGRIT solve leaves behind: residuals per iteration and level, counters, timings.
 
-Residual convention (REFERENCES.md §3). The reported norm of iteration k is XBraid's::
+Residual convention (docs/references.md §3). The reported norm of iteration k is XBraid's::
 
     ‖r_k‖ = ( Σ over fine C-points of ‖r[c]‖² )^½,   r[c] = Φ(u[c-1]) + g[c] - u[c]
 

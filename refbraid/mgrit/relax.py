@@ -1,7 +1,7 @@
 """Relaxation on one level: F-sweeps, C-sweeps and the C-point residual (pure functions).
 
 On a level with points ``p_0 < ... < p_n`` (solver indices), iterate ``u`` and right-hand side
-``g`` (REFERENCES.md §2)::
+``g`` (docs/references.md §2)::
 
     Φ-update at k:   (P u)[k] = Φ(u[k-1]; p_{k-1} → p_k) + g[k]      (P u)[0] = g[0] at s = 0
     F-relaxation:    u[k] ← (P u)[k] for F-points k, in increasing order

@@ -6,7 +6,7 @@ is solved exactly by forward substitution. Per-level settings (``cfactor``, ``re
 coarsening level ``0..L-2``.
 
 The defaults are neutral (two-level Parareal-like F-relaxation); TorchBraid's example defaults
-(REFERENCES.md §6) are :meth:`MGRITSettings.torchbraid`.
+(docs/references.md §6) are :meth:`MGRITSettings.torchbraid`.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ class MGRITSettings:
 
     @classmethod
     def torchbraid(cls, **changes) -> MGRITSettings:
-        """TorchBraid's example defaults (REFERENCES.md §6): 3 levels, cfactor 4, 2 iterations,
+        """TorchBraid's example defaults (docs/references.md §6): 3 levels, cfactor 4, 2 iterations,
         skip the first down-cycle, F on the finest and FCF on coarse levels, absolute tolerance.
 
         refbraid counts the skipped first cycle as the construction of the initial iterate, so

@@ -1,6 +1,6 @@
 """Two-level MGRIT convergence theory for a linear problem, one eigenmode at a time.
 
-Setting (Dobrev, Kolev, Petersson, Schroder 2017; Southworth 2019; REFERENCES.md §3): fine
+Setting (Dobrev, Kolev, Petersson, Schroder 2017; Southworth 2019; docs/references.md §3): fine
 and coarse steps share eigenvectors; for one mode the fine step multiplies by ``λ``, the coarse
 step by ``μ``; cfactor ``m``; ``n_c`` coarse unknowns (C-points t_1..t_{n_c}; t_0 is given).
 With ``S`` the down-shift on the C-points::
@@ -22,9 +22,10 @@ is exactly ``‖E‖_∞ = ‖E‖_1`` of the n_c × n_c matrix)::
     ‖E_FCF‖₂ ≤ |λ|^m δ · Σ_{k=0}^{n_c-3} |μ|^k    = |λ|^m δ (1 - |μ|^{n_c-2}) / (1 - |μ|)
     n_c → ∞:   δ / (1 - |μ|)   and   |λ|^m δ / (1 - |μ|)
 
-Note on REFERENCES.md §3: it writes the exponents as ``N_Δ`` and ``N_Δ - 1``. That is the same
-sum for a matrix with one more row (t_0 counted as an unknown); since the sums grow with the
-size it is a valid but slightly looser bound for the ``n_c`` unknowns here. The functions below
+Note: the bound is often written with the exponents ``N_Δ`` and ``N_Δ - 1`` (docs/references.md
+§3 gives both). That is the same sum for a matrix with one more row (t_0 counted as an unknown);
+since the sums grow with the size it is a valid but slightly looser bound for the ``n_c``
+unknowns here. The functions below
 use the exact diagonal sum; the tests check both.
 
 Dahlquist ``y' = a y`` with ``z = a h``: forward Euler ``λ = 1 + z, μ = 1 + m z``; backward

@@ -1,7 +1,7 @@
 """The only door between MGRIT and other ranks: a small communicator interface.
 
 MGRIT's math (:mod:`refbraid.mgrit.relax`, :mod:`refbraid.mgrit.coarse`) never communicates;
-the cycle asks a communicator for exactly four things (REFERENCES.md §5 lists their adjoints):
+the cycle asks a communicator for exactly four things (docs/references.md §5 lists their adjoints):
 
 ==================  ==================================================================
 primitive           use in MGRIT

@@ -6,7 +6,7 @@
 collectives the distributed gradient and :mod:`refbraid.parallel.ops` need (``bcast``,
 ``allgather``, ``alltoall``, ``scatter``, ``sum_to_all``).
 
-Layer parallelism × data parallelism (REFERENCES.md §4). A world of ``P`` ranks is split into
+Layer parallelism × data parallelism (docs/references.md §4). A world of ``P`` ranks is split into
 ``D`` groups of ``Q = P / D`` ranks::
 
     world rank w  ─►  group g = w // Q   (which shard of every batch it takes)

@@ -1,4 +1,4 @@
-"""Communication as linear operators, each with its adjoint (REFERENCES.md §5; DistDL).
+"""Communication as linear operators, each with its adjoint (docs/references.md §5; DistDL).
 
 A *distributed tensor* is one local value per rank: an array, ``None`` (nothing on this rank,
 read as zero), or a dict ``{global row index: array}`` of rows. Every exchange MGRIT and the

@@ -1,7 +1,7 @@
 """GRU sequence classifier, trained by BPTT or with MGRIT over the sequence (Moon & Cyr 2022).
 
 The hidden state is the MGRIT state and the sequence positions are the time steps
-(REFERENCES.md §1)::
+(docs/references.md §1)::
 
     h[0] = 0,   h[k+1] = Φ(h[k]; k → k+1),   k = 0..L-1,     logits = h[L] Wᵀ + b
     Φ(h; a → b) = step_s(θ, h, (b − a)·Δt, x[a]),   s = ``scheme`` if b − a = 1,

@@ -1,5 +1,5 @@
 """Transformers whose layers are MGRIT time steps: an encoder-only classifier / token tagger and
-an encoder–decoder for sequence-to-sequence tasks (REFERENCES.md §1, Lu et al. 2019).
+an encoder–decoder for sequence-to-sequence tasks (docs/references.md §1, Lu et al. 2019).
 
 Encoder-only (a :class:`~refbraid.network.Network`, so every solver of the ResNets applies)::
 

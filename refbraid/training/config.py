@@ -158,7 +158,7 @@ class TrainConfig:
     overwrite: bool = False  # a new run may replace the run already in `out`
     quiet: bool = False
     serial: bool = False  # sequential backprop instead of layer-parallel MGRIT
-    # layer-parallel MGRIT (TorchBraid's example defaults, REFERENCES.md §6)
+    # layer-parallel MGRIT (TorchBraid's example defaults, docs/references.md §6)
     levels: int = 3
     cfactor: int | None = None
     fwd_iters: int | None = None  # MGRIT cycles after the skipped first down-cycle (resnet: 1,

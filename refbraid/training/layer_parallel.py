@@ -1,7 +1,7 @@
 """Layer-parallel gradient: MGRIT forward solve, MGRIT adjoint solve, gradient from the last.
 
 The ODE block of a :class:`~refbraid.network.Network` is the time-stepping problem
-(REFERENCES.md §1–2, TorchBraid's coarse levels)::
+(docs/references.md §1–2, TorchBraid's coarse levels)::
 
     forward   y[0] = opening(x),        y[i] = Φ(y[i-1]; i-1 → i)
               Φ(y; a → b) = y + (b − a)·h·F(θ_a, y)    (coarse: step (b−a)h, weights of layer a)

@@ -1,4 +1,4 @@
-"""Two-level theory (REFERENCES.md §3) against the exact propagator and the solver itself.
+"""Two-level theory (docs/references.md §3) against the exact propagator and the solver itself.
 
 Chain of oracles, each explaining the next:
     observed per-iteration reduction  ≤  ‖E‖₂ (exact matrix)  ≤  bound (Σ|diagonals| = ‖E‖_∞)
@@ -23,7 +23,7 @@ MS = (2, 4)
 
 
 def _references_formula(lam, mu, m, n_delta, relax):
-    """REFERENCES.md §3 verbatim (exponents N_Δ and N_Δ - 1)."""
+    """The bound in its N_Δ form (exponents N_Δ and N_Δ - 1; docs/references.md §3, note)."""
     d, amu = abs(lam**m - mu), abs(mu)
     if relax == "F":
         return d * (1 - amu**n_delta) / (1 - amu)

@@ -1,4 +1,5 @@
-"""Communication operators and their adjoints: the distributed dot-product test (REFERENCES §5).
+"""Communication operators and their adjoints: the distributed dot-product test
+(docs/references.md §5).
 
 ⟨A x, y⟩ = ⟨x, Aᵀ y⟩ with inner products summed over ranks, ≤ 1e-12 relative (float64), for
 every operator and on the reverted communicator; plus what each forward map must deliver.
