@@ -125,9 +125,9 @@ def worker(spec: dict) -> None:
     from mpi4py import MPI
 
     from refbraid.backends import get_backend
+    from refbraid.layer_parallel import LayerParallelSettings
     from refbraid.network import backprop, init_params
     from refbraid.training.distributed import distributed_gradient
-    from refbraid.training.layer_parallel import LayerParallelSettings
     from refbraid.training.optim import make_optimizer
     from refbraid.training.sharded import ShardedTrainer
 

@@ -32,8 +32,8 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA
 import numpy as np
 
 from refbraid import Network, backprop, get_backend, init_params
+from refbraid.layer_parallel import LayerParallelSettings, layer_parallel_gradient
 from refbraid.layers import Classifier, DenseLift, DenseStep
-from refbraid.training.layer_parallel import LayerParallelSettings, layer_parallel_gradient
 
 
 def median_time(fn, repeat: int) -> float:
@@ -98,8 +98,8 @@ def main(argv=None) -> None:
 
 def sequence_table(args) -> None:
     """Serial BPTT/backprop vs the layer-parallel gradient of the sequence models."""
+    from refbraid.layer_parallel import relative_gradient_error
     from refbraid.sequence import GRUModel, TransformerModel
-    from refbraid.training.layer_parallel import relative_gradient_error
 
     repeat = 2 if args.quick else args.repeat
     bk = get_backend(args.backend)

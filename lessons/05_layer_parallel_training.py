@@ -31,9 +31,9 @@ import numpy as np
 from matplotlib.figure import Figure
 
 import refbraid
+from refbraid.gradient_error import format_gradient_error_table, gradient_error_study
+from refbraid.layer_parallel import LayerParallelSettings, layer_parallel_gradient
 from refbraid.training import TrainConfig, train
-from refbraid.training.gradient_error import format_gradient_error_table, gradient_error_study
-from refbraid.training.layer_parallel import LayerParallelSettings, layer_parallel_gradient
 from refbraid.training.run import setup
 
 SMALL = os.environ.get("REFBRAID_LESSON_SMALL") == "1"

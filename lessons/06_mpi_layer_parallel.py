@@ -33,9 +33,9 @@ import time
 import numpy as np
 from matplotlib.figure import Figure
 
+from refbraid.layer_parallel import LayerParallelSettings
 from refbraid.network import backprop, init_params
 from refbraid.parallel.launch import run_mpi
-from refbraid.training.layer_parallel import LayerParallelSettings
 from refbraid.training.models import build_network
 from refbraid.training.ownership import BlockPlan
 
@@ -74,7 +74,7 @@ import json, statistics, sys, time
 import numpy as np
 from refbraid.network import init_params
 from refbraid.training.distributed import distributed_gradient
-from refbraid.training.layer_parallel import layer_parallel_gradient, relative_gradient_error
+from refbraid.layer_parallel import layer_parallel_gradient, relative_gradient_error
 from refbraid.training.models import build_network
 
 N, REPEAT = int(sys.argv[1]), int(sys.argv[2])

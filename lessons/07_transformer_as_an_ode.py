@@ -29,10 +29,10 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from refbraid.data import load_dataset
+from refbraid.layer_parallel import LayerParallelSettings, relative_gradient_error
 from refbraid.network import forward
 from refbraid.sequence import TransformerModel
 from refbraid.training import TrainConfig, train
-from refbraid.training.layer_parallel import LayerParallelSettings, relative_gradient_error
 
 SMALL = os.environ.get("REFBRAID_LESSON_SMALL") == "1"
 FIGURES = os.environ.get("REFBRAID_LESSON_FIGURES")

@@ -30,10 +30,10 @@ from matplotlib.figure import Figure
 
 from refbraid.backends import get_backend
 from refbraid.data import load_dataset
+from refbraid.layer_parallel import LayerParallelSettings, relative_gradient_error
 from refbraid.layers import GRUCell
 from refbraid.sequence import GRUModel
 from refbraid.training import TrainConfig, train
-from refbraid.training.layer_parallel import LayerParallelSettings, relative_gradient_error
 
 SMALL = os.environ.get("REFBRAID_LESSON_SMALL") == "1"
 FIGURES = os.environ.get("REFBRAID_LESSON_FIGURES")

@@ -25,13 +25,13 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .data.peaks import peaks_labels
+from .gradient_error import gradient_error_study, plot_gradient_error
+from .layer_parallel import forward_problem
 from .mgrit import MGRITSettings, solve
 from .mgrit.plots import plot_residual_history
 from .network import group
 from .training.atomic import save_figure
 from .training.config import TrainConfig
-from .training.gradient_error import gradient_error_study, plot_gradient_error
-from .training.layer_parallel import forward_problem
 from .training.models import as_network_input
 from .training.plots import plot_decision_regions, plot_trajectories
 from .training.run import run_summary, setup

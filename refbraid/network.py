@@ -18,7 +18,7 @@ parameters stacked over layers, ``steps.W`` of shape (N, ...), so a layer's weig
 view ``steps.W[n]``.
 
 Every entry point (:func:`forward`, :func:`backprop`, and the layer-parallel gradient of
-:mod:`refbraid.training.layer_parallel`) first calls :func:`check_inputs`: the params must have
+:mod:`refbraid.layer_parallel`) first calls :func:`check_inputs`: the params must have
 exactly the names and shapes :func:`init_params` gives (:func:`param_spec`, computed once per
 network from ONE step's ``init``), one floating dtype shared with the input, and finite values;
 the batch is checked by :func:`check_batch`. Extra, missing or mis-shaped entries would

@@ -9,17 +9,17 @@ import numpy as np
 import pytest
 
 from refbraid import Network, backprop, init_params
-from refbraid.layers import Classifier, ConvLift, ConvStep, DenseLift, DenseStep
-from refbraid.mgrit import MGRITSettings, sequential_solve
-from refbraid.network import group
-from refbraid.training import TrainConfig, train
-from refbraid.training.gradient_error import format_gradient_error_table, gradient_error_study
-from refbraid.training.layer_parallel import (
+from refbraid.gradient_error import format_gradient_error_table, gradient_error_study
+from refbraid.layer_parallel import (
     LayerParallelSettings,
     adjoint_problem,
     layer_parallel_gradient,
     relative_gradient_error,
 )
+from refbraid.layers import Classifier, ConvLift, ConvStep, DenseLift, DenseStep
+from refbraid.mgrit import MGRITSettings, sequential_solve
+from refbraid.network import group
+from refbraid.training import TrainConfig, train
 
 RNG = np.random.default_rng(7)
 

@@ -145,8 +145,8 @@ def test_checkpoints_resume_across_mpi_and_one_process(tmp_path):
     import numpy as np
 
     from refbraid.cli import main
+    from refbraid.layer_parallel import relative_gradient_error
     from refbraid.training.checkpoint import load_checkpoint
-    from refbraid.training.layer_parallel import relative_gradient_error
 
     flags = ["train", "--layers", "32", "--samples", "300", "--quiet", "--checkpoint-every", "1"]
 

@@ -18,11 +18,11 @@ from refbraid.data.sequences import (
     match_labels,
     memory_task,
 )
+from refbraid.layer_parallel import LayerParallelSettings, relative_gradient_error
 from refbraid.network import backprop
 from refbraid.sequence import GRUModel, Seq2SeqModel, TransformerModel, cross_entropy, gru_model
 from refbraid.sequence.transformer_model import transformer_model
 from refbraid.training.config import TrainConfig
-from refbraid.training.layer_parallel import LayerParallelSettings, relative_gradient_error
 from refbraid.training.models import MODEL_DEFAULTS, build_network
 from refbraid.training.run import train
 
@@ -216,8 +216,8 @@ def test_task_trains_above_chance_layer_parallel_close_to_serial(tmp_path, model
 
 
 def test_gradient_error_study_rows():
+    from refbraid.gradient_error import format_gradient_error_table
     from refbraid.sequence import sequence_gradient_error_study
-    from refbraid.training.gradient_error import format_gradient_error_table
 
     m, p, x, y = _case("gru-implicit", np.random.default_rng(7))
     rows = sequence_gradient_error_study(m, p, x, y, range(0, 5), levels=2, cfactor=4,

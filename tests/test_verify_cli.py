@@ -151,12 +151,12 @@ def test_verify_reports_an_unavailable_backend(capsys):
 
 def test_verify_layer_parallel_prints_the_gradient_error_table(capsys, monkeypatch):
     import refbraid.verify.command as command
-    from refbraid.training.gradient_error import gradient_error_study
+    from refbraid.gradient_error import gradient_error_study
 
     def study(net, params, x, y, iterations, bk, default=None):  # fewer cycles, same code
         return gradient_error_study(net, params, x[:8], y[:8], range(0, 16, 5), bk, default)
 
-    monkeypatch.setattr("refbraid.training.gradient_error.gradient_error_study", study)
+    monkeypatch.setattr("refbraid.gradient_error.gradient_error_study", study)
     assert main(["verify", "--layer-parallel"]) == 0
     out = capsys.readouterr().out
     assert "grad rel err" in out and "1 level" in out and "PASS" in out

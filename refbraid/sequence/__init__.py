@@ -1,14 +1,17 @@
 """Sequence models trained layer-parallel: a GRU with MGRIT over the sequence positions, and
 transformers whose layers are the MGRIT time steps (encoder-only and encoder–decoder).
 
-==================  ==================================================================
-module              job
-==================  ==================================================================
-losses.py           cross-entropy per sequence (B, K) or per token (B, T, K)
-gru_model.py        GRUModel: BPTT and the MGRIT-over-the-sequence gradient
-transformer_model   TransformerModel (classifier / token tagger), Seq2SeqModel
-study.py            gradient error vs MGRIT cycles against the sequential gradient
-==================  ==================================================================
+====================  ================================================================
+module                job
+====================  ================================================================
+losses.py             cross-entropy per sequence (B, K) or per token (B, T, K)
+gru_model.py          GRUModel: BPTT and the MGRIT-over-the-sequence gradient
+token_layers.py       token openings (embedding, learned queries) and the memory closing
+block_gradient.py     one block's gradient under any loss: backprop, or MGRIT solves
+transformer_model.py  TransformerModel (classifier / token tagger); the model factory
+seq2seq_model.py      Seq2SeqModel: encoder → memory → decoder, block by block
+study.py              gradient error vs MGRIT cycles against the sequential gradient
+====================  ================================================================
 
 Every model offers the same duck type the trainer uses: ``init_params(rng, dtype)``,
 ``logits(params, x, bk)`` (sequential forward), ``backprop(params, x, labels, bk)``,
@@ -18,8 +21,9 @@ settings, bk)``, and ``opening.in_shape``, ``step``, ``n_layers``, ``T``, ``h``.
 
 from .gru_model import GRUModel, gru_model
 from .losses import cross_entropy
+from .seq2seq_model import Seq2SeqModel
 from .study import sequence_gradient_error_study
-from .transformer_model import Seq2SeqModel, TransformerModel, transformer_model
+from .transformer_model import TransformerModel, transformer_model
 
 __all__ = [
     "GRUModel",

@@ -38,12 +38,12 @@ import numpy as np
 
 from ..backends import Backend, get_backend
 from ..backends.reference import array_namespace
+from ..layer_parallel import LayerParallelInfo, LayerParallelSettings
 from ..layers import Classifier, GRUCell, GRUSequence
 from ..layers.gru import SCHEMES
 from ..layers.init import NonFiniteError, check_positive_int, check_step_size
 from ..mgrit import MGRITSettings, Problem, solve
 from ..network import Expected, check_input_dtype, check_param_dict, group
-from ..training.layer_parallel import LayerParallelInfo, LayerParallelSettings
 from .losses import cross_entropy
 
 CELL_WEIGHTS = ("W_ih", "W_hh", "b_ih", "b_hh")

@@ -1,12 +1,16 @@
-"""Training: models, gradients (sequential and layer-parallel), the loop, checkpoints, CLI.
+"""Training: models, gradient selection, optimizers, the loop, checkpoints, CLI.
+
+The gradients themselves live below training, beside the network they differentiate:
+:mod:`refbraid.network` (sequential backprop), :mod:`refbraid.layer_parallel` (MGRIT forward
+and adjoint solves) and :mod:`refbraid.gradient_error` (how far apart the two are). Training
+picks one (``gradients.py``) and builds the models (``models.py``, including
+:mod:`refbraid.sequence`'s, which use the same layer-parallel solve).
 
 =================  ==============================================================
 module             job
 =================  ==============================================================
 models.py          model name + data shape → Network (resnet, conv) or sequence model
 optim.py           SGD (momentum) and Adam, in place on the flat params dict
-layer_parallel.py  MGRIT forward + adjoint solves through a network, gradient from them
-gradient_error.py  layer-parallel gradient error vs MGRIT cycles (table, figure)
 distributed.py     the layer-parallel gradient over MPI ranks (and data parallelism)
 ownership.py       which rank owns which layers, ghosts and gradient rows (bookkeeping)
 sharded.py         owned parameter shards: optimizer steps local to each rank

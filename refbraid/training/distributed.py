@@ -1,6 +1,6 @@
 """The layer-parallel gradient over MPI: layers distributed over ranks, batches over groups.
 
-Same mathematics as :mod:`refbraid.training.layer_parallel` (same propagators, same MGRIT
+Same mathematics as :mod:`refbraid.layer_parallel` (same propagators, same MGRIT
 solves, same per-layer gradient formula); only the communicator and the ownership change::
 
     forward   y[0] = opening(x)  on layer rank 0, broadcast (the solve's u0)
@@ -25,7 +25,7 @@ coarsest-grid points. What it needs from others travels through
   from rank q+1; otherwise the default backward partition is used and more rows move;
 * gradient rows: the fine adjoint step a+1 → a is ``step.adjoint(θ_a, cache(y[a]), λ[a+1])``,
   which also yields ∂L/∂θ_a. As in one process
-  (:mod:`refbraid.training.layer_parallel`), :class:`CapturingAdjoint` keeps it from the
+  (:mod:`refbraid.layer_parallel`), :class:`CapturingAdjoint` keeps it from the
   solve's last relaxation and :class:`CachingForward` supplies the forward caches of the final
   states, so no layer is evaluated twice. The row of
   the boundary layer b_{q+1} is computed on rank q and sent home to rank q+1 by the ADJOINT
@@ -51,7 +51,7 @@ Parameter holding, two modes (documented honestly):
   writes them atomically. ``refbraid train`` under ``mpiexec`` trains this way
   (:class:`~refbraid.training.sharded.ShardedGradient` in the trainer's loop).
 
-Both give the serial gradient (:func:`refbraid.training.layer_parallel.layer_parallel_gradient`
+Both give the serial gradient (:func:`refbraid.layer_parallel.layer_parallel_gradient`
 on the full batch) to round-off; tests/mpi/test_distributed.py checks ≤ 1e-12 (float64).
 
 Shape legend: N layers, P world ranks, D groups, Q = P/D layer ranks, B batch, B_g shard,
@@ -66,16 +66,16 @@ from typing import Any
 import numpy as np
 
 from ..backends import Backend, get_backend
-from ..mgrit import Problem, solve
-from ..network import Network, Params, backprop, check_batch, group
-from ..parallel.mpi import Topology, split_world
-from ..parallel.ops import Broadcast, RowExchange
-from .layer_parallel import (
+from ..layer_parallel import (
     CachingForward,
     CapturingAdjoint,
     LayerParallelSettings,
     mgrit_forward,
 )
+from ..mgrit import Problem, solve
+from ..network import Network, Params, backprop, check_batch, group
+from ..parallel.mpi import Topology, split_world
+from ..parallel.ops import Broadcast, RowExchange
 from .ownership import BlockPlan, Rows
 
 

@@ -2,7 +2,7 @@
 
 * :func:`sequential_gradient` — sequential backprop (the baseline, ``--serial``);
 * :func:`mgrit_gradient` — layer-parallel: MGRIT forward and adjoint solves
-  (:mod:`refbraid.training.layer_parallel`), with solver statistics, optionally the gradient
+  (:mod:`refbraid.layer_parallel`), with solver statistics, optionally the gradient
   error against backprop every k steps, and the MGRIT forward pass it trains (``.logits``);
 * the MPI gradient (:mod:`refbraid.training.distributed`) under ``mpiexec``, with owned
   parameter shards (:class:`~refbraid.training.sharded.ShardedGradient`).
@@ -18,15 +18,15 @@ from typing import Any
 
 from ..backends import Backend, get_backend
 from ..errors import CollectiveError
-from ..mgrit import MGRITSettings, build_hierarchy
-from ..network import Network, backprop
-from .config import TrainConfig
-from .layer_parallel import (
+from ..layer_parallel import (
     LayerParallelSettings,
     layer_parallel_gradient,
     mgrit_forward,
     relative_gradient_error,
 )
+from ..mgrit import MGRITSettings, build_hierarchy
+from ..network import Network, backprop
+from .config import TrainConfig
 
 Params = dict[str, Any]
 GradientFn = Callable[[Params, Any, Any], "tuple[float, Params, dict[str, Any]]"]

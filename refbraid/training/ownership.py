@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from ..layer_parallel import LayerParallelSettings
 from ..mgrit import MGRITSettings, build_hierarchy
 from ..mgrit.grid import Hierarchy
 from ..parallel.layout import Layout, check_layout, partition
-from .layer_parallel import LayerParallelSettings
 
 
 def _hierarchy(n_layers: int, s: MGRITSettings) -> Hierarchy:

@@ -159,7 +159,7 @@ def write_gradient_error(config: TrainConfig, net: Network, data: Dataset, state
                          bk: Backend) -> Path:
     """After a layer-parallel run: the gradient error vs MGRIT cycles at the final weights,
     on one training batch, as ``gradient_error.png`` (and its table in ``gradient_error.json``)."""
-    from .gradient_error import gradient_error_study, plot_gradient_error
+    from ..gradient_error import gradient_error_study, plot_gradient_error
 
     x = bk.asarray(as_network_input(net, data.x_train[: config.batch_size]))
     y = bk.asarray(data.y_train[: config.batch_size])

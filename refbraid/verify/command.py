@@ -54,8 +54,8 @@ EXACT_TOL, CONVERGED_TOL = 1e-12, 1e-10
 
 def run_layer_parallel(stream=None) -> int:
     """Gradient error table for the default ``refbraid train`` network on one Peaks batch."""
+    from ..gradient_error import format_gradient_error_table, gradient_error_study
     from ..training.config import TrainConfig
-    from ..training.gradient_error import format_gradient_error_table, gradient_error_study
     from ..training.gradients import layer_parallel_settings
     from ..training.run import setup
 

@@ -30,6 +30,11 @@ import pytest
 
 import refbraid.mgrit as mgrit_pkg
 from refbraid.backends import get_backend
+from refbraid.layer_parallel import (
+    LayerParallelSettings,
+    layer_parallel_gradient,
+    mgrit_forward,
+)
 from refbraid.layers import Classifier, DenseLift, DenseStep
 from refbraid.layers.catalog import verification_catalog
 from refbraid.layers.init import NonFiniteError
@@ -44,11 +49,6 @@ from refbraid.network import (
 )
 from refbraid.sequence import GRUModel, Seq2SeqModel, TransformerModel
 from refbraid.training.config import TrainConfig
-from refbraid.training.layer_parallel import (
-    LayerParallelSettings,
-    layer_parallel_gradient,
-    mgrit_forward,
-)
 from refbraid.training.optim import SGD, Adam
 
 B = 3  # batch

@@ -10,16 +10,16 @@ every rank, before any work).
 import numpy as np
 import pytest
 
+from refbraid.layer_parallel import (
+    LayerParallelSettings,
+    layer_parallel_gradient,
+    relative_gradient_error,
+)
 from refbraid.mgrit import MGRITSettings
 from refbraid.network import backprop, init_params
 from refbraid.parallel.mpi import split_world
 from refbraid.training.checkpoint import load_checkpoint
 from refbraid.training.distributed import DistributedGradient, distributed_gradient
-from refbraid.training.layer_parallel import (
-    LayerParallelSettings,
-    layer_parallel_gradient,
-    relative_gradient_error,
-)
 from refbraid.training.models import build_network
 from refbraid.training.optim import make_optimizer
 from refbraid.training.sharded import ShardedTrainer

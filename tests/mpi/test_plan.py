@@ -7,9 +7,9 @@ each block's owner would compute; the plan's row lists must cover exactly those.
 import numpy as np
 import pytest
 
+from refbraid.layer_parallel import LayerParallelSettings
 from refbraid.mgrit import MGRITSettings, Problem, solve
 from refbraid.training.distributed import shard_sizes
-from refbraid.training.layer_parallel import LayerParallelSettings
 from refbraid.training.ownership import BlockPlan, Rows
 
 CASES = [

@@ -13,10 +13,10 @@ import io
 import numpy as np
 import pytest
 
+from refbraid.layer_parallel import relative_gradient_error
 from refbraid.training.checkpoint import load_checkpoint
 from refbraid.training.config import TrainConfig
 from refbraid.training.distributed import distributed_gradient
-from refbraid.training.layer_parallel import relative_gradient_error
 from refbraid.training.run import setup
 from refbraid.training.sharded import ShardedGradient
 from refbraid.training.trainer import fit, layer_parallel_settings, mgrit_gradient

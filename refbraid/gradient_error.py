@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..backends import Backend, get_backend
-from ..network import Network, Params, backprop
+from .backends import Backend, get_backend
 from .layer_parallel import LayerParallelSettings, layer_parallel_gradient, relative_gradient_error
+from .network import Network, Params, backprop
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,11 @@ is that of the approximate trajectory: the error ``refbraid verify --layer-paral
 
 With one MGRIT level both solves are sequential substitutions and the result equals
 :func:`refbraid.network.backprop` to round-off.
+
+Where it sits: the layer-parallel peer of :mod:`refbraid.network`'s sequential backprop, and the
+only place a network's steps meet MGRIT (the propagators turn layers into the step functions
+:class:`refbraid.mgrit.Problem` takes). The sequence models (:mod:`refbraid.sequence`) and
+training (:mod:`refbraid.training`) both build on it; it imports neither.
 """
 
 from __future__ import annotations
@@ -31,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from ..backends import Backend, get_backend
-from ..mgrit import MGRITResult, MGRITSettings, Problem, solve
-from ..network import Network, Params, check_inputs, group, layer_params
+from .backends import Backend, get_backend
+from .mgrit import MGRITResult, MGRITSettings, Problem, solve
+from .network import Network, Params, check_inputs, group, layer_params
 
 
 def _default_forward() -> MGRITSettings:

@@ -1,0 +1,203 @@
+"""An encoder–decoder transformer whose layers are MGRIT time steps, for sequence-to-sequence
+tasks (docs/references.md §1, Lu et al. 2019).
+
+Two blocks of N steps each. The encoder's X[N] is the *memory* M, data of every decoder step
+(all of them attend to it)::
+
+    X[0] = W_emb[tok] + P,    X[n+1] = X[n] + h F_enc(θ_n, X[n]),   M = X[N]
+    Z[0] = Q (learned queries, one per output position),   Z[n+1] = Z[n] + h F_dec(θ'_n, Z[n]; M)
+    logits = Z[N] Wᵀ + b  (B, T, K)
+
+The decoder is non-autoregressive (no causal mask, no teacher forcing): every output position
+has its own learned query and reads the source through cross-attention, which is all a
+copy/reverse task needs, and accuracy is measured without feeding the answer in.
+
+Layer-parallel gradient: each block is an MGRIT problem (coarse steps ``m·h`` with the weights
+of the first fine layer, TorchBraid's injection), solved in the order the data flows::
+
+    forward   encoder solve → M → decoder solve → logits, loss
+    adjoint   decoder adjoint solve from λ_Z[N] = ∂L/∂Z[N]
+              ∂L/∂θ'_n and ∂L/∂M = Σ_n (∂Φ'_n/∂M)ᵀ λ_Z[n+1]   (from the final relaxation)
+              encoder adjoint solve from λ_X[N] = ∂L/∂M,   ∂L/∂θ_n likewise
+
+The memory rides in the decoder's stacked step parameters as a read-only broadcast
+``memory`` (N, B, S, E), so the ResNet propagators of :mod:`refbraid.layer_parallel` serve
+unchanged, and its adjoint comes out of the sweep as one entry per layer (summed here).
+
+Shape legend: B batch, T tokens (source and output length), S memory tokens (= T here),
+E width ``dim``, F MLP width ``hidden``, V vocabulary, K classes, N layers per block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ..backends import Backend, get_backend
+from ..layer_parallel import LayerParallelInfo, LayerParallelSettings, mgrit_forward
+from ..layers import DecoderStep, EncoderStep, TokenClassifier, TokenEmbedding
+from ..layers.init import check_positive_int
+from ..mgrit import MGRITSettings
+from ..network import Expected, Network, check_param_dict, forward, init_params, param_spec
+from .block_gradient import block_backprop, block_layer_parallel
+from .losses import cross_entropy
+from .token_layers import Identity, Queries, TokenInput, check_tokens
+
+
+@dataclass
+class Seq2SeqInfo:
+    """Both blocks' layer-parallel records."""
+
+    encoder: LayerParallelInfo
+    decoder: LayerParallelInfo
+
+    def stats(self) -> dict[str, float]:
+        """Worst final residuals and total cycles / Φ applications over the two blocks."""
+        e, d = self.encoder.stats(), self.decoder.stats()
+        out = {k: max(e[k], d[k]) for k in ("fwd_res", "bwd_res")}
+        out.update({k: e[k] + d[k] for k in ("fwd_iters", "bwd_iters", "phi_calls")})
+        return out
+
+
+def _sub(params: dict, prefix: str) -> dict:
+    head = prefix + "."
+    return {k[len(head) :]: v for k, v in params.items() if k.startswith(head)}
+
+
+@dataclass(frozen=True)
+class Seq2SeqModel:
+    """Encoder (N steps) → memory → decoder (N steps, learned queries) → per-token classifier."""
+
+    vocab_size: int
+    seq_len: int
+    n_classes: int
+    layers: int
+    dim: int
+    heads: int
+    hidden: int
+    T: float = 1.0
+
+    def __post_init__(self):
+        for name in ("vocab_size", "seq_len", "n_classes", "layers", "dim", "heads", "hidden"):
+            check_positive_int(name, getattr(self, name))
+        _ = self.encoder, self.decoder  # validates the layers
+
+    @property
+    def encoder(self) -> Network:
+        E, T = self.dim, self.seq_len
+        return Network(opening=TokenInput(TokenEmbedding(self.vocab_size, E, T)),
+                       step=EncoderStep(E, self.heads, self.hidden, T), closing=Identity((T, E)),
+                       n_layers=self.layers, T=self.T)
+
+    @property
+    def decoder(self) -> Network:
+        E, T = self.dim, self.seq_len
+        return Network(opening=Queries(T, E),
+                       step=DecoderStep(E, self.heads, self.hidden, T, T, causal=False),
+                       closing=TokenClassifier(T, E, self.n_classes), n_layers=self.layers,
+                       T=self.T)
+
+    @property
+    def opening(self):
+        return self.encoder.opening
+
+    @property
+    def step(self):
+        return self.decoder.step
+
+    @property
+    def n_layers(self) -> int:
+        """Layers per block (each block is one MGRIT problem of this many steps)."""
+        return self.layers
+
+    @property
+    def h(self) -> float:
+        return self.T / self.layers
+
+    def init_params(self, rng: np.random.Generator, dtype=np.float64) -> dict[str, np.ndarray]:
+        """``encoder.*`` and ``decoder.*`` (the decoder steps' memory stand-in dropped)."""
+        params = {f"encoder.{k}": v for k, v in init_params(self.encoder, rng, dtype).items()}
+        dec = init_params(self.decoder, rng, dtype)
+        dec.pop("steps.memory")
+        params.update({f"decoder.{k}": v for k, v in dec.items()})
+        return params
+
+    def param_spec(self) -> dict[str, Expected]:
+        """Names and shapes of :meth:`init_params` (the encoder's and decoder's, prefixed)."""
+        return _seq2seq_spec(self)
+
+    def _check(self, params, x) -> None:
+        """The entry-point checks of the whole model (each block's forward checks its own)."""
+        check_param_dict(self.param_spec(), params, f"one row per layer: layers = {self.layers}")
+        check_tokens("x", x, self.seq_len)
+
+    @staticmethod
+    def _with_memory(dec_params: dict, memory, n: int, bk) -> dict:
+        """Decoder params with the memory broadcast (read-only) over the N stacked steps."""
+        return {**dec_params,
+                "steps.memory": bk.xp.broadcast_to(memory, (n, *memory.shape))}
+
+    def logits(self, params, x, bk: Backend | str = "numpy"):
+        """Sequential forward: encoder, then decoder with the memory; (B, T, K) logits."""
+        bk = get_backend(bk)
+        self._check(params, x)
+        memory = forward(self.encoder, _sub(params, "encoder"), x, bk, keep=False)[0]
+        dec = self._with_memory(_sub(params, "decoder"), memory, self.layers, bk)
+        return forward(self.decoder, dec, x, bk, keep=False)[0]
+
+    def backprop(self, params, x, labels, bk: Backend | str = "numpy"):
+        """Loss and gradient by sequential backprop through both blocks."""
+        bk = get_backend(bk)
+        self._check(params, x)
+        enc_p = _sub(params, "encoder")
+        memory = forward(self.encoder, enc_p, x, bk, keep=False)[0]
+        dec = self._with_memory(_sub(params, "decoder"), memory, self.layers, bk)
+        loss, dgrads, out = block_backprop(self.decoder, dec, x,
+                                           lambda z: cross_entropy(z, labels, bk), bk)
+        dmemory = dgrads.pop("steps.memory").sum(axis=0)  # Σ_n ∂Φ'_n/∂M ᵀ λ
+        _, egrads, _ = block_backprop(self.encoder, enc_p, x, lambda m: (0.0, dmemory), bk)
+        grads = {f"encoder.{k}": v for k, v in egrads.items()}
+        grads.update({f"decoder.{k}": v for k, v in dgrads.items()})
+        return loss, {k: grads[k] for k in params}, {"logits": out}
+
+    def mgrit_logits(self, params, x, settings: MGRITSettings, bk: Backend | str = "numpy"):
+        """Logits with both blocks solved by MGRIT."""
+        bk = get_backend(bk)
+        self._check(params, x)
+        memory = mgrit_forward(self.encoder, _sub(params, "encoder"), x, settings, bk)[0]
+        dec = self._with_memory(_sub(params, "decoder"), memory, self.layers, bk)
+        return mgrit_forward(self.decoder, dec, x, settings, bk)[0]
+
+    def layer_parallel_gradient(self, params, x, labels,
+                                settings: LayerParallelSettings | None = None,
+                                bk: Backend | str = "numpy"):
+        """MGRIT solves block by block (module docstring); returns (loss, grads, Seq2SeqInfo).
+
+        The encoder's forward solve is repeated inside its gradient pass (a second identical
+        solve, cheaper to read than threading the record through).
+        """
+        bk = get_backend(bk)
+        settings = LayerParallelSettings() if settings is None else settings
+        self._check(params, x)
+        enc_p = _sub(params, "encoder")
+        memory = mgrit_forward(self.encoder, enc_p, x, settings.forward, bk)[0]
+        dec = self._with_memory(_sub(params, "decoder"), memory, self.layers, bk)
+        loss, dgrads, dinfo = block_layer_parallel(
+            self.decoder, dec, x, lambda z: cross_entropy(z, labels, bk), settings, bk)
+        dmemory = dgrads.pop("steps.memory").sum(axis=0)
+        _, egrads, einfo = block_layer_parallel(self.encoder, enc_p, x,
+                                                lambda m: (0.0, dmemory), settings, bk)
+        grads = {f"encoder.{k}": v for k, v in egrads.items()}
+        grads.update({f"decoder.{k}": v for k, v in dgrads.items()})
+        return loss, {k: grads[k] for k in params}, Seq2SeqInfo(einfo, dinfo)
+
+
+@lru_cache(maxsize=32)
+def _seq2seq_spec(model: Seq2SeqModel) -> dict[str, Expected]:
+    spec = {f"encoder.{k}": v for k, v in param_spec(model.encoder).items()}
+    dec = dict(param_spec(model.decoder))
+    dec.pop("steps.memory")  # the memory is the encoder's output, not a parameter
+    spec.update({f"decoder.{k}": v for k, v in dec.items()})
+    return spec
