@@ -21,6 +21,7 @@ Shape legend: N fine steps, n_ℓ intervals on level ℓ (n_ℓ + 1 points), L l
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 
 import numpy as np
 
@@ -42,11 +43,12 @@ class Level:
     def n_intervals(self) -> int:
         return len(self.points) - 1
 
-    @property
+    @cached_property
     def is_c(self) -> np.ndarray:
-        """Boolean mask of C-points (all True on the coarsest level)."""
+        """Boolean mask of C-points (all True on the coarsest level); read-only, computed once."""
         k = np.arange(len(self.points))
-        return k % self.cfactor == 0 if self.cfactor else np.ones(len(self.points), dtype=bool)
+        mask = k % self.cfactor == 0 if self.cfactor else np.ones(len(self.points), dtype=bool)
+        return _readonly(mask)
 
     @property
     def c_points(self) -> np.ndarray:
@@ -114,10 +116,17 @@ def build_hierarchy(n_steps: int, cfactors: tuple[int, ...], min_coarse: int = 2
     """Levels by repeated injection: level ℓ+1 = C-points of ℓ (``len(cfactors) + 1`` levels).
 
     Raises ValueError naming ``levels`` when a coarse level would have fewer than
-    ``min_coarse`` intervals.
+    ``min_coarse`` intervals. A hierarchy is immutable (read-only arrays), so equal arguments
+    get one shared object from a small cache: the ranks of a simulated run
+    (:mod:`refbraid.parallel.virtual`) do not each rebuild the same O(N) arrays.
     """
     if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or n_steps < 1:
         raise ValueError(f"`n_steps` must be a positive integer, got {n_steps!r}.")
+    return _build_hierarchy(int(n_steps), tuple(cfactors), min_coarse)
+
+
+@lru_cache(maxsize=16)
+def _build_hierarchy(n_steps: int, cfactors: tuple[int, ...], min_coarse: int) -> Hierarchy:
     points = np.arange(int(n_steps) + 1, dtype=np.int64)
     levels = []
     for ell, m in enumerate(cfactors):

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from ..parallel.trace import active_recorder
 from .arrays import namespace
 from .coarse import forward_substitution
 
@@ -158,7 +159,9 @@ class CountingStep:
     """The problem's step in solver indices, counting applications and checking shapes.
 
     ``__call__(u, s_start, s_stop)`` calls ``problem.step(u, i_start, i_stop)`` with fine
-    indices; raises ValueError naming ``step`` when the result has the wrong shape.
+    indices; raises ValueError naming ``step`` when the result has the wrong shape. When a
+    trace recorder is active (:mod:`refbraid.parallel.trace`) every counted application is
+    also recorded with its level and fine indices; otherwise that costs one lookup.
     """
 
     def __init__(self, problem: Problem, level: int = 0):
@@ -173,8 +176,12 @@ class CountingStep:
         start, stop = p.to_fine(int(s_start)), p.to_fine(int(s_stop))
         t0 = time.perf_counter()
         out = p.step(u, start, stop)
-        self.seconds += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self.seconds += t1 - t0
         self.count += 1
+        rec = active_recorder()
+        if rec is not None:
+            rec.step(self.level, start, stop, t0, t1)
         shape = getattr(out, "shape", None)
         if shape is None or tuple(shape) != self._shape:
             got = tuple(shape) if shape is not None else type(out).__name__

@@ -11,20 +11,36 @@ mpi.py         MPIComm (the same interface over mpi4py), world splits for data
 ops.py         exchanges as linear operators with their adjoints (DistDL), each
                checked by the distributed dot-product test
 launch.py      ``mpiexec -n N python -m mpi4py ...`` with timeouts and one thread
+trace.py       opt-in execution trace (steps, messages, collectives) and the
+               critical path; the hooks cost one lookup when off
+virtual.py     the virtual cluster: P ranks on virtual clocks (step costs, α + β·bytes
+               per message), predicted wall time, timeline and critical path
+plots.py       the timeline figure (imported on demand: matplotlib)
 =============  ===================================================================
 """
 
 from .comm import Comm, SerialComm, ThreadComm, exchange_ghost, pipeline, run_ranks
 from .layout import Layout, check_layout, partition
+from .trace import Recorder, Trace, critical_path, recording, run_traced
+from .virtual import StepCosts, VirtualComm, VirtualRun, simulate
 
 __all__ = [
     "Comm",
     "Layout",
+    "Recorder",
     "SerialComm",
+    "StepCosts",
     "ThreadComm",
+    "Trace",
+    "VirtualComm",
+    "VirtualRun",
     "check_layout",
+    "critical_path",
     "exchange_ghost",
     "partition",
     "pipeline",
+    "recording",
     "run_ranks",
+    "run_traced",
+    "simulate",
 ]

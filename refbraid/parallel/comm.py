@@ -25,15 +25,21 @@ sequential coarsest solve: wait for the previous block, compute, pass on).
 Implementations here: :class:`SerialComm` (one rank: the whole grid, no ghosts) and
 :class:`ThreadComm` (``size`` simulated ranks in threads of one process, for tests and
 lessons). An MPI communicator implements the same methods with mpi4py; the solver does not
-change.
+change. :class:`refbraid.parallel.virtual.VirtualComm` runs the ranks on a virtual clock.
+
+Tracing (:mod:`refbraid.parallel.trace`): when a recorder is active in the calling thread,
+every message and reduction is recorded; otherwise each method pays one lookup.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
+
+from .trace import active_recorder, payload_bytes
 
 #: Seconds a simulated rank waits for a neighbour or a collective before giving up.
 THREAD_TIMEOUT = 120.0
@@ -96,9 +102,17 @@ class SerialComm:
         return None
 
     def allreduce_sum(self, value: float) -> float:
+        rec = active_recorder()
+        if rec is not None:
+            t = time.perf_counter()
+            rec.collective("allreduce", payload_bytes(value), t, t)
         return float(value)
 
     def gather(self, value: Any, root: int = 0) -> list[Any]:
+        rec = active_recorder()
+        if rec is not None:
+            t = time.perf_counter()
+            rec.collective("gather", payload_bytes(value), t, t)
         return [value]
 
     def __repr__(self) -> str:
@@ -144,18 +158,27 @@ class ThreadComm:
     def send_next(self, value: Any) -> None:
         nxt = self._neighbour(+1)
         if nxt is not None:
+            rec = active_recorder()
+            t0 = time.perf_counter() if rec is not None else 0.0
             self._world.mail[(self.rank, nxt)].put(
                 value.copy() if hasattr(value, "copy") else value
             )
+            if rec is not None:
+                rec.send(nxt, payload_bytes(value), t0, time.perf_counter())
 
     def recv_prev(self) -> Any | None:
         prv = self._neighbour(-1)
         if prv is None:
             return None
+        rec = active_recorder()
+        t0 = time.perf_counter() if rec is not None else 0.0
         try:
-            return self._world.mail[(prv, self.rank)].get(timeout=THREAD_TIMEOUT)
+            value = self._world.mail[(prv, self.rank)].get(timeout=THREAD_TIMEOUT)
         except queue.Empty:
             raise RuntimeError(f"rank {self.rank}: no message from rank {prv}") from None
+        if rec is not None:
+            rec.recv(prv, payload_bytes(value), t0, time.perf_counter())
+        return value
 
     def _collect(self, value: Any) -> list[Any]:
         w = self._world
@@ -166,10 +189,19 @@ class ThreadComm:
         return values
 
     def allreduce_sum(self, value: float) -> float:
-        return float(sum(self._collect(float(value))))  # same order on every rank: same float
+        rec = active_recorder()
+        t0 = time.perf_counter() if rec is not None else 0.0
+        out = float(sum(self._collect(float(value))))  # same order on every rank: same float
+        if rec is not None:
+            rec.collective("allreduce", payload_bytes(value), t0, time.perf_counter())
+        return out
 
     def gather(self, value: Any, root: int = 0) -> list[Any] | None:
+        rec = active_recorder()
+        t0 = time.perf_counter() if rec is not None else 0.0
         values = self._collect(value)
+        if rec is not None:
+            rec.collective("gather", payload_bytes(value), t0, time.perf_counter())
         return values if self.rank == root else None
 
     def __repr__(self) -> str:

@@ -112,7 +112,11 @@ def check_layout(layout: Layout, coarsest_points, n_steps: int) -> None:
     """Raise ValueError unless every block starts at a coarsest point of an ``n_steps`` grid."""
     if layout.n_steps != n_steps:
         raise ValueError(f"`layout` is for n_steps={layout.n_steps}, the problem has {n_steps}.")
-    bad = sorted(set(layout.starts) - {int(p) for p in coarsest_points})
+    pts = np.asarray(coarsest_points, dtype=np.int64)  # sorted
+    starts = np.asarray(layout.starts, dtype=np.int64)
+    at = np.minimum(np.searchsorted(pts, starts), max(len(pts) - 1, 0))
+    found = pts[at] == starts if len(pts) else np.zeros(len(starts), dtype=bool)
+    bad = [int(s) for s in starts[~found]]
     if bad:
         raise ValueError(
             f"`layout` block starts {bad} are not coarsest-grid points; every F-interval must lie "
