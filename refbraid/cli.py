@@ -1,4 +1,4 @@
-"""Command line: ``refbraid train | verify``.
+"""Command line: ``refbraid train | scale | verify``.
 
 Each sub-command lives with the code it drives and registers itself here through an
 ``add_parser(subparsers)`` function that sets ``func`` (called with the parsed namespace and
@@ -78,6 +78,7 @@ def debug_requested(args: argparse.Namespace | None = None) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import verify
+    from .scaling import cli as scale_cli
     from .training import cli as train_cli
 
     parser = argparse.ArgumentParser(
@@ -93,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help=debug_help)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     train_cli.add_parser(sub)
+    scale_cli.add_parser(sub)
     verify.add_parser(sub)
     for command in sub.choices.values():  # `refbraid train --debug` works as well
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,

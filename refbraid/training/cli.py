@@ -52,6 +52,28 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "diverged (stopped: the loss became NaN/inf, or an epoch's mean loss exceeded 10x "
         "that of a uniform guess, 10 ln K for K classes), interrupted (Ctrl-C), error.",
     )
+    add_config_arguments(p)
+    g = p.add_argument_group("output")
+    _add(g, "out", str, "output folder (default: the --resume run's folder, else "
+         "runs/<data>-<model>); a folder that holds a run is refused unless --resume points "
+         "at it or --overwrite is given", metavar="DIR")
+    _add(g, "checkpoint_every", int, "write checkpoint.npz every K epochs and at the end "
+         "(0: never)", metavar="K")
+    _add(g, "resume", str, "continue from a checkpoint file (or a run folder holding "
+         "checkpoint.npz); --epochs is the new total; writes to that run's folder unless "
+         "--out is given", metavar="PATH")
+    g.add_argument("--overwrite", dest="overwrite", action="store_true",
+                   help="replace the run already in --out (its log, checkpoint and figures "
+                   "are deleted first)")
+    g.add_argument("--quiet", dest="quiet", action="store_true",
+                   help="no per-epoch progress lines (the final summary is still printed)")
+    p.set_defaults(func=run)
+    return p
+
+
+def add_config_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags that describe a run's data, network, optimisation, execution and MGRIT
+    settings (shared by ``refbraid train`` and ``refbraid scale``)."""
     g = p.add_argument_group("data")
     _add(g, "data", str, f"data set: {' | '.join(DATASETS)}", metavar="NAME")
     _add(g, "data_dir", str, "folder with the MNIST IDX files (train-images-idx3-ubyte, "
@@ -95,22 +117,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="do a full first cycle instead of TorchBraid's skipped down-cycle")
     _add(g, "check_gradient_every", int, "every K steps also compute sequential backprop and "
          "log the relative gradient error (0: never)", metavar="K")
-    g = p.add_argument_group("output")
-    _add(g, "out", str, "output folder (default: the --resume run's folder, else "
-         "runs/<data>-<model>); a folder that holds a run is refused unless --resume points "
-         "at it or --overwrite is given", metavar="DIR")
-    _add(g, "checkpoint_every", int, "write checkpoint.npz every K epochs and at the end "
-         "(0: never)", metavar="K")
-    _add(g, "resume", str, "continue from a checkpoint file (or a run folder holding "
-         "checkpoint.npz); --epochs is the new total; writes to that run's folder unless "
-         "--out is given", metavar="PATH")
-    g.add_argument("--overwrite", dest="overwrite", action="store_true",
-                   help="replace the run already in --out (its log, checkpoint and figures "
-                   "are deleted first)")
-    g.add_argument("--quiet", dest="quiet", action="store_true",
-                   help="no per-epoch progress lines (the final summary is still printed)")
-    p.set_defaults(func=run)
-    return p
 
 
 def run(args: argparse.Namespace) -> int:
