@@ -1,4 +1,4 @@
-"""Lessons 01, 02 and 05 run end to end in small mode (their own assertions are the checks) and
+"""Lessons 01, 02, 05 and 09 run end to end in small mode (their own assertions are the checks) and
 save their figure when asked. Lessons 03+ have their own runners (coordinated by file name)."""
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 LESSONS = Path(__file__).resolve().parent.parent / "lessons"
-MINE = sorted([*LESSONS.glob("01_*.py"), *LESSONS.glob("02_*.py"), *LESSONS.glob("05_*.py")])
+MINE = sorted([*LESSONS.glob("01_*.py"), *LESSONS.glob("02_*.py"), *LESSONS.glob("05_*.py"),
+               *LESSONS.glob("09_*.py")])
 
 
-def test_lessons_01_02_05_exist():
-    assert [p.name[:3] for p in MINE] == ["01_", "02_", "05_"]
+def test_lessons_01_02_05_09_exist():
+    assert [p.name[:3] for p in MINE] == ["01_", "02_", "05_", "09_"]
 
 
 @pytest.mark.parametrize("path", MINE, ids=lambda p: p.stem)

@@ -1,0 +1,166 @@
+# %% [markdown]
+# # Lesson 09 — Where layer-parallel training pays off
+#
+# Lessons 05 and 06 showed that MGRIT gives the backprop gradient once it has converged, and
+# that with TorchBraid's settings it does about three times the work of sequential backprop.
+# Three times the work can still be faster — if enough ranks share it. How many is enough,
+# and what does each rank do meanwhile? Here we
+#
+# 1. trace a real 2-rank MGRIT solve through a network (every step, message and reduction
+#    with its time) and set it beside its **virtual twin**: the same code on a virtual cluster
+#    whose clocks advance by measured step costs (docs/references.md §4);
+# 2. predict strong scaling to 1,024 ranks for a deep dense and a conv network, and find the
+#    **crossover** — the number of ranks where layer-parallel training beats serial;
+# 3. ask seed 002's question: for a given batch and network, which parallelism wins —
+#    data-parallel (DP), layer-parallel (LP), or both (DP × LP)?
+#
+# Run it: `python lessons/09_where_layer_parallel_pays_off.py` (`REFBRAID_LESSON_SMALL=1` for
+# a quick run, `REFBRAID_LESSON_FIGURES=<folder>` to save the figures). The same numbers for
+# any training configuration: `refbraid scale` (try `refbraid scale --layers 4096`).
+
+# %%
+import os
+from pathlib import Path
+
+import numpy as np
+
+from refbraid.backends import get_backend
+from refbraid.layer_parallel import ForwardPropagator, LayerParallelSettings
+from refbraid.mgrit import Problem, solve
+from refbraid.network import group, init_params
+from refbraid.parallel.costs import StepCosts
+from refbraid.parallel.plots import plot_timeline
+from refbraid.parallel.trace import STEP, run_traced
+from refbraid.scaling.plots import plot_scaling
+from refbraid.scaling.predict import DEFAULT_ALPHA, DEFAULT_BETA, calibrate, predict, serial_time
+from refbraid.scaling.schedule import simulate_solve
+from refbraid.training.config import TrainConfig
+from refbraid.training.models import build_network
+
+SMALL = os.environ.get("REFBRAID_LESSON_SMALL") == "1"
+FIGURES = os.environ.get("REFBRAID_LESSON_FIGURES")
+figures = {}
+
+# %% [markdown]
+# ## 1. A real 2-rank solve and its virtual twin
+#
+# The network is lesson 05's: 64 tanh layers of width 16 (Peaks), a batch of 64, TorchBraid's
+# MGRIT settings. `run_traced` runs the MGRIT forward solve on 2 ranks — threads of this
+# process talking through the same communicator interface MPI uses — and records every event.
+# Python runs one thread at a time (the threads take turns at the interpreter lock, and a
+# waiting thread may wait for its turn long after its message has arrived), so this timeline
+# shows the **schedule** — the same events in the same order — not a speed-up; an `mpiexec`
+# run has the same schedule with real parallelism, and the virtual twin shows its timing.
+
+# %%
+N, WIDTH, BATCH = 64, 16, 64
+bk = get_backend("numpy")
+net = build_network("resnet", (2,), 5, N, WIDTH, 3.0, "tanh")
+params = init_params(net, 0)
+x = np.random.default_rng(0).standard_normal((BATCH, 2))
+y0, _ = net.opening.forward(group(params, "opening"), x, bk)
+problem = Problem(step=ForwardPropagator(net, group(params, "steps"), bk), u0=y0, n_steps=N)
+settings = LayerParallelSettings().forward
+
+results, real = run_traced(2, lambda comm: solve(problem, settings, comm=comm))
+steps = [e for e in real if e.kind == STEP]
+costs = StepCosts(forward=tuple(
+    float(np.mean([e.duration for e in steps if e.level == level]))
+    for level in range(3)))
+print("measured seconds per step by level:", ", ".join(f"{c * 1e6:.1f} µs" for c in costs.forward))
+twin = simulate_solve(problem, settings, 2, costs, DEFAULT_ALPHA, DEFAULT_BETA)
+for r in range(2):  # the virtual twin computed exactly the same numbers
+    assert np.array_equal(results[r].solution, twin.results[r].solution)
+assert real.step_counts() == twin.trace.step_counts()
+print(f"real: {1e3 * real.end:.2f} ms (2 threads taking turns at the interpreter lock);  "
+      f"virtual twin: {1e3 * twin.wall_time:.2f} ms on 2 independent ranks")
+figures["real"] = plot_timeline(real, title="real run: 2 ranks as threads (measured)")
+figures["virtual"] = plot_timeline(twin.trace, twin.critical_path,
+                                   title="its virtual twin: 2 ranks, measured step costs")
+
+# %% [markdown]
+# Read the virtual timeline from the left: both ranks relax their own layers at once (dark
+# blue, level 0), then the coarse levels (lighter blues) run as a **pipeline** — rank 1 waits
+# (hatched) until rank 0 has passed it the coarse solution. Every residual norm is a
+# reduction (purple) that makes each rank wait for the slowest. The red line is the critical
+# path: the chain of events that sets the end time. Shortening anything off that path gains
+# nothing.
+#
+# ## 2. Strong scaling to 1,024 ranks
+#
+# `calibrate` measures this machine for a training configuration: serial training steps, a
+# traced one-process layer-parallel gradient (step costs per level and direction, with the
+# solver's bookkeeping spread over the steps), and α, β for messages (given here, so the
+# lesson needs no `mpiexec`). `predict` then runs the real MGRIT schedule of one training step
+# on P = 1, 2, 4, … virtual ranks (cost-only: shapes, no arithmetic) — data parallelism uses
+# seed 002's ring-allreduce model.
+
+# %%
+deep = 256 if SMALL else 4096
+dense = calibrate(TrainConfig(layers=deep, samples=500), max_ranks=1024,
+                  alpha=DEFAULT_ALPHA, beta=DEFAULT_BETA)
+dense_rows = predict(dense, max_ranks=1024)
+conv_layers = 32 if SMALL else 128
+conv = calibrate(TrainConfig(data="digits", model="conv", layers=conv_layers, width=4,
+                             samples=300, batch_size=50), max_ranks=1024,
+                 alpha=DEFAULT_ALPHA, beta=DEFAULT_BETA)
+conv_rows = predict(conv, max_ranks=1024)
+
+
+def crossover(machine, rows):
+    """The smallest P whose layer-parallel step beats serial training (None: none)."""
+    t0 = serial_time(machine)
+    return next((r.ranks for r in rows if r.layer_parallel and r.layer_parallel < t0), None)
+
+
+for name, machine, rows in (("dense", dense, dense_rows), ("conv", conv, conv_rows)):
+    best = max((r for r in rows if r.layer_parallel), key=lambda r: serial_time(machine)
+               / r.layer_parallel)
+    print(f"{name} N = {machine.n_layers}: serial {1e3 * serial_time(machine):.1f} ms; "
+          f"layer-parallel beats it from P = {crossover(machine, rows)}; best LP speedup "
+          f"{serial_time(machine) / best.layer_parallel:.1f}x at P = {best.ranks}")
+    assert rows[0].layer_parallel > serial_time(machine)  # one rank: MGRIT's extra work
+figures["scaling_dense"] = plot_scaling(dense_rows, serial_time(dense),
+                                        f"dense ResNet, N = {deep}, width 16, batch 64")
+figures["scaling_conv"] = plot_scaling(conv_rows, serial_time(conv),
+                                       f"conv ODE-net (digits), N = {conv_layers}, batch 50")
+
+# %% [markdown]
+# Layer-parallel speed-up grows with P until each rank owns only a few coarsest intervals;
+# then the coarse pipeline and the reductions (whose cost grows like log P) dominate, and
+# adding ranks stops helping. With 3 levels and cfactor 4 a network of N layers can use at
+# most N/16 layer ranks at all.
+#
+# ## 3. Data, depth, or both?
+#
+# Data parallelism splits the batch: each rank computes a smaller batch's gradient exactly,
+# then one allreduce averages them. It is limited by the batch (D ≤ B) and by small batches
+# running inefficiently. Layer parallelism splits the depth and pays MGRIT's extra work. The
+# best split of P ranks into D groups of Q layer ranks:
+
+# %%
+print(f"{'P':>5}  {'winner':>14}  {'DP x':>6}  {'LP x':>6}  {'best x':>6}  split D×Q")
+for r in dense_rows:
+    t0 = serial_time(dense)
+
+    def speed(t, t0=t0):
+        return f"{t0 / t:6.2f}" if t else "     -"
+
+    kind = ("-" if r.best_split is None else "data" if r.best_split[1] == 1 else "layer"
+            if r.best_split[0] == 1 else "data × layer")
+    split = "-" if r.best_split is None else f"{r.best_split[0]}×{r.best_split[1]}"
+    print(f"{r.ranks:5d}  {kind:>14}  {speed(r.data_parallel)}  {speed(r.layer_parallel)}  "
+          f"{speed(r.best)}  {split}")
+
+# %% [markdown]
+# On few ranks data parallelism usually wins: it does no extra work. Once the batch is split
+# as far as it sensibly goes, only depth is left to split, and DP × LP takes over.
+# Try your own network: `refbraid scale --layers 1024 --width 64 --batch-size 256`, or
+# describe a GPU cluster with `--alpha`, `--beta` and `--step-cost`.
+
+# %%
+if FIGURES:
+    Path(FIGURES).mkdir(parents=True, exist_ok=True)
+    for key, fig in figures.items():
+        suffix = "" if key == "virtual" else f"_{key}"
+        fig.savefig(Path(FIGURES) / f"09_where_layer_parallel_pays_off{suffix}.png", dpi=120)
