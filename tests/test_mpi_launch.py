@@ -182,3 +182,21 @@ def test_checkpoints_resume_across_mpi_and_one_process(tmp_path):
             np.testing.assert_array_equal(ckpt.optimizer_state[k], whole.optimizer_state[k],
                                           err_msg=f"{run} {k}")
         assert losses[0] == losses[1], run
+
+
+@pytest.mark.mpi
+def test_trace_under_mpiexec_gathers_every_ranks_steps_to_rank_0(tmp_path):
+    import json
+    from collections import Counter
+
+    out = tmp_path / "run"
+    flags = ["train", "--layers", "32", "--samples", "300", "--epochs", "1", "--quiet",
+             "--trace", "--out", str(out)]
+    run = run_mpi(2, ["-m", "refbraid", *flags], timeout=FAULT_TIMEOUT, cwd=ROOT)
+    assert run.ok, run.output
+    trace = json.loads((out / "trace.json").read_text())
+    log = json.loads((out / "log.json").read_text())
+    steps = Counter(e["rank"] for e in trace["events"] if e["kind"] == "step")
+    assert set(steps) == {0, 1}
+    assert sum(steps.values()) == log["history"][-1]["stats"]["phi_calls"]
+    assert (out / "timeline.png").is_file()

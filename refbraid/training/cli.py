@@ -43,7 +43,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "per-epoch history, final status), curves.png (loss and accuracy), with checkpoints "
         "checkpoint.npz, and for layer-parallel runs mgrit.png (solver residuals per epoch), "
         "gradient_error.png and gradient_error.json (gradient error vs MGRIT cycles at the "
-        "final weights); .refbraid.lock marks a folder in use. "
+        "final weights), with --trace trace.json and timeline.png (one training step, every "
+        "rank); .refbraid.lock marks a folder in use. "
         "Accuracy: 'val acc' is measured with the forward pass the run trains (the MGRIT "
         "solve for a layer-parallel run, as TorchBraid reports it); 'exact-forward val acc' "
         "runs the same weights through the exact sequential forward pass.",
@@ -65,6 +66,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--overwrite", dest="overwrite", action="store_true",
                    help="replace the run already in --out (its log, checkpoint and figures "
                    "are deleted first)")
+    g.add_argument("--trace", dest="trace", action="store_true",
+                   help="record the second training step on every rank (each step "
+                   "application, message and reduction): trace.json and timeline.png")
     g.add_argument("--quiet", dest="quiet", action="store_true",
                    help="no per-epoch progress lines (the final summary is still printed)")
     p.set_defaults(func=run)

@@ -156,6 +156,7 @@ class TrainConfig:
     checkpoint_every: int = 0  # epochs between checkpoints; 0 = no checkpoints
     resume: str | None = None
     overwrite: bool = False  # a new run may replace the run already in `out`
+    trace: bool = False  # record one training step's execution trace (trace.json, timeline.png)
     quiet: bool = False
     serial: bool = False  # sequential backprop instead of layer-parallel MGRIT
     # layer-parallel MGRIT (TorchBraid's example defaults, docs/references.md §6)
@@ -199,7 +200,7 @@ class TrainConfig:
             _positive_float(self, name)
         _real(self, "momentum", lambda v: 0.0 <= v < 1.0, "a number in [0, 1)")
         _real(self, "val_fraction", lambda v: 0.0 < v < 1.0, "a number in (0, 1)")
-        for name in ("quiet", "serial", "skip_down", "overwrite"):
+        for name in ("quiet", "serial", "skip_down", "overwrite", "trace"):
             _flag_bool(self, name)
         _folder(self, "out", "a folder name")
         _folder(self, "data_dir", "a folder name")

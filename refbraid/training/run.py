@@ -30,6 +30,7 @@ from .gradients import GradientFn, layer_parallel_settings, select_gradient
 from .models import as_network_input, build_network
 from .optim import Optimizer, make_optimizer
 from .run_folder import RunFolder, claim_run_folder
+from .tracing import TracedGradient, write_trace
 from .trainer import TrainResult, TrainState, fit
 
 GRADIENT_ERROR_FILE = "gradient_error.png"  # layer-parallel runs: error vs MGRIT cycles
@@ -146,10 +147,15 @@ def train(config: TrainConfig, gradient: GradientFn | None = None,
             name = getattr(gradient, "__name__", "custom")
         meta = run_summary(config, net, data, state.optimizer, name)
         root = getattr(gradient, "is_root", True)  # over MPI only world rank 0 prints, writes
+        if config.trace:
+            gradient = TracedGradient(gradient)
         result = fit(net, state, data, gradient, epochs=config.epochs,
                      batch_size=config.batch_size, bk=bk, out_dir=out if root else None,
                      checkpoint_every=config.checkpoint_every, meta=meta,
                      quiet=config.quiet or not root, stream=stream)
+        if config.trace:
+            result.files.update(write_trace(gradient, out if root else None,
+                                            f"{config.data}-{config.model} ({name})"))
         if name == "layer-parallel" and isinstance(net, Network):
             result.files["gradient_error"] = write_gradient_error(config, net, data, state, bk)
     return result

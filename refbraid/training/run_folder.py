@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover - Windows
 
 #: Every file a run writes into its folder (what ``--overwrite`` removes).
 RUN_FILES = ("log.json", "checkpoint.npz", "curves.png", "mgrit.png", "gradient_error.png",
-             "gradient_error.json")
+             "gradient_error.json", "trace.json", "timeline.png")
 #: Files whose presence means the folder holds a run.
 RUN_MARKERS = ("log.json", "checkpoint.npz")
 LOCK_FILE = ".refbraid.lock"
