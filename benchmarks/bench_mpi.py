@@ -21,11 +21,12 @@ The model (docs/references.md §4), built from quantities measured in this run:
 * per rank q, its counted Φ calls per level and messages: work outside the coarsest level
   ``W_q``, coarsest-level work ``C_q`` (a pipeline through the ranks: it adds up);
 * ``T_P ≈ max_q (W_q + o·calls_q) + Σ_q (C_q + o·calls^C_q) + max_q msgs_q · t_msg`` with
-  t_msg the measured one-way time of one state-sized message;
+  t_msg the one-way time of one state-sized ``send_next`` message, α + n·β of the ``MPIComm``
+  ping-pong in this run (benchmarks/bench_messages.py);
 * larger P: ``T_P ≈ (T_1 − C_1)/P + C_1 + msgs · t_msg`` (same counts, evenly split);
 * data parallelism, ring allreduce of n gradient bytes on p ranks:
   ``T ≈ T_1(B/p) + 2(p−1)·α + 2(p−1)/p · n·β`` (α latency, β seconds per byte, from a
-  ping-pong in this run).
+  ping-pong of preallocated buffers in this run).
 
 TorchBraid's MNIST network (``conv`` model: open Conv2d(1→4, 3×3)+ReLU, N steps
 ``x + h·ReLU(Conv2d(4→4, 3×3)(x))``, close Linear(4·28·28 → 10); batch 50; N = 32 and 128;
@@ -181,25 +182,18 @@ def worker(spec: dict) -> None:
             print(TAG + json.dumps(res), flush=True)
 
 
-def _ping_pong(world, sizes=(1, 131072), repeat=50) -> dict:
-    """One-way message time α (8 bytes) and β (s/byte) between ranks 0 and 1 (buffers)."""
-    rank, out = world.Get_rank(), {}
-    for n in sizes:
-        buf = np.zeros(n)
-        world.Barrier()
-        t0 = time.perf_counter()
-        for _ in range(repeat):
-            if rank == 0:
-                world.Send(buf, dest=1)
-                world.Recv(buf, source=1)
-            elif rank == 1:
-                world.Recv(buf, source=0)
-                world.Send(buf, dest=0)
-        out[n] = (time.perf_counter() - t0) / (2 * repeat)
-    out = world.bcast(out, root=0)
-    alpha = out[sizes[0]]
-    beta = max(out[sizes[1]] - alpha, 0.0) / (8 * sizes[1])
-    return {"alpha": alpha, "beta": beta}
+def _ping_pong(world) -> dict:
+    """α (s) and β (s/byte) of one message between ranks 0 and 1 (8 B and 1 MiB), three ways.
+
+    benchmarks/bench_messages.py has the full table: ``buffers`` (upper-case Send/Recv into a
+    preallocated array: the transport, and how ``sum_to_all`` moves gradients), ``pickled``
+    (lower-case isend/recv: how ``send_next`` sent arrays before) and ``MPIComm``
+    (``send_next``/``recv_prev`` now: header + raw bytes)."""
+    from bench_messages import alpha_beta, ping_pong
+
+    t = ping_pong(world, [8, 1 << 20], repeat=5)
+    fits = {v: alpha_beta(t[v]) for v in t}
+    return {"alpha": fits["buffers"][0], "beta": fits["buffers"][1], "ping_pong": fits}
 
 
 # ----------------------------------------------------------------------------- the model
@@ -230,7 +224,8 @@ def model(one: dict, many: dict, L: int = 3) -> dict:
     w1, wc1 = _work(c1, u)
     recomputed1 = one["per_rank"][0]["recomputed"] * u["c_f"]
     o = max(one["lp_s"] - w1 - wc1 - recomputed1, 0.0) / c1["calls"]
-    t_msg = many.get("alpha", 0.0) + one["state_bytes"] * many.get("beta", 0.0)
+    alpha, beta = many.get("ping_pong", {}).get("MPIComm", (0.0, 0.0))  # send_next's way
+    t_msg = alpha + one["state_bytes"] * beta
     busy, pipe, msgs = [], 0.0, 0
     for r in many["per_rank"]:
         c = _counts(r, L)
@@ -334,7 +329,13 @@ def main(argv=None) -> int:
     print(f"P = {P} ranks, one thread each; MGRIT: 3 levels, cfactor 4, 2 forward / 1 backward "
           f"iterations (TorchBraid); median of {args.repeat} steps; ms per batch")
     a, b = many[0].get("alpha", 0.0), many[0].get("beta", 0.0)
-    print(f"messages: α = {1e6 * a:.1f} µs, β = {1e9 * b:.3f} ns/byte (ping-pong, buffers)\n")
+    notes = {"buffers": "Send/Recv, preallocated: the ring model's",
+             "pickled": "isend/recv: send_next before",
+             "MPIComm": "send_next now: the model's t_msg"}
+    for v, (av, bv) in many[0]["ping_pong"].items():
+        print(f"messages, {v:<8} α = {1e6 * av:5.1f} µs, β = {1e9 * bv:6.3f} ns/byte "
+              f"(ping-pong, {notes[v]})")
+    print()
     print(f"Dense ResNet, width {args.width}, batch {args.batch}, backend {args.backend}")
     head = (f"{'N':>5} {'serial':>9} {'1 rank':>9} {f'{P} ranks':>9} {'speedup':>8} "
             f"{'model':>6} {'P=4 mdl':>8} {'P=8 mdl':>8} | {f'DP D={P}':>9} {'speedup':>8} "

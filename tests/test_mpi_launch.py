@@ -199,4 +199,6 @@ def test_trace_under_mpiexec_gathers_every_ranks_steps_to_rank_0(tmp_path):
     steps = Counter(e["rank"] for e in trace["events"] if e["kind"] == "step")
     assert set(steps) == {0, 1}
     assert sum(steps.values()) == log["history"][-1]["stats"]["phi_calls"]
+    kinds = Counter(e["kind"] for e in trace["events"])
+    assert kinds["send"] == kinds["recv"] > 0 and kinds["allreduce"] > 0  # MPIComm's hooks
     assert (out / "timeline.png").is_file()

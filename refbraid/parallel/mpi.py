@@ -18,6 +18,41 @@ Layer parallelism × data parallelism (docs/references.md §4). A world of ``P``
 The residual norm MGRIT stops on is reduced over the WHOLE world (``reduce_comm``), so every
 group sees the norm of the full batch and takes the same decisions as one process would.
 
+Messages. mpi4py's lower-case methods (``isend``, ``recv``, ``bcast``, …) pickle every value:
+a few microseconds of Python per message on top of the transport, and for a 1 MiB state
+several times the transport's own time (benchmarks/bench_messages.py measures α and β both
+ways). So NumPy arrays travel as raw bytes through the upper-case buffer methods, and only
+other values are pickled:
+
+* ``send_next`` / ``recv_prev``: ONE MPI message per value, raw bytes behind a small header::
+
+      int64 kind | int64 ndim | dtype.str (8 ASCII bytes) | int64 shape[ndim] | pad to 16 B | data
+
+  A NumPy array of a numeric dtype (:func:`travels_raw`: bool, integer, float, complex; any
+  shape, 0-d and empty included, any memory layout) is copied into the buffer after the header
+  (``kind = RAW``); anything else (None, tuples, dicts, strings, object arrays, CuPy arrays) is
+  pickled there (``kind = PICKLED``). The sender ``Isend``-s the buffer; the receiver
+  ``Mprobe``-s the message, takes its length from the status, ``Recv``-s it into a buffer of
+  that length and returns a view of the data with the sender's shape and dtype — the same bits,
+  and the dtype is NumPy's own object (``x.dtype is np.dtype(np.float64)``), which the Numba
+  backend's fast paths test for (a pickled array's dtype is an equal copy: kernels applied to a
+  received ghost fell back to the reference implementation, with other round-off). Shape and
+  dtype ride in the message, so there is no second message (and no second latency) and nothing
+  to agree on beforehand.
+* Order: one tag (:data:`TAG_NEIGHBOUR`), one message per value; MPI delivers the messages of
+  one pair and tag in the order they were sent.
+* Non-blocking: ``send_next`` returns at once. Its request and buffer stay in a pending list
+  until ``MPI_Test`` reports the send done or :meth:`MPIComm.wait_sends` completes it; that list
+  is shared by every ``reverted()`` view, so a view dropped with sends in flight (the adjoint
+  solve's) cannot free a buffer MPI is still reading. The copy is taken at the call, so the
+  caller may overwrite its array as soon as ``send_next`` returns.
+* ``bcast`` of a numeric array: its dtype and shape pickled, then its bytes with ``Bcast``;
+  ``allreduce_sum``: the floats with ``Allgather`` into a float64 buffer; ``sum_to_all``:
+  ``Reduce`` + ``Bcast`` of the array. ``gather``, ``allgather``, ``alltoall`` and ``scatter``
+  stay pickled (checkpoints, set-up and the row dictionaries of :mod:`refbraid.parallel.ops`).
+* ``counters``: neighbour messages sent and received, their bytes on the wire (header
+  included), and the seconds ``recv_prev`` waited.
+
 Determinism. ``allreduce_sum`` gathers every rank's float and sums them in rank order, so every
 rank holds the same float (the serial communicators do the same). ``sum_to_all`` reduces an
 array to rank 0 and broadcasts the result: every rank holds the same bits, which keeps
@@ -37,6 +72,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
+import struct
 import sys
 import time
 import traceback
@@ -47,9 +84,17 @@ from typing import Any
 import numpy as np
 
 from ..errors import CollectiveError
+from .trace import active_recorder, payload_bytes
 
 #: Message tag of MGRIT's neighbour messages (one tag: MPI keeps them in order per pair).
 TAG_NEIGHBOUR = 17
+
+#: First header word of a neighbour message: raw array bytes follow, or a pickle.
+RAW, PICKLED = 1, 2
+#: dtype kinds sent as raw bytes: bool, signed and unsigned integers, floats, complex.
+RAW_KINDS = "biufc"
+#: Bytes of the header before the shape: kind, ndim, dtype string (NUL-padded ASCII).
+_HEAD_FIXED = 24
 
 #: Environment variables set by MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm).
 LAUNCHER_ENV = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
@@ -93,6 +138,47 @@ def _check_root(root, size: int) -> int:
     return int(root)
 
 
+# ----------------------------------------------------------------------------- messages
+def travels_raw(value: Any) -> bool:
+    """True when ``value`` goes as raw bytes: a NumPy array (not a subclass) of a numeric dtype."""
+    return type(value) is np.ndarray and value.dtype.kind in RAW_KINDS
+
+
+def _header_bytes(ndim: int) -> int:
+    """Header length for an ``ndim``-dimensional array, rounded up to 16 B (aligns the data)."""
+    return -(-(_HEAD_FIXED + 8 * ndim) // 16) * 16
+
+
+def encode_message(value: Any) -> np.ndarray:
+    """One neighbour message as a fresh uint8 buffer (layout in the module docstring).
+
+    The value is copied into the buffer, so the caller may change it afterwards."""
+    if travels_raw(value):
+        ndim, head = value.ndim, _header_bytes(value.ndim)
+        buf = np.empty(head + value.nbytes, np.uint8)
+        struct.pack_into(f"<qq8s{ndim}q{head - _HEAD_FIXED - 8 * ndim}x", buf, 0, RAW, ndim,
+                         value.dtype.str.encode("ascii"), *value.shape)
+        np.copyto(np.ndarray(value.shape, value.dtype, buffer=buf, offset=head), value)
+        return buf
+    payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    buf = np.empty(16 + len(payload), np.uint8)
+    struct.pack_into("<qq", buf, 0, PICKLED, 0)
+    buf[16:] = np.frombuffer(payload, np.uint8)
+    return buf
+
+
+def decode_message(buf: np.ndarray) -> Any:
+    """The value :func:`encode_message` packed into ``buf`` (an array is a view into ``buf``)."""
+    kind, ndim = struct.unpack_from("<qq", buf, 0)
+    if kind == PICKLED:
+        return pickle.loads(memoryview(buf)[16:])
+    if kind != RAW:
+        raise ValueError(f"`buf` is not a neighbour message: header kind {kind}.")
+    dtype = np.dtype(struct.unpack_from("8s", buf, 16)[0].rstrip(b"\0").decode("ascii"))
+    shape = struct.unpack_from(f"<{ndim}q", buf, _HEAD_FIXED)
+    return np.ndarray(shape, dtype, buffer=buf, offset=_header_bytes(ndim))
+
+
 class MPIComm:
     """MGRIT's communicator interface over an mpi4py communicator (see the module docstring).
 
@@ -102,18 +188,21 @@ class MPIComm:
 
     def __init__(self, comm, reduce_comm=None, *, _reverted: bool = False, _pending=None,
                  _counters=None):
-        for name in ("Get_rank", "Get_size", "isend", "recv"):
+        for name in ("Get_rank", "Get_size", "Isend", "Mprobe"):
             if not callable(getattr(comm, name, None)):
                 raise TypeError(f"`comm` must be an mpi4py communicator, got {comm!r}.")
         self.mpi = comm
+        self._MPI = mpi_module()
         self.reduce_mpi = comm if reduce_comm is None else reduce_comm
         self.rank = int(comm.Get_rank())
         self.size = int(comm.Get_size())
         self._reverted = bool(_reverted)
-        self._pending: list[Any] = [] if _pending is None else _pending  # shared by reverted()
-        #: neighbour messages sent / received and seconds spent waiting in ``recv_prev``
-        self.counters = {"sends": 0, "recvs": 0, "wait_s": 0.0} if _counters is None \
-            else _counters
+        #: (request, buffer) of every send not yet known complete; shared by ``reverted()``
+        self._pending: list[tuple[Any, np.ndarray]] = [] if _pending is None else _pending
+        #: neighbour messages sent / received, their bytes on the wire (header included) and
+        #: seconds spent waiting in ``recv_prev``; shared by ``reverted()``
+        self.counters = {"sends": 0, "recvs": 0, "bytes_sent": 0, "bytes_recv": 0,
+                         "wait_s": 0.0} if _counters is None else _counters
 
     @classmethod
     def world(cls) -> MPIComm:
@@ -128,7 +217,7 @@ class MPIComm:
 
     def reverted(self) -> MPIComm:
         """The same ranks in reverse solver order (the adjoint's reversed grid)."""
-        return MPIComm(self.mpi, self.reduce_mpi, _reverted=not self._reverted,
+        return type(self)(self.mpi, self.reduce_mpi, _reverted=not self._reverted,
                        _pending=self._pending, _counters=self.counters)
 
     def _neighbour(self, offset: int) -> int | None:
@@ -138,37 +227,95 @@ class MPIComm:
         return self.size - 1 - pos if self._reverted else pos
 
     def send_next(self, value: Any) -> None:
-        """Non-blocking send of ``value`` to the next block (a copy is taken now)."""
+        """Non-blocking send of ``value`` to the next block (a copy is taken now).
+
+        Arrays travel as raw bytes, anything else pickled (see the module docstring)."""
         nxt = self._neighbour(+1)
         if nxt is None:
             return
-        self._pending = [r for r in self._pending if not r.Test()]
-        self._pending.append(self.mpi.isend(value, dest=nxt, tag=TAG_NEIGHBOUR))
+        MPI = self._MPI
+        t0 = time.perf_counter()
+        self._pending[:] = [(r, b) for r, b in self._pending if not r.Test()]
+        buf = encode_message(value)
+        request = self.mpi.Isend([buf, MPI.BYTE], dest=nxt, tag=TAG_NEIGHBOUR)
+        self._pending.append((request, buf))  # the buffer lives until the send completes
         self.counters["sends"] += 1
+        self.counters["bytes_sent"] += buf.nbytes
+        rec = active_recorder()
+        if rec is not None:
+            rec.send(nxt, payload_bytes(value), t0, time.perf_counter())
 
     def recv_prev(self) -> Any | None:
         """The previous block's value (blocking), or None on the first block."""
         prv = self._neighbour(-1)
         if prv is None:
             return None
+        MPI = self._MPI
         t0 = time.perf_counter()
-        value = self.mpi.recv(source=prv, tag=TAG_NEIGHBOUR)
-        self.counters["wait_s"] += time.perf_counter() - t0
+        status = MPI.Status()
+        message = self.mpi.Mprobe(source=prv, tag=TAG_NEIGHBOUR, status=status)
+        buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+        message.Recv([buf, MPI.BYTE])
+        t1 = time.perf_counter()
+        self.counters["wait_s"] += t1 - t0
         self.counters["recvs"] += 1
+        self.counters["bytes_recv"] += buf.nbytes
+        value = decode_message(buf)
+        rec = active_recorder()
+        if rec is not None:
+            rec.recv(prv, payload_bytes(value), t0, t1)
         return value
 
     def allreduce_sum(self, value: float) -> float:
-        """Σ over ``reduce_comm`` of ``value``, summed in rank order: the same float everywhere."""
-        return float(sum(float(v) for v in self.reduce_mpi.allgather(float(value))))
+        """Σ over ``reduce_comm`` of ``value``, summed in rank order: the same float everywhere.
+
+        The floats are gathered with ``Allgather`` into a float64 buffer (exact: a Python float
+        is a float64) and summed in Python, so the order never depends on the MPI library."""
+        t0 = time.perf_counter()
+        every = np.empty(self.reduce_mpi.Get_size(), np.float64)
+        self.reduce_mpi.Allgather(np.array([float(value)]), every)
+        rec = active_recorder()
+        if rec is not None:
+            rec.collective("allreduce", 8, t0, time.perf_counter())
+        return float(sum(float(v) for v in every))
 
     def gather(self, value: Any, root: int = 0) -> list[Any] | None:
         """Every rank's ``value`` in rank order on ``root``; None elsewhere."""
-        return self.mpi.gather(value, root=_check_root(root, self.size))
+        t0 = time.perf_counter()
+        out = self.mpi.gather(value, root=_check_root(root, self.size))
+        rec = active_recorder()
+        if rec is not None:
+            rec.collective("gather", payload_bytes(value), t0, time.perf_counter())
+        return out
 
     # -- collectives used by the distributed gradient and the linear operators ------------
     def bcast(self, value: Any, root: int = 0) -> Any:
-        """``root``'s value on every rank."""
-        return self.mpi.bcast(value, root=_check_root(root, self.size))
+        """``root``'s value on every rank (a copy on ``root`` too; ``value`` is ignored elsewhere).
+
+        A numeric NumPy array (:func:`travels_raw`) goes in two collectives: its dtype and shape
+        pickled, then its bytes with ``Bcast`` into an array every rank allocates (C order).
+        Anything else is pickled (one collective)."""
+        root = _check_root(root, self.size)
+        t0 = time.perf_counter()
+        out = self._bcast(value, root)
+        rec = active_recorder()
+        if rec is not None:
+            rec.collective("bcast", payload_bytes(out), t0, time.perf_counter())
+        return out
+
+    def _bcast(self, value: Any, root: int) -> Any:
+        head = None
+        if self.rank == root:
+            head = ("raw", value.dtype.str, value.shape) if travels_raw(value) \
+                else ("pickled", value)
+        head = self.mpi.bcast(head, root=root)
+        if head[0] == "pickled":
+            return head[1]
+        out = np.empty(head[2], np.dtype(head[1]))
+        if self.rank == root:
+            np.copyto(out, value)
+        self.mpi.Bcast([out.reshape(-1).view(np.uint8), self._MPI.BYTE], root=root)
+        return out
 
     def allgather(self, value: Any) -> list[Any]:
         """Every rank's value, in rank order, on every rank."""
@@ -197,8 +344,7 @@ class MPIComm:
 
     def wait_sends(self) -> None:
         """Complete every outstanding ``send_next`` (call before freeing the communicator)."""
-        for r in self._pending:
-            r.wait()
+        self._MPI.Request.Waitall([r for r, _ in self._pending])
         self._pending.clear()
 
     def __repr__(self) -> str:
