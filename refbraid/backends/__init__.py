@@ -58,8 +58,19 @@ KERNELS = (
 #: Modules whose OVERRIDES make up each backend, later modules taking precedence.
 _MODULES = {
     "numpy": ("refbraid.backends.reference",),
-    "numba": ("refbraid.backends.numba_cpu", "refbraid.backends.numba_cpu_attention"),
-    "cuda": ("refbraid.backends.numba_cuda", "refbraid.backends.numba_cuda_attention"),
+    "numba": (
+        "refbraid.backends.numba_cpu",  # activations, Euler update
+        "refbraid.backends.numba_cpu_dense",  # linear, softmax cross-entropy
+        "refbraid.backends.numba_cpu_conv",  # conv2d
+        "refbraid.backends.numba_cpu_attention",  # softmax, embedding
+        "refbraid.backends.numba_cpu_layernorm",  # layer norm
+    ),
+    "cuda": (
+        "refbraid.backends.numba_cuda",  # activations, Euler update
+        "refbraid.backends.numba_cuda_dense",  # matmul, linear
+        "refbraid.backends.numba_cuda_conv",  # conv2d
+        "refbraid.backends.numba_cuda_attention",  # bmm, softmax, layer norm, GRU cell
+    ),
     "cupy": ("refbraid.backends.cupy_gpu",),
 }
 

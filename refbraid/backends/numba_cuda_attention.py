@@ -18,9 +18,11 @@ and copies the result back, so the same code runs under Numba's CUDA simulator
     gru_cell           r, z, n, h_new            one thread per (sample, hidden unit)
     gru_cell_adjoint   dgx, dgh, dh              one thread per (sample, hidden unit)
 
-The per-row and per-element bodies are the very functions of
-:mod:`refbraid.backends.numba_cpu_attention` (``softmax_row``, …), compiled here with
-``cuda.jit(device=True)``: one tested source for both targets. One thread per row suits the
+The per-row and per-element bodies are plain functions of
+:mod:`refbraid.backends.numba_cpu_attention` and :mod:`refbraid.backends.numba_cpu_layernorm`
+(``softmax_row``, ``layernorm_row``, …), compiled here with ``cuda.jit(device=True)``
+(``softmax_adjoint_row`` also by the CPU backend; the CPU softmax and layer norm run the same
+math split into SIMD-friendly passes, see those modules). One thread per row suits the
 short rows of attention (S keys) and layer norm (E features); a block-per-row tree reduction
 is the next step for rows of thousands. ``bmm`` accumulates in float64 for float32 data too.
 ``embedding`` and ``embedding_adjoint`` stay the reference (a gather and a one-hot GEMM on the
@@ -53,15 +55,13 @@ from .numba_cpu_attention import (
     fast,
     gru_cell_adjoint_point,
     gru_cell_point,
-    layernorm_adjoint_row,
-    layernorm_param_col,
-    layernorm_row,
     mask_rows,
     result_dtype,
     rows,
     softmax_adjoint_row,
     softmax_row,
 )
+from .numba_cpu_layernorm import layernorm_adjoint_row, layernorm_param_col, layernorm_row
 
 OVERRIDES = (
     "bmm",

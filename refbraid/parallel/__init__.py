@@ -7,7 +7,10 @@ layout.py      blocks of the time grid per rank, aligned with the coarsest grid
 comm.py        the communicator interface MGRIT talks through; serial and
                thread-simulated implementations
 mpi.py         MPIComm (the same interface over mpi4py), world splits for data
-               parallelism, abort-on-error (imported on demand: mpi4py is optional)
+               parallelism (imported on demand: mpi4py is optional)
+codec.py       neighbour messages as raw bytes behind a shape/dtype header
+faults.py      an error on one rank ends the job (one line, never a hang); rank 0
+               decides for every rank (root_decides)
 ops.py         exchanges as linear operators with their adjoints (DistDL), each
                checked by the distributed dot-product test
 launch.py      ``mpiexec -n N python -m mpi4py ...`` with timeouts and one thread
@@ -15,6 +18,8 @@ trace.py       opt-in execution trace (steps, messages, collectives) and the
                critical path; the hooks cost one lookup when off
 virtual.py     the virtual cluster: P ranks on virtual clocks (step costs, α + β·bytes
                per message), predicted wall time, timeline and critical path
+costs.py       its cost model: step costs per level and direction, collectives
+scheduler.py   runs the virtual ranks' threads one at a time
 plots.py       the timeline figure (imported on demand: matplotlib)
 =============  ===================================================================
 """

@@ -18,50 +18,15 @@ Layer parallelism × data parallelism (docs/references.md §4). A world of ``P``
 The residual norm MGRIT stops on is reduced over the WHOLE world (``reduce_comm``), so every
 group sees the norm of the full batch and takes the same decisions as one process would.
 
-Messages. mpi4py's lower-case methods (``isend``, ``recv``, ``bcast``, …) pickle every value:
-a few microseconds of Python per message on top of the transport, and for a 1 MiB state
-several times the transport's own time (benchmarks/bench_messages.py measures α and β both
-ways). So NumPy arrays travel as raw bytes through the upper-case buffer methods, and only
-other values are pickled:
-
-* ``send_next`` / ``recv_prev``: ONE MPI message per value, raw bytes behind a small header::
-
-      int64 kind | int64 ndim | dtype.str (8 ASCII bytes) | int64 shape[ndim] | pad to 16 B | data
-
-  A NumPy array of a numeric dtype (:func:`travels_raw`: bool, integer, float, complex; any
-  shape, 0-d and empty included, any memory layout) is copied into the buffer after the header
-  (``kind = RAW``); anything else (None, tuples, dicts, strings, object arrays, CuPy arrays) is
-  pickled there (``kind = PICKLED``). The sender ``Isend``-s the buffer; the receiver
-  ``Mprobe``-s the message, takes its length from the status, ``Recv``-s it into a buffer of
-  that length and returns a view of the data with the sender's shape and dtype — the same bits,
-  and the dtype is NumPy's own object (``x.dtype is np.dtype(np.float64)``), which the Numba
-  backend's fast paths test for (a pickled array's dtype is an equal copy: kernels applied to a
-  received ghost fell back to the reference implementation, with other round-off). Shape and
-  dtype ride in the message, so there is no second message (and no second latency) and nothing
-  to agree on beforehand.
-* Order: one tag (:data:`TAG_NEIGHBOUR`), one message per value; MPI delivers the messages of
-  one pair and tag in the order they were sent.
-* Non-blocking: ``send_next`` returns at once. Its request and buffer stay in a pending list
-  until ``MPI_Test`` reports the send done or :meth:`MPIComm.wait_sends` completes it; that list
-  is shared by every ``reverted()`` view, so a view dropped with sends in flight (the adjoint
-  solve's) cannot free a buffer MPI is still reading. The copy is taken at the call, so the
-  caller may overwrite its array as soon as ``send_next`` returns.
-* ``bcast`` of a numeric array: its dtype and shape pickled, then its bytes with ``Bcast``;
-  ``allreduce_sum``: the floats with ``Allgather`` into a float64 buffer; ``sum_to_all``:
-  ``Reduce`` + ``Bcast`` of the array. ``gather``, ``allgather``, ``alltoall`` and ``scatter``
-  stay pickled (checkpoints, set-up and the row dictionaries of :mod:`refbraid.parallel.ops`).
-* ``counters``: neighbour messages sent and received, their bytes on the wire (header
-  included), and the seconds ``recv_prev`` waited.
+Messages: arrays travel as raw bytes behind a small shape/dtype header, other values pickled
+(:mod:`refbraid.parallel.codec` has the layout and why).
 
 Determinism. ``allreduce_sum`` gathers every rank's float and sums them in rank order, so every
 rank holds the same float (the serial communicators do the same). ``sum_to_all`` reduces an
 array to rank 0 and broadcasts the result: every rank holds the same bits, which keeps
 replicated parameters identical across ranks.
 
-Faults. Run programs as ``mpiexec -n N python -m mpi4py ...``: an uncaught exception on any
-rank then calls ``MPI_Abort`` and ends the job with that rank's traceback instead of leaving
-the others blocked in a receive. :func:`abort_on_error` does the same for entry points that
-are not started through ``-m mpi4py`` (e.g. ``mpiexec -n 2 refbraid train``).
+Faults: :mod:`refbraid.parallel.faults` (an error on one rank ends the job, never a hang).
 
 mpi4py is imported only when a communicator is built (it is the optional ``mpi`` extra).
 
@@ -70,31 +35,19 @@ Shape legend: P world ranks, D data-parallel groups, Q = P / D layer-parallel ra
 
 from __future__ import annotations
 
-import contextlib
 import os
-import pickle
-import struct
-import sys
 import time
-import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import CollectiveError
+from .codec import decode_message, encode_message, travels_raw
 from .trace import active_recorder, payload_bytes
 
 #: Message tag of MGRIT's neighbour messages (one tag: MPI keeps them in order per pair).
 TAG_NEIGHBOUR = 17
-
-#: First header word of a neighbour message: raw array bytes follow, or a pickle.
-RAW, PICKLED = 1, 2
-#: dtype kinds sent as raw bytes: bool, signed and unsigned integers, floats, complex.
-RAW_KINDS = "biufc"
-#: Bytes of the header before the shape: kind, ndim, dtype string (NUL-padded ASCII).
-_HEAD_FIXED = 24
 
 #: Environment variables set by MPI launchers (MPICH/Hydra, Open MPI, PMIx, Slurm).
 LAUNCHER_ENV = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
@@ -136,47 +89,6 @@ def _check_root(root, size: int) -> int:
     if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not 0 <= root < size:
         raise ValueError(f"`root` must be a rank in [0, {size}), got {root!r}.")
     return int(root)
-
-
-# ----------------------------------------------------------------------------- messages
-def travels_raw(value: Any) -> bool:
-    """True when ``value`` goes as raw bytes: a NumPy array (not a subclass) of a numeric dtype."""
-    return type(value) is np.ndarray and value.dtype.kind in RAW_KINDS
-
-
-def _header_bytes(ndim: int) -> int:
-    """Header length for an ``ndim``-dimensional array, rounded up to 16 B (aligns the data)."""
-    return -(-(_HEAD_FIXED + 8 * ndim) // 16) * 16
-
-
-def encode_message(value: Any) -> np.ndarray:
-    """One neighbour message as a fresh uint8 buffer (layout in the module docstring).
-
-    The value is copied into the buffer, so the caller may change it afterwards."""
-    if travels_raw(value):
-        ndim, head = value.ndim, _header_bytes(value.ndim)
-        buf = np.empty(head + value.nbytes, np.uint8)
-        struct.pack_into(f"<qq8s{ndim}q{head - _HEAD_FIXED - 8 * ndim}x", buf, 0, RAW, ndim,
-                         value.dtype.str.encode("ascii"), *value.shape)
-        np.copyto(np.ndarray(value.shape, value.dtype, buffer=buf, offset=head), value)
-        return buf
-    payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-    buf = np.empty(16 + len(payload), np.uint8)
-    struct.pack_into("<qq", buf, 0, PICKLED, 0)
-    buf[16:] = np.frombuffer(payload, np.uint8)
-    return buf
-
-
-def decode_message(buf: np.ndarray) -> Any:
-    """The value :func:`encode_message` packed into ``buf`` (an array is a view into ``buf``)."""
-    kind, ndim = struct.unpack_from("<qq", buf, 0)
-    if kind == PICKLED:
-        return pickle.loads(memoryview(buf)[16:])
-    if kind != RAW:
-        raise ValueError(f"`buf` is not a neighbour message: header kind {kind}.")
-    dtype = np.dtype(struct.unpack_from("8s", buf, 16)[0].rstrip(b"\0").decode("ascii"))
-    shape = struct.unpack_from(f"<{ndim}q", buf, _HEAD_FIXED)
-    return np.ndarray(shape, dtype, buffer=buf, offset=_header_bytes(ndim))
 
 
 class MPIComm:
@@ -425,72 +337,3 @@ def split_world(data_parallel: int = 1, world=None) -> Topology:
     data = world.Split(color=layer_rank, key=group)
     return Topology(world=MPIComm(world_dup), layer=MPIComm(layer, reduce_comm=world_dup),
                     data=MPIComm(data), group=group, n_groups=int(data_parallel))
-
-
-# ----------------------------------------------------------------------------- faults
-#: Seconds a failing rank waits before MPI_Abort, so ranks failing the same way can print too.
-ABORT_GRACE_S = 1.0
-
-
-def root_decides(decide: Callable[[], Any]) -> Any:
-    """Run ``decide()`` on world rank 0 only and let every rank share its verdict.
-
-    Returns ``decide()``'s result on rank 0 and None elsewhere. If it raised a user error
-    (``ValueError``, ``TypeError``, ``OSError``), every rank raises
-    :class:`~refbraid.errors.CollectiveError` with its message — before any rank has started
-    work — so the job stops cleanly and the message is printed once. Outside MPI it is just
-    ``decide()``.
-    """
-    if not launched_by_mpiexec():
-        return decide()
-    world = mpi_module().COMM_WORLD
-    if world.Get_size() == 1:
-        return decide()
-    result, message = None, None
-    if world.Get_rank() == 0:
-        try:
-            result = decide()
-        except (ValueError, TypeError, OSError) as err:
-            message = str(err)
-    message = world.bcast(message, root=0)
-    if message is not None:
-        raise CollectiveError(message)
-    return result
-
-
-def one_line(err: BaseException) -> str:
-    """``Type: message`` of an exception, without a traceback."""
-    return "".join(traceback.format_exception_only(type(err), err)).strip()
-
-
-@contextlib.contextmanager
-def abort_on_error(comm=None, grace_s: float = ABORT_GRACE_S,
-                   describe: Callable[[BaseException], str] = one_line, debug: bool = False):
-    """Turn an exception on this rank into ``MPI_Abort`` of the whole job, after printing it.
-
-    Use around entry points not started through ``python -m mpi4py`` so that one failing rank
-    never leaves the others blocked. The rank prints ``describe(err)`` prefixed with its rank
-    (one line; the traceback too with ``debug``), waits ``grace_s`` seconds — ranks that fail
-    at the same moment print theirs meanwhile — and aborts. A
-    :class:`~refbraid.errors.CollectiveError` is raised on every rank alike, so it propagates
-    unchanged (no rank is left waiting; the caller prints it once). Outside MPI, or on one
-    rank, every exception propagates unchanged.
-    """
-    try:
-        yield
-    except (SystemExit, CollectiveError):
-        raise
-    except BaseException as err:
-        if not launched_by_mpiexec():
-            raise
-        MPI = mpi_module()
-        world = comm.mpi if isinstance(comm, MPIComm) else (comm or MPI.COMM_WORLD)
-        if world.Get_size() == 1:
-            raise
-        rank = MPI.COMM_WORLD.Get_rank()
-        text = traceback.format_exc() if debug else describe(err)
-        sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in text.splitlines()))
-        sys.stderr.flush()
-        time.sleep(grace_s)
-        world.Abort(1)
-        raise  # Abort does not return; never swallow the error if it did

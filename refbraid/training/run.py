@@ -22,7 +22,7 @@ import numpy as np
 from ..backends import Backend, get_backend, require_usable
 from ..data import Dataset, load_dataset
 from ..network import Network, init_params, to_backend
-from ..parallel.mpi import root_decides
+from ..parallel.faults import root_decides
 from .atomic import save_figure, write_json
 from .checkpoint import check_params_match, load_checkpoint
 from .config import TrainConfig

@@ -15,7 +15,7 @@ A run folder holds one run's files (:data:`RUN_FILES`). Before training, :func:`
 
 Every refusal is a ``ValueError`` naming ``--out`` (or ``--resume``) and what to do instead.
 Under MPI only world rank 0 touches the folder; the other ranks learn its verdict
-(:func:`refbraid.parallel.mpi.root_decides`), so all stop with the same message.
+(:func:`refbraid.parallel.faults.root_decides`), so all stop with the same message.
 """
 
 from __future__ import annotations

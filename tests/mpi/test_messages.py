@@ -9,7 +9,7 @@ the receiver from the same seed — same dtype, same shape, the same bytes (NaN 
 import numpy as np
 import pytest
 
-from refbraid.parallel.mpi import decode_message, encode_message, travels_raw
+from refbraid.parallel.codec import decode_message, encode_message, travels_raw
 
 
 def arrays(seed: int) -> list[np.ndarray]:

@@ -1,0 +1,149 @@
+"""Numba CUDA kernels (backend ``"cuda"``), part 3: the 'same' 2-D convolution.
+
+Every public function has the signature and semantics of the same-named function in
+:mod:`refbraid.backends.reference`; host and device arrays in, NumPy arrays out, as in
+:mod:`refbraid.backends.numba_cuda`. Direct gather kernels, one thread per output element,
+no atomics (deterministic)::
+
+    _conv2d_kernel       z[n,o,i,j] = b[o] + Σ_{c,p,q} W[o,c,p,q] x[n,c,i+p−r,j+q−r]
+    _conv2d_dx_kernel    dx[n,c,i,j] = Σ_{o,p,q} W[o,c,p,q] dz[n,o,i−p+r,j−q+r]  (transposed conv)
+    _conv2d_dw_kernel    dW[o,c,p,q] = Σ_{n,i,j} dz[n,o,i,j] x[n,c,i+p−r,j+q−r]  (one thread each)
+    _channel_sum_kernel  db[o] = Σ_{n,i,j} dz[n,o,i,j]        one thread per channel
+
+Shape legend: ``B`` batch, ``C`` input channels, ``O`` output channels, ``H, W`` image size,
+``k`` odd kernel size, ``r = k // 2``. Index terms outside the image are zero (the zero
+padding of the reference).
+"""
+
+from __future__ import annotations
+
+from . import reference
+from .numba_cpu_conv import check_conv_args
+from .numba_cuda import (
+    THREADS,
+    blocks,
+    common_dtype,
+    cuda,
+    cuda_floats,
+    cuda_jit,
+    no_bias,
+    to_device,
+)
+
+OVERRIDES = ("conv2d", "conv2d_adjoint") if cuda is not None else ()
+
+
+# ----------------------------------------------------------------------------- kernels
+@cuda_jit
+def _conv2d_kernel(x, W, bias, has_bias, z):
+    """z[n,o,i,j] = b[o] + Σ_{c,p,q} W[o,c,p,q] x[n,c,i+p−r,j+q−r], one thread per output."""
+    idx = cuda.grid(1)
+    if idx < z.size:
+        _, O, H, Wd = z.shape
+        j = idx % Wd
+        i = (idx // Wd) % H
+        o = (idx // (Wd * H)) % O
+        n = idx // (Wd * H * O)
+        k = W.shape[3]
+        r = k // 2
+        acc = 0.0
+        for c in range(x.shape[1]):
+            for p in range(k):
+                ii = i + p - r
+                if 0 <= ii < H:
+                    for q in range(k):
+                        jj = j + q - r
+                        if 0 <= jj < Wd:
+                            acc += W[o, c, p, q] * x[n, c, ii, jj]
+        if has_bias:
+            acc += bias[o]
+        z[n, o, i, j] = acc
+
+
+@cuda_jit
+def _conv2d_dx_kernel(dz, W, dx):
+    """dx[n,c,i,j] = Σ_{o,p,q} W[o,c,p,q] dz[n,o,i−p+r,j−q+r], one thread per input pixel."""
+    idx = cuda.grid(1)
+    if idx < dx.size:
+        _, C, H, Wd = dx.shape
+        j = idx % Wd
+        i = (idx // Wd) % H
+        c = (idx // (Wd * H)) % C
+        n = idx // (Wd * H * C)
+        k = W.shape[3]
+        r = k // 2
+        acc = 0.0
+        for o in range(W.shape[0]):
+            for p in range(k):
+                ii = i - p + r
+                if 0 <= ii < H:
+                    for q in range(k):
+                        jj = j - q + r
+                        if 0 <= jj < Wd:
+                            acc += W[o, c, p, q] * dz[n, o, ii, jj]
+        dx[n, c, i, j] = acc
+
+
+@cuda_jit
+def _conv2d_dw_kernel(x, dz, dW):
+    """dW[o,c,p,q] = Σ_{n,i,j} dz[n,o,i,j] x[n,c,i+p−r,j+q−r], one thread per weight."""
+    idx = cuda.grid(1)
+    if idx < dW.size:
+        _, C, k, _ = dW.shape
+        q = idx % k
+        p = (idx // k) % k
+        c = (idx // (k * k)) % C
+        o = idx // (k * k * C)
+        r = k // 2
+        H, Wd = x.shape[2], x.shape[3]
+        acc = 0.0
+        for n in range(x.shape[0]):
+            for i in range(max(0, r - p), min(H, H + r - p)):
+                for j in range(max(0, r - q), min(Wd, Wd + r - q)):
+                    acc += dz[n, o, i, j] * x[n, c, i + p - r, j + q - r]
+        dW[o, c, p, q] = acc
+
+
+@cuda_jit
+def _channel_sum_kernel(dz, out):
+    """out[o] = Σ_{n,i,j} dz[n,o,i,j], one thread per channel o."""
+    o = cuda.grid(1)
+    if o < dz.shape[1]:
+        acc = 0.0
+        for n in range(dz.shape[0]):
+            for i in range(dz.shape[2]):
+                for j in range(dz.shape[3]):
+                    acc += dz[n, o, i, j]
+        out[o] = acc
+
+
+# ----------------------------------------------------------------------------- conv
+def conv2d(x, W, b):
+    """'Same' cross-correlation (reference.conv2d): a direct kernel, one thread per output."""
+    if not cuda_floats(x, W, b):
+        return reference.conv2d(x, W, b)
+    check_conv_args(x, W, b)
+    dtype = common_dtype(x, W, b)
+    B, _, H, Wd = x.shape
+    z = cuda.device_array((B, W.shape[0], H, Wd), dtype=dtype)
+    bd = to_device(b, dtype) if b is not None else no_bias(dtype)
+    _conv2d_kernel[blocks(z.size), THREADS](
+        to_device(x, dtype), to_device(W, dtype), bd, b is not None, z
+    )
+    return z.copy_to_host()
+
+
+def conv2d_adjoint(x, W, dz):
+    """(dx, dW, db) of conv2d (reference.conv2d_adjoint): three gather kernels, no atomics."""
+    if not cuda_floats(x, W, dz):
+        return reference.conv2d_adjoint(x, W, dz)
+    check_conv_args(x, W, dz=dz)
+    dtype = common_dtype(x, W, dz)
+    xd, Wdev, dzd = to_device(x, dtype), to_device(W, dtype), to_device(dz, dtype)
+    dx = cuda.device_array(tuple(x.shape), dtype=dtype)
+    dW = cuda.device_array(tuple(W.shape), dtype=dtype)
+    db = cuda.device_array(W.shape[0], dtype=dtype)
+    _conv2d_dx_kernel[blocks(dx.size), THREADS](dzd, Wdev, dx)
+    _conv2d_dw_kernel[blocks(dW.size), THREADS](xd, dzd, dW)
+    _channel_sum_kernel[blocks(W.shape[0]), THREADS](dzd, db)
+    return dx.copy_to_host(), dW.copy_to_host(), db.copy_to_host()

@@ -1,0 +1,169 @@
+"""Numba CUDA kernels (backend ``"cuda"``), part 2: the tiled GEMM and the dense layers.
+
+Every public function has the signature and semantics of the same-named function in
+:mod:`refbraid.backends.reference`; host and device arrays in, NumPy arrays out, as in
+:mod:`refbraid.backends.numba_cuda`. Kernels::
+
+    _gemm_kernel         C = op(A) op(B) (+ bias[None, :])    TILE×TILE blocks, shared memory
+    _gemm_small_kernel   the same, one thread per output      outputs smaller than one tile
+    _column_sum_kernel   db[c] = Σ_n dz[n, c]                 one thread per column
+
+Shape legend: ``B`` batch, ``K`` inner dimension, ``C`` features; ``op(A)`` is ``A`` or
+``Aᵀ``.
+
+The tiled GEMM: block (bx, by) owns the TILE×TILE tile of C at rows ``by·TILE…``, columns
+``bx·TILE…``; for each TILE-wide slab of the inner dimension every thread loads one element
+of op(A) and one of op(B) into shared memory, the block synchronises, and each thread adds
+TILE products to its accumulator. Reductions are per output thread (no atomics), so results
+are deterministic. Accumulators and shared tiles are float64 for both dtypes (exact for
+float64, more accurate for float32, slower on GPUs with weak float64); outputs keep the
+input dtype.
+"""
+
+from __future__ import annotations
+
+import numba
+
+from . import reference
+from .numba_cpu_dense import check_linear_args
+from .numba_cuda import (
+    THREADS,
+    blocks,
+    common_dtype,
+    cuda,
+    cuda_floats,
+    cuda_jit,
+    no_bias,
+    to_device,
+)
+
+OVERRIDES = ("matmul", "linear", "linear_adjoint") if cuda is not None else ()
+
+TILE = 16  # side of the shared-memory tiles of the GEMM (TILE×TILE threads per block)
+SMALL_BLOCK = 8  # block side of the per-element GEMM used for outputs smaller than a tile
+
+
+# ----------------------------------------------------------------------------- kernels
+@cuda_jit
+def _gemm_kernel(A, B, C, trans_a, trans_b, bias, has_bias):
+    """C = op(A) op(B) (+ bias[None, :]),  op(A): (M, K), op(B): (K, N), C: (M, N)."""
+    sA = cuda.shared.array((TILE, TILE), numba.float64)
+    sB = cuda.shared.array((TILE, TILE), numba.float64)
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    row = cuda.blockIdx.y * TILE + ty
+    col = cuda.blockIdx.x * TILE + tx
+    M, N = C.shape
+    K = A.shape[0] if trans_a else A.shape[1]
+    acc = 0.0
+    for t0 in range(0, K, TILE):
+        ka = t0 + tx  # this thread loads op(A)[row, ka] and op(B)[kb, col]
+        kb = t0 + ty
+        if row < M and ka < K:
+            sA[ty, tx] = A[ka, row] if trans_a else A[row, ka]
+        else:
+            sA[ty, tx] = 0.0
+        if kb < K and col < N:
+            sB[ty, tx] = B[col, kb] if trans_b else B[kb, col]
+        else:
+            sB[ty, tx] = 0.0
+        cuda.syncthreads()
+        for kk in range(TILE):
+            acc += sA[ty, kk] * sB[kk, tx]
+        cuda.syncthreads()
+    if row < M and col < N:
+        if has_bias:
+            acc += bias[col]
+        C[row, col] = acc
+
+
+@cuda_jit
+def _gemm_small_kernel(A, B, C, trans_a, trans_b, bias, has_bias):
+    """C = op(A) op(B) (+ bias), one thread per output element, no shared memory.
+
+    Used when C has fewer elements than one TILE×TILE tile, where tiling cannot pay (and
+    where the CUDA simulator, one Python thread per CUDA thread, would idle 256 threads).
+    """
+    row, col = cuda.grid(2)
+    M, N = C.shape
+    if row >= M or col >= N:
+        return
+    K = A.shape[0] if trans_a else A.shape[1]
+    acc = 0.0
+    for k in range(K):
+        a = A[k, row] if trans_a else A[row, k]
+        b = B[col, k] if trans_b else B[k, col]
+        acc += a * b
+    if has_bias:
+        acc += bias[col]
+    C[row, col] = acc
+
+
+@cuda_jit
+def _column_sum_kernel(a, out):
+    """out[c] = Σ_n a[n, c], one thread per column c."""
+    c = cuda.grid(1)
+    if c < a.shape[1]:
+        acc = 0.0
+        for n in range(a.shape[0]):
+            acc += a[n, c]
+        out[c] = acc
+
+
+# ----------------------------------------------------------------------------- host side
+def _gemm(A, B, trans_a: bool, trans_b: bool, M: int, N: int, dtype, bias=None):
+    """Launch the GEMM on device arrays (tiled, or per-element below one tile of output);
+    returns the device array C (M, N)."""
+    C = cuda.device_array((M, N), dtype=dtype)
+    b = bias if bias is not None else no_bias(dtype)
+    if M * N < TILE * TILE:
+        block = (min(M, SMALL_BLOCK), min(N, SMALL_BLOCK))
+        grid = (blocks(M, block[0]), blocks(N, block[1]))
+        _gemm_small_kernel[grid, block](A, B, C, trans_a, trans_b, b, bias is not None)
+        return C
+    grid = (blocks(N, TILE), blocks(M, TILE))
+    _gemm_kernel[grid, (TILE, TILE)](A, B, C, trans_a, trans_b, b, bias is not None)
+    return C
+
+
+# ----------------------------------------------------------------------------- dense
+def matmul(a, b):
+    """c = a @ b (reference.matmul) by the tiled shared-memory GEMM."""
+    if not cuda_floats(a, b):
+        return reference.matmul(a, b)
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"`a` and `b` must be 2-D, got shapes {a.shape} and {b.shape}.")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"`b` must have {a.shape[1]} rows (a.shape[1]), got shape {b.shape}.")
+    dtype = common_dtype(a, b)
+    C = _gemm(to_device(a, dtype), to_device(b, dtype), False, False, a.shape[0], b.shape[1],
+              dtype)
+    return C.copy_to_host()
+
+
+def linear(x, W, b):
+    """z = x Wᵀ + b (reference.linear): tiled GEMM with op(B) = Wᵀ and the bias fused."""
+    if not cuda_floats(x, W, b):
+        return reference.linear(x, W, b)
+    check_linear_args(x, W, b)
+    dtype = common_dtype(x, W, b)
+    bd = None if b is None else to_device(b, dtype)
+    z = _gemm(to_device(x, dtype), to_device(W, dtype), False, True, x.shape[0], W.shape[0],
+              dtype, bd)
+    return z.copy_to_host()
+
+
+def linear_adjoint(x, W, dz):
+    """(dz W, dzᵀ x, Σ_B dz) (reference.linear_adjoint): two GEMMs and a column-sum kernel."""
+    if not cuda_floats(x, W, dz):
+        return reference.linear_adjoint(x, W, dz)
+    check_linear_args(x, W, dz=dz)
+    dtype = common_dtype(x, W, dz)
+    xd, Wd, dzd = to_device(x, dtype), to_device(W, dtype), to_device(dz, dtype)
+    B, K = x.shape
+    C = W.shape[0]
+    dx = _gemm(dzd, Wd, False, False, B, K, dtype)  # B,K = (B,C)(C,K)
+    dW = _gemm(dzd, xd, True, False, C, K, dtype)  # C,K = (C,B)(B,K)
+    db = cuda.device_array(C, dtype=dtype)
+    _column_sum_kernel[blocks(C), THREADS](dzd, db)
+    return dx.copy_to_host(), dW.copy_to_host(), db.copy_to_host()
