@@ -177,6 +177,16 @@ def adjoint_problem(net: Network, steps: dict[str, Any], states, lam_N, bk: Back
     return Problem(step=prop, u0=lam_N, n_steps=net.n_layers, direction="backward")
 
 
+def as_settings(settings: LayerParallelSettings | None) -> LayerParallelSettings:
+    """``settings``, TorchBraid's defaults for None; TypeError naming ``settings`` otherwise."""
+    if settings is None:
+        return LayerParallelSettings()
+    if not isinstance(settings, LayerParallelSettings):
+        raise TypeError(f"`settings` must be a LayerParallelSettings, got "
+                        f"{type(settings).__name__}.")
+    return settings
+
+
 # ----------------------------------------------------------------------------- the gradient
 @dataclass
 class LayerParallelInfo:
@@ -255,10 +265,7 @@ def layer_parallel_gradient(
     (:func:`refbraid.network.check_inputs`).
     """
     bk = get_backend(bk)
-    settings = LayerParallelSettings() if settings is None else settings
-    if not isinstance(settings, LayerParallelSettings):
-        raise TypeError(f"`settings` must be a LayerParallelSettings, got "
-                        f"{type(settings).__name__}.")
+    settings = as_settings(settings)
     check_inputs(net, params, x, labels)
     steps = group(params, "steps")
     forward = CachingForward(net, steps, bk)

@@ -44,7 +44,12 @@ from typing import Any
 import numpy as np
 
 from ..backends import Backend, get_backend
-from ..layer_parallel import CachingForward, CapturingAdjoint, LayerParallelSettings
+from ..layer_parallel import (
+    CachingForward,
+    CapturingAdjoint,
+    LayerParallelSettings,
+    as_settings,
+)
 from ..mgrit import Problem, solve
 from ..network import Network, Params, check_inputs, group
 from ..parallel.virtual import CostModel, VirtualComm, VirtualRun, simulate
@@ -170,10 +175,7 @@ def simulate_gradient(net: Network, params: Params, x, labels, size: int,
     rank). :func:`assemble_gradient` turns them into ``(loss, grads)``.
     """
     bk = get_backend(bk)
-    settings = LayerParallelSettings() if settings is None else settings
-    if not isinstance(settings, LayerParallelSettings):
-        raise TypeError(f"`settings` must be a LayerParallelSettings, got "
-                        f"{type(settings).__name__}.")
+    settings = as_settings(settings)
     check_inputs(net, params, x, labels)
     plan = BlockPlan.build(net.n_layers, settings, size)
     return simulate(
@@ -208,10 +210,7 @@ def simulate_gradient_schedule(n_layers: int, state_bytes: int, size: int,
     ``iterations`` = (forward, backward) cycles to replay (None: the settings' ``max_iter``;
     pass the real solves' ``iterations`` when their tolerances stop them earlier).
     """
-    settings = LayerParallelSettings() if settings is None else settings
-    if not isinstance(settings, LayerParallelSettings):
-        raise TypeError(f"`settings` must be a LayerParallelSettings, got "
-                        f"{type(settings).__name__}.")
+    settings = as_settings(settings)
     if not isinstance(iterations, tuple) or len(iterations) != 2:
         raise ValueError(f"`iterations` must be a pair (forward, backward), got {iterations!r}.")
     replay = LayerParallelSettings(forward=replay_settings(settings.forward, iterations[0]),

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..layer_parallel import LayerParallelSettings
+from ..layer_parallel import LayerParallelSettings, as_settings
 from ..mgrit import MGRITSettings, build_hierarchy
 from ..mgrit.grid import Hierarchy
 from ..parallel.layout import Layout, check_layout, partition
@@ -57,9 +57,7 @@ class BlockPlan:
     @classmethod
     def build(cls, n_layers: int, settings: LayerParallelSettings, n_ranks: int) -> BlockPlan:
         """Balanced forward blocks and (mirrored if possible) backward blocks for ``n_ranks``."""
-        if not isinstance(settings, LayerParallelSettings):
-            raise TypeError(f"`settings` must be a LayerParallelSettings, got "
-                            f"{type(settings).__name__}.")
+        settings = as_settings(settings)  # TypeError naming `settings` unless it is one
         fh = _hierarchy(n_layers, settings.forward)
         bh = _hierarchy(n_layers, settings.backward)
         try:
