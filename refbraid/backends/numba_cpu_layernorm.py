@@ -157,10 +157,8 @@ def layernorm(x, gamma, beta, eps: float):
     return y.reshape(x.shape), mean.reshape(lead), rstd.reshape(lead)
 
 
-def layernorm_adjoint(x, mean, rstd, gamma, dy):
-    """(dx, dgamma, dbeta) of reference.layernorm_adjoint: one pass per row."""
-    if not fast(x, mean, rstd, gamma, dy) or x.ndim == 0 or x.size == 0:
-        return reference.layernorm_adjoint(x, mean, rstd, gamma, dy)
+def check_layernorm_adjoint_args(x, mean, rstd, gamma, dy) -> int:
+    """Shapes of layernorm_adjoint's arguments (each named when wrong); returns N."""
     N = x.shape[-1]
     check_vector("gamma", gamma, N)
     check_same_shape("dy", dy, "x", x)
@@ -168,6 +166,14 @@ def layernorm_adjoint(x, mean, rstd, gamma, dy):
         if tuple(a.shape) != tuple(x.shape[:-1]):
             raise ValueError(f"`{name}` must have shape {tuple(x.shape[:-1])}, "
                              f"got {tuple(a.shape)}.")
+    return N
+
+
+def layernorm_adjoint(x, mean, rstd, gamma, dy):
+    """(dx, dgamma, dbeta) of reference.layernorm_adjoint: one pass per row."""
+    if not fast(x, mean, rstd, gamma, dy) or x.ndim == 0 or x.size == 0:
+        return reference.layernorm_adjoint(x, mean, rstd, gamma, dy)
+    N = check_layernorm_adjoint_args(x, mean, rstd, gamma, dy)
     dtype = result_dtype(x, mean, rstd, gamma, dy)
     x2, dy2 = rows(x, dtype), rows(dy, dtype)
     mean1 = np.ascontiguousarray(mean, dtype).reshape(-1)

@@ -61,7 +61,12 @@ from .numba_cpu_attention import (
     softmax_adjoint_row,
     softmax_row,
 )
-from .numba_cpu_layernorm import layernorm_adjoint_row, layernorm_param_col, layernorm_row
+from .numba_cpu_layernorm import (
+    check_layernorm_adjoint_args,
+    layernorm_adjoint_row,
+    layernorm_param_col,
+    layernorm_row,
+)
 
 OVERRIDES = (
     "bmm",
@@ -281,13 +286,7 @@ def layernorm_adjoint(x, mean, rstd, gamma, dy):
     """(dx, dgamma, dbeta) of reference.layernorm_adjoint: a row kernel, then a column kernel."""
     if not fast(x, mean, rstd, gamma, dy) or x.ndim == 0 or x.size == 0:
         return reference.layernorm_adjoint(x, mean, rstd, gamma, dy)
-    N = x.shape[-1]
-    check_vector("gamma", gamma, N)
-    check_same_shape("dy", dy, "x", x)
-    for name, a in (("mean", mean), ("rstd", rstd)):
-        if tuple(a.shape) != tuple(x.shape[:-1]):
-            raise ValueError(f"`{name}` must have shape {tuple(x.shape[:-1])}, "
-                             f"got {tuple(a.shape)}.")
+    N = check_layernorm_adjoint_args(x, mean, rstd, gamma, dy)
     dtype = result_dtype(x, mean, rstd, gamma, dy)
     x_d, dy_d = cuda.to_device(rows(x, dtype)), cuda.to_device(rows(dy, dtype))
     mean_d = cuda.to_device(np.ascontiguousarray(mean, dtype).reshape(-1))

@@ -119,6 +119,28 @@ class SerialComm:
         return "SerialComm()"
 
 
+class SolverOrder:
+    """Block positions in solver order for a communicator with ``rank``, ``size`` and
+    ``_reverted``: ``position = size - 1 - rank`` on the reversed grid, else ``rank``;
+    ``_neighbour(offset)`` is the rank ``offset`` positions away (None past either end).
+    Shared by the thread, virtual and MPI communicators."""
+
+    rank: int
+    size: int
+    _reverted: bool
+
+    @property
+    def position(self) -> int:
+        """This rank's block index in solver order (reversed when ``reverted``)."""
+        return self.size - 1 - self.rank if self._reverted else self.rank
+
+    def _neighbour(self, offset: int) -> int | None:
+        pos = self.position + offset
+        if not 0 <= pos < self.size:
+            return None
+        return self.size - 1 - pos if self._reverted else pos
+
+
 class _ThreadWorld:
     """Shared mailboxes and a barrier for ``size`` simulated ranks."""
 
@@ -129,7 +151,7 @@ class _ThreadWorld:
         self.slots: list[Any] = [None] * size
 
 
-class ThreadComm:
+class ThreadComm(SolverOrder):
     """A simulated rank: same interface as an MPI communicator, ranks are threads of one process.
 
     Values sent are copied (``x.copy()`` when available) so no rank aliases another's memory.
@@ -142,18 +164,8 @@ class ThreadComm:
         self.size = world.size
         self._reverted = reverted
 
-    @property
-    def position(self) -> int:
-        return self.size - 1 - self.rank if self._reverted else self.rank
-
     def reverted(self) -> ThreadComm:
         return ThreadComm(self._world, self.rank, not self._reverted)
-
-    def _neighbour(self, offset: int) -> int | None:
-        pos = self.position + offset
-        if not 0 <= pos < self.size:
-            return None
-        return self.size - 1 - pos if self._reverted else pos
 
     def send_next(self, value: Any) -> None:
         nxt = self._neighbour(+1)

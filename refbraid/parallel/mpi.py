@@ -44,6 +44,7 @@ import numpy as np
 
 from ..errors import CollectiveError
 from .codec import decode_message, encode_message, travels_raw
+from .comm import SolverOrder
 from .trace import active_recorder, payload_bytes
 
 #: Message tag of MGRIT's neighbour messages (one tag: MPI keeps them in order per pair).
@@ -91,7 +92,7 @@ def _check_root(root, size: int) -> int:
     return int(root)
 
 
-class MPIComm:
+class MPIComm(SolverOrder):
     """MGRIT's communicator interface over an mpi4py communicator (see the module docstring).
 
     comm         the mpi4py communicator of the ranks that share the time grid
@@ -122,21 +123,10 @@ class MPIComm:
         return cls(mpi_module().COMM_WORLD.Dup())
 
     # -- the Comm interface -------------------------------------------------------------
-    @property
-    def position(self) -> int:
-        """This rank's block index in solver order (reversed when ``reverted``)."""
-        return self.size - 1 - self.rank if self._reverted else self.rank
-
     def reverted(self) -> MPIComm:
         """The same ranks in reverse solver order (the adjoint's reversed grid)."""
         return type(self)(self.mpi, self.reduce_mpi, _reverted=not self._reverted,
                        _pending=self._pending, _counters=self.counters)
-
-    def _neighbour(self, offset: int) -> int | None:
-        pos = self.position + offset
-        if not 0 <= pos < self.size:
-            return None
-        return self.size - 1 - pos if self._reverted else pos
 
     def send_next(self, value: Any) -> None:
         """Non-blocking send of ``value`` to the next block (a copy is taken now).

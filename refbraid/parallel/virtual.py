@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from .comm import SolverOrder
 from .costs import (
     DIRECTIONS,
     CostModel,
@@ -192,7 +193,7 @@ def _check_root(root, size: int) -> int:
     return int(root)
 
 
-class VirtualComm:
+class VirtualComm(SolverOrder):
     """One rank of a virtual cluster: MGRIT's communicator interface (as
     :class:`~refbraid.parallel.comm.ThreadComm`) plus ``bcast``, ``allgather``, ``send_to``,
     ``recv_from`` and ``barrier`` for glue code. Values sent are copied (no shared memory).
@@ -206,22 +207,12 @@ class VirtualComm:
         self._reverted = reverted
 
     @property
-    def position(self) -> int:
-        return self.size - 1 - self.rank if self._reverted else self.rank
-
-    @property
     def clock(self) -> float:
         """This rank's virtual time in seconds."""
         return self._world.recorders[self.rank].clock
 
     def reverted(self) -> VirtualComm:
         return VirtualComm(self._world, self.rank, not self._reverted)
-
-    def _neighbour(self, offset: int) -> int | None:
-        pos = self.position + offset
-        if not 0 <= pos < self.size:
-            return None
-        return self.size - 1 - pos if self._reverted else pos
 
     # -- neighbours (MGRIT) ------------------------------------------------------------------
     def send_next(self, value: Any) -> None:
