@@ -67,20 +67,37 @@ def _settings_dict(s) -> dict:
             "min_coarse": s.min_coarse, "final_fc_relax": s.final_fc_relax}
 
 
+def _located(name: str, theirs: Params, ref: Params, keys: dict) -> tuple[str, str | None]:
+    """"`name` (`state-dict key`)" for a message; for stacked step weights the worst layer."""
+    key = keys.get(name)
+    if isinstance(key, list):
+        d = np.asarray(theirs[name], dtype=np.float64) - np.asarray(ref[name], dtype=np.float64)
+        r = np.asarray(ref[name], dtype=np.float64)
+        rows = [float(np.linalg.norm(d[i]) / max(np.linalg.norm(r[i]), 1e-300))
+                for i in range(len(key))]
+        i = int(np.argmax(rows))
+        return f"`{name}` (worst layer {i}: `{key[i]}`)", key[i]
+    if key is not None and key != name:
+        return f"`{name}` (`{key}`)", key
+    return f"`{name}`", key
+
+
 def _check_their_gradient(theirs: Params, lp: Params, exact: Params, alt: Params | None,
-                          tol: Tolerances) -> dict:
+                          tol: Tolerances, keys: dict) -> dict:
     vs_lp, vs_exact = gradient_errors(theirs, lp), gradient_errors(theirs, exact)
     names = list(lp)
     worst = max(names, key=lambda k: vs_lp[k])
     ok = vs_lp[worst] <= tol.gradient
-    out = {"vs_layer_parallel": vs_lp, "vs_exact": vs_exact, "worst": worst, "pass": ok}
+    where, key = _located(worst, theirs, lp, keys)
+    out = {"vs_layer_parallel": vs_lp, "vs_exact": vs_exact, "worst": worst,
+           "worst_key": key, "pass": ok}
     if ok:
         out["message"] = (f"PASS: their gradient equals refbraid's layer-parallel gradient for "
                           f"these settings (worst `{worst}`: {vs_lp[worst]:.2e} <= "
                           f"{tol.gradient:g}).")
         return out
     msg = (f"FAIL: their gradient differs from refbraid's layer-parallel gradient for these "
-           f"settings in `{worst}` by {vs_lp[worst]:.2e} relative (tolerance {tol.gradient:g}; "
+           f"settings in {where} by {vs_lp[worst]:.2e} relative (tolerance {tol.gradient:g}; "
            f"total {vs_lp['total']:.2e}); against exact backprop: `{worst}` "
            f"{vs_exact[worst]:.2e}, total {vs_exact['total']:.2e}.")
     if max(vs_exact[k] for k in names) <= tol.gradient:
@@ -173,7 +190,7 @@ def compare(converted: Converted, x, labels, settings: LayerParallelSettings,
             final_fc_relax=not settings.backward.final_fc_relax))
         alt = None if settings.backward.levels == 1 else \
             layer_parallel_gradient(net, params, x, labels, flipped)[1]
-        check = _check_their_gradient(their_gradient, g_lp, g_exact, alt, tol)
+        check = _check_their_gradient(their_gradient, g_lp, g_exact, alt, tol, converted.keys)
         report["their_gradient"] = check
         if not check["pass"]:
             report["failures"].append(check["message"])

@@ -21,7 +21,7 @@ def plot_comparison(report: dict) -> Figure:
         skip = 1 if rb["start"] == "skip" else 0
         norms = [v for v in rb["norms"] if v is not None]
         ax.semilogy([k + skip for k in range(len(norms))], [max(v, FLOOR) for v in norms],
-                    "o-", color="C0", label="refbraid record")
+                    "o-", color="C0", label="refbraid record (last: the final relaxation)")
         for level, values in rb["level_norms"].items():
             pts = [(k + skip, v) for k, v in enumerate(values) if v is not None]
             if pts:
@@ -31,14 +31,15 @@ def plot_comparison(report: dict) -> Figure:
             ax.semilogy(xb["iteration_numbers"], [max(v, FLOOR) for v in xb["norms"]], "s",
                         mfc="none", ms=10, color="C1", label="XBraid/TorchBraid reports")
         mine = theirs.get(direction)
-        if mine is not None:
-            got = mine["theirs"]
+        got = [v for v in (mine or {}).get("theirs", []) if v >= 0]  # -1: none measured
+        if got:
             its = xb["iteration_numbers"][: len(got)] if len(xb["iteration_numbers"]) >= \
                 len(got) else list(range(skip, skip + len(got)))
             ax.semilogy(its, [max(v, FLOOR) for v in got], "x", ms=9, mew=2, color="C3",
                         label="theirs")
         ax.set(title=f"{direction} solve", xlabel="XBraid iteration",
                ylabel="fine C-point residual ‖r‖")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
     err = report["layer_parallel"]["gradient_error"]
