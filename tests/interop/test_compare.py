@@ -128,3 +128,26 @@ def test_compare_cli_end_to_end(tmp_path, capsys):
     assert "FAIL: their gradient differs" in capsys.readouterr().out
     assert main([*args[:3], *args[5:]]) == 2  # a state dict without --spec
     assert "give `--spec`" in capsys.readouterr().err
+
+
+def test_compare_reads_a_refbraid_checkpoint(tmp_path):
+    """A refbraid checkpoint is a network too: its own names are the keys."""
+    from refbraid.training import TrainConfig
+    from refbraid.training.checkpoint import save_checkpoint
+    from refbraid.training.models import build_network
+    from refbraid.training.optim import SGD
+
+    config = TrainConfig(model="resnet", layers=16, width=4)
+    net = build_network("resnet", (2,), 5, 16, 4, config.T)
+    from refbraid import init_params
+
+    params = init_params(net, 0)
+    save_checkpoint(tmp_path / "ck.npz", epoch=1, params=params, optimizer=SGD(0.1),
+                    rng=np.random.default_rng(0), config=config.to_dict(), history=[])
+    rng = np.random.default_rng(1)
+    np.savez(tmp_path / "b.npz", x=rng.uniform(-3, 3, (8, 2)), labels=rng.integers(0, 5, 8))
+    assert main(["compare", "--model", str(tmp_path / "ck.npz"), "--batch",
+                 str(tmp_path / "b.npz"), "--levels", "1", "--out", str(tmp_path / "o")]) == 0
+    report = json.loads((tmp_path / "o" / "compare.json").read_text())
+    assert report["network"]["n_layers"] == 16
+    assert report["layer_parallel"]["gradient_error"]["total"] == 0.0
