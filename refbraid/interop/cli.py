@@ -40,15 +40,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--spec", help="JSON/TOML spec of a plain state dict (docs/interop.md)")
     p.add_argument("--batch", required=True, help=".npz with `x` (B, ...) and `labels` (B,)")
     p.add_argument("--settings", help="TOML/JSON file of TorchBraid/XBraid settings")
-    p.add_argument("--levels", dest="max_levels", type=int, help="max levels (default 3)")
-    p.add_argument("--cfactor", type=_ints, help="cfactor, or one per level: 4 or 4,2")
-    p.add_argument("--fwd-iters", dest="fwd_max_iters", type=int,
+    p.add_argument("--levels", dest="max_levels", type=int, metavar="L",
+                   help="max levels (default 3)")
+    p.add_argument("--cfactor", type=_ints, metavar="M", help="cfactor, or one per level: 4 or 4,2")
+    p.add_argument("--fwd-iters", dest="fwd_max_iters", type=int, metavar="K",
                    help="forward iterations, TorchBraid's counting (default 2)")
-    p.add_argument("--bwd-iters", dest="bwd_max_iters", type=int,
+    p.add_argument("--bwd-iters", dest="bwd_max_iters", type=int, metavar="K",
                    help="backward iterations, TorchBraid's counting (default 1)")
-    p.add_argument("--fwd-nrelax", type=_ints, help="nrelax per level (default 0,1: F fine, "
-                   "FCF coarse)")
-    p.add_argument("--bwd-nrelax", type=_ints, help="the same for the adjoint")
+    p.add_argument("--fwd-nrelax", type=_ints, metavar="NU",
+                   help="nrelax per level (default 0,1: F fine, FCF coarse)")
+    p.add_argument("--bwd-nrelax", type=_ints, metavar="NU", help="the same for the adjoint")
     p.add_argument("--no-skip-downcycle", dest="skip_downcycle", action="store_const",
                    const=False, help="do the first down-cycle (XBraid skip = 0)")
     p.add_argument("--fwd-final-relax", dest="fwd_finalrelax", action="store_const",
@@ -56,11 +57,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-bwd-final-relax", dest="bwd_finalrelax", action="store_const",
                    const=False, help="no final FC relaxation of the adjoint (refbraid's own "
                    "default; TorchBraid always does it)")
-    p.add_argument("--abs-tol", help="absolute tolerance, or `none` (default 1e-9)")
-    p.add_argument("--their-gradient", help=".npz of their gradient, keyed by state-dict key "
-                   "(or refbraid name)")
-    p.add_argument("--their-residuals", help="JSON {\"forward\": [norms], \"backward\": [norms] "
-                   "or its last norm}, XBraid's convention (as TorchBraid prints them)")
+    p.add_argument("--abs-tol", metavar="TOL", help="absolute tolerance, or `none` (default 1e-9)")
+    p.add_argument("--their-gradient", metavar="NPZ",
+                   help=".npz of their gradient, keyed by state-dict key (or refbraid name)")
+    p.add_argument("--their-residuals", metavar="JSON",
+                   help="JSON {\"forward\": [norms], \"backward\": [norms] or its last norm}, "
+                   "XBraid's convention (as TorchBraid prints them)")
     p.add_argument("--grad-tol", type=float, default=Tolerances.gradient,
                    help=f"relative tolerance per parameter (default {Tolerances.gradient:g})")
     p.add_argument("--res-tol", type=float, default=Tolerances.residual,

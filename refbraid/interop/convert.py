@@ -192,7 +192,7 @@ def _role(block, role: str, names: dict[int, str], where: str) -> tuple[RoleSpec
         raise ValueError(f"{where}: expected [module, activation?], got "
                          f"{[type(m).__name__ for m in leaves]}.")
     main = leaves[0]
-    rule = rule_for(type(main).__name__, role, where)
+    rule = rule_for(type(main).__name__, role, where, network=True)
     options = rule.options(main)
     act = activation_name(leaves[1], where) if len(leaves) == 2 else "identity"
     if id(main) not in names:

@@ -55,6 +55,7 @@ class ModuleRule:
     keys: dict[str, str]  # refbraid parameter -> state-dict key below the module
     builds: dict[str, Build]  # role -> build
     options: Callable[[Any], dict] = field(default=lambda module: {})
+    in_networks: bool = True  # usable in a whole ODE-net (refbraid.network.Network)
 
 
 RULES: dict[str, ModuleRule] = {}
@@ -69,18 +70,25 @@ def register(rule: ModuleRule) -> ModuleRule:
     return rule
 
 
-def supported(role: str | None = None) -> list[str]:
-    """Torch class names refbraid converts (in ``role``, or in any role)."""
-    return sorted(n for n, r in RULES.items() if role is None or role in r.builds)
+def supported(role: str | None = None, network: bool = False) -> list[str]:
+    """Torch class names refbraid converts (in ``role``, or in any role; ``network``: only
+    those a whole ODE-net may hold)."""
+    return sorted(n for n, r in RULES.items() if (role is None or role in r.builds)
+                  and (r.in_networks or not network))
 
 
-def rule_for(class_name: str, role: str, where: str) -> ModuleRule:
-    """The rule of a torch class in a role, or a ValueError naming module, role and options."""
+def rule_for(class_name: str, role: str, where: str, network: bool = False) -> ModuleRule:
+    """The rule of a torch class in a role, or a ValueError naming module, role and options
+    (``network``: as part of a whole ODE-net)."""
     rule = RULES.get(class_name)
     if rule is None or role not in rule.builds:
         raise ValueError(f"{where}: unsupported module `{class_name}` as {role}; supported "
-                         f"{role} modules: {', '.join(supported(role))} (activations: "
+                         f"{role} modules: {', '.join(supported(role, network))} (activations: "
                          f"{', '.join(sorted(ACTIVATIONS))}).")
+    if network and not rule.in_networks:
+        raise ValueError(f"{where}: `{class_name}` converts one module at a time "
+                         f"(refbraid.interop.convert_module); whole ODE-nets take "
+                         f"{', '.join(supported(role, True))} as {role} modules.")
     return rule
 
 
@@ -272,10 +280,12 @@ def _decoder_step(w, act, in_shape, opt):
                        causal=opt.get("causal", True), eps=opt.get("eps", 1e-5))
 
 
+# whole transformer / GRU models live in refbraid/sequence/ (embeddings, memory, MGRIT over
+# the sequence): these layers convert one module at a time (convert_module)
 register(ModuleRule("TransformerEncoderLayer", _ENCODER, {"step": _encoder_step},
-                    lambda m: _transformer_options(m, "TransformerEncoderLayer")))
+                    lambda m: _transformer_options(m, "TransformerEncoderLayer"), False))
 register(ModuleRule("TransformerDecoderLayer", _DECODER, {"step": _decoder_step},
-                    _decoder_options))
+                    _decoder_options, False))
 
 
 # ----------------------------------------------------------------------------- GRU cell
@@ -290,4 +300,4 @@ def _gru_step(w, act, in_shape, opt):
 
 
 register(ModuleRule("GRUCell", {"W_ih": "weight_ih", "W_hh": "weight_hh", "b_ih": "bias_ih",
-                                "b_hh": "bias_hh"}, {"step": _gru_step}, _gru_options))
+                                "b_hh": "bias_hh"}, {"step": _gru_step}, _gru_options, False))

@@ -39,7 +39,7 @@ class RoleSpec:
     options: dict = field(default_factory=dict)
 
     def check(self, role: str, where: str) -> None:
-        rule_for(self.module, role, where)
+        rule_for(self.module, role, where, network=True)
         if self.activation not in ACTIVATIONS.values():
             raise ValueError(f"{where}: `activation` must be one of "
                              f"{sorted(ACTIVATIONS.values())}, got {self.activation!r}.")

@@ -188,6 +188,11 @@ def test_unsupported_module_is_named():
                                          r"step modules: .*Conv2d.*Linear"):
         from_torch(model, (3,))
     assert "Conv2d" in supported("step") and "MultiheadAttention" in supported("layer")
+    model.steps[0] = nn.TransformerEncoderLayer(5, 1, 6, batch_first=True, norm_first=True,
+                                                dropout=0.0, activation="gelu")
+    with pytest.raises(ValueError, match=r"step 0: `TransformerEncoderLayer` converts one "
+                                         r"module at a time"):
+        from_torch(model, (3,))
 
 
 def test_unsupported_options_and_shapes_are_named():
