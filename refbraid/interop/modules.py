@@ -113,6 +113,15 @@ def _need(cond: bool, where: str, what: str) -> None:
         raise ValueError(f"{where}: {what}")
 
 
+def _dims(w: dict, key: str, layout: str, where: str) -> tuple[int, ...]:
+    """The shape of weight ``key``, which must have as many axes as ``layout`` names."""
+    shape = _shape(w, key)
+    n = len(layout.split(","))
+    _need(len(shape) == n, where, f"the weight `{key}` has shape {shape}, this module's is "
+          f"({layout}): does the spec name the right `module`?")
+    return shape
+
+
 # ----------------------------------------------------------------------------- Linear
 def _linear_options(m) -> dict:
     _need(m.bias is not None, "Linear", "bias=False is not supported (refbraid's dense "
@@ -121,14 +130,14 @@ def _linear_options(m) -> dict:
 
 
 def _dense_lift(w, act, in_shape, opt):
-    C, K = _shape(w, "W")
+    C, K = _dims(w, "W", "out, in", "Linear opening")
     _need(tuple(in_shape) == (K,), "Linear opening", f"input shape {tuple(in_shape)} does not "
           f"match in_features {K}.")
     return DenseLift(K, C, act)
 
 
 def _dense_step(w, act, in_shape, opt):
-    C, K = _shape(w, "W")
+    C, K = _dims(w, "W", "out, in", "Linear step")
     _need(C == K and tuple(in_shape) == (C,), "Linear step",
           f"a step must map the state to itself: Linear({K}, {C}) on state shape "
           f"{tuple(in_shape)}.")
@@ -136,7 +145,7 @@ def _dense_step(w, act, in_shape, opt):
 
 
 def _classifier(w, act, in_shape, opt):
-    n, K = _shape(w, "W")
+    n, K = _dims(w, "W", "out, in", "Linear closing")
     _need(act == "identity", "Linear closing", f"no activation after the closing Linear "
           f"(got {act}): the loss takes the logits.")
     _need(prod(in_shape) == K, "Linear closing", f"in_features {K} does not match the "
@@ -162,7 +171,7 @@ def _conv2d_options(m) -> dict:
 
 
 def _conv_shape(w, in_shape, where):
-    C, Cin, kh, kw = _shape(w, "W")
+    C, Cin, kh, kw = _dims(w, "W", "C_out, C_in, 3, 3", where)
     _need((kh, kw) == (3, 3), where, f"only 3×3 kernels are supported, got {kh}×{kw}.")
     _need(len(in_shape) == 3 and in_shape[0] == Cin, where, f"input shape {tuple(in_shape)} "
           f"must be (C={Cin}, H, W).")
