@@ -95,8 +95,12 @@ def test_their_residuals():
     bad, _ = compare(conv, x, y, settings,
                      their_residuals={"forward": [fwd[0], fwd[0] / 10], "backward": []})
     assert bad["verdict"] == "FAIL"
-    assert "forward: they report 2 residual norm(s), XBraid's convention gives 1" in \
+    assert "forward: they report 2 residual norm(s), xbraid's convention gives 1" in \
         bad["failures"][0]
+    rb = report["residuals"]["forward"]["refbraid"]["norms"]
+    own, _ = compare(conv, x, y, settings,
+                     their_residuals={"convention": "refbraid", "forward": rb})
+    assert own["verdict"] == "PASS" and len(rb) == 2
 
 
 def test_compare_cli_end_to_end(tmp_path, capsys):
