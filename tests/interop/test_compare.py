@@ -132,6 +132,11 @@ def test_compare_cli_end_to_end(tmp_path, capsys):
     assert "FAIL: their gradient differs" in capsys.readouterr().out
     assert main([*args[:3], *args[5:]]) == 2  # a state dict without --spec
     assert "give `--spec`" in capsys.readouterr().err
+    torch.save(model, tmp_path / "module.pt")  # a pickled module: no spec needed
+    assert main(["compare", "--model", str(tmp_path / "module.pt"), "--batch",
+                 str(tmp_path / "batch.npz"), "--levels", "1", "--out", str(tmp_path / "m")]) == 0
+    report = json.loads((tmp_path / "m" / "compare.json").read_text())
+    assert report["layer_parallel"]["gradient_error"]["total"] == 0.0
 
 
 def test_compare_reads_a_refbraid_checkpoint(tmp_path):
