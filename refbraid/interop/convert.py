@@ -39,7 +39,7 @@ class Converted:
     params: Params
     keys: dict[str, Any]  # refbraid name -> state-dict key (steps.*: a list, one per layer)
     dtypes: dict[str, Any]  # state-dict key -> its original dtype (numpy or torch)
-    spec: NetSpec
+    spec: NetSpec | None  # None for a refbraid checkpoint (its names are the keys)
 
 
 def as_array(value, key: str = "value") -> np.ndarray:
