@@ -160,3 +160,25 @@ def test_compare_reads_a_refbraid_checkpoint(tmp_path):
     report = json.loads((tmp_path / "o" / "compare.json").read_text())
     assert report["network"]["n_layers"] == 16
     assert report["layer_parallel"]["gradient_error"]["total"] == 0.0
+
+
+def test_verify_layer_parallel_network_default_row():
+    """On `refbraid verify --layer-parallel`'s own network and batch, compare with TorchBraid's
+    settings (without the adjoint's final FC relaxation) reports its `default` row's error."""
+    from refbraid.layer_parallel import layer_parallel_gradient, relative_gradient_error
+    from refbraid.network import backprop
+    from refbraid.training.config import TrainConfig
+    from refbraid.training.gradients import layer_parallel_settings
+    from refbraid.training.run import setup
+
+    config = TrainConfig(quiet=True)
+    net, data, state, bk = setup(config)
+    x, y = data.x_train[: config.batch_size], data.y_train[: config.batch_size]
+    _, g_ref, _ = backprop(net, state.params, x, y)
+    _, g, _ = layer_parallel_gradient(net, state.params, x, y, layer_parallel_settings(config))
+    conv = Converted(net, state.params, {k: k for k in state.params},
+                     {k: None for k in state.params}, None)
+    report, _ = compare(conv, x, y,
+                        TorchBraidSettings(bwd_finalrelax=False, min_coarse=1).to_refbraid())
+    assert report["layer_parallel"]["gradient_error"]["total"] == pytest.approx(
+        relative_gradient_error(g, g_ref), rel=1e-12)
