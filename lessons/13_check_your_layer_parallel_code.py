@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Lesson 10 — Check your layer-parallel code
+# # Lesson 13 — Check your layer-parallel code
 #
 # You have written layer-parallel training yourself (TorchBraid, your own XBraid or PyMGRIT
 # code, a prototype). Its gradient is *inexact* by design: with two forward and one backward
@@ -15,7 +15,7 @@
 # should be, and with a plausible mistake (the coarse step taking the weights of the last
 # layer of its interval instead of the first).
 #
-# Needs PyTorch (CPU is enough). Run: `python lessons/10_check_your_layer_parallel_code.py`
+# Needs PyTorch (CPU is enough). Run: `python lessons/13_check_your_layer_parallel_code.py`
 # (`REFBRAID_LESSON_SMALL=1` for a quick run, `REFBRAID_LESSON_FIGURES=<folder>` to keep the
 # figure).
 
@@ -188,5 +188,5 @@ import shutil  # noqa: E402
 
 if FIGURES:
     shutil.copy(work / "buggy" / "compare.png",
-                Path(FIGURES) / "10_check_your_layer_parallel_code.png")
+                Path(FIGURES) / "13_check_your_layer_parallel_code.png")
 shutil.rmtree(work)  # the lesson's scratch files (keep them: comment this line out)
