@@ -62,10 +62,17 @@ def run_adjoint(op, params: Args, cache, w: np.ndarray, bk: Backend) -> Args:
     return grads
 
 
+def constant_entries(op) -> tuple[str, ...]:
+    """Params entries the op's layer holds fixed (no gradient): its ``constant_entries``."""
+    layer = getattr(op, "step", None) or getattr(op, "layer", None)
+    return tuple(getattr(layer, "constant_entries", ()))
+
+
 def _layout_errors(op, params: Args, x: np.ndarray, grads: Args) -> list[str]:
     """What is wrong with the keys and shapes the adjoint returned (empty when nothing)."""
     want = ({op.input_name: x.shape} if op.differentiate_input else {})
-    want.update({k: v.shape for k, v in params.items()})
+    fixed = constant_entries(op)
+    want.update({k: v.shape for k, v in params.items() if k not in fixed})
     if set(grads) != set(want):
         return [f"adjoint returned arguments {sorted(grads)}, expected {sorted(want)}"]
     return [f"`d{k}` has shape {grads[k].shape}, expected {s}"
