@@ -4,7 +4,8 @@ Same signatures and semantics as :func:`refbraid.backends.reference_spatial.conv
 ``conv3d_adjoint``. What changes: direct loops on a zero-padded copy of one image at a time
 (no einsum temporaries, no im2col buffer), with the innermost loop unit-stride along W::
 
-    z[o, d, i, :]  += W[o,c,p,q,u] · x̃[c, d+p, i+q, u : u+W]        (one weight, one line)
+    z[o, d, i, :]  += W[o,c,p,q,u] · x̃[c, d+p, i+q, u : u+W]   (one weight, one line; line by
+                                                                  line, so all of it is in L1)
     dx             =  the same loop on d̃z with W'[c,o,p,q,u] = W[o,c,k−1−p,k−1−q,k−1−u]
     dW[o,c,p,q,u]  =  Σ_{n,d,i,j} dz[n,o,d,i,j] x̃[n,c,d+p,i+q,j+u]
     db[o]          =  Σ_{n,d,i,j} dz[n,o,d,i,j]
@@ -42,20 +43,45 @@ def _pad_volume(x, r, out):
 
 @njit(cache=True, fastmath=FASTMATH)
 def _conv3d_image(xp, W, out):
-    """out[o,d,i,j] += Σ_{c,p,q,u} W[o,c,p,q,u] xp[c, d+p, i+q, j+u] for one padded image."""
+    """out[o,d,i,j] += Σ_{c,p,q,u} W[o,c,p,q,u] xp[c, d+p, i+q, j+u] for one padded image.
+
+    Output line by output line (d, i): its O lines and the C·k² input lines it reads stay in
+    L1 (sweeping the whole volume once per weight instead measured 5–8× slower at 16³)."""
     O, D, H, Wd = out.shape
     k = W.shape[-1]
-    for o in range(O):
-        for c in range(W.shape[1]):
-            for p in range(k):
-                for q in range(k):
-                    for u in range(k):
-                        w = W[o, c, p, q, u]
-                        for d in range(D):
-                            for i in range(H):
-                                line, src = out[o, d, i], xp[c, d + p, i + q, u : u + Wd]
+    for d in range(D):
+        for i in range(H):
+            for o in range(O):
+                line = out[o, d, i]
+                for c in range(W.shape[1]):
+                    for p in range(k):
+                        for q in range(k):
+                            src = xp[c, d + p, i + q]
+                            for u in range(k):
+                                w = W[o, c, p, q, u]
                                 for j in range(Wd):
-                                    line[j] += w * src[j]
+                                    line[j] += w * src[j + u]
+
+
+@njit(cache=True, fastmath=FASTMATH)
+def _weight_grad3d_image(xp, dz, dW):
+    """dW[o,c,p,q,u] += Σ_{d,i,j} dz[o,d,i,j] xp[c, d+p, i+q, j+u] for one image, output line
+    by output line (as _conv3d_image, so that the lines read stay in cache)."""
+    O, D, H, Wd = dz.shape
+    C, k = dW.shape[1], dW.shape[-1]
+    for d in range(D):
+        for i in range(H):
+            for o in range(O):
+                g = dz[o, d, i]
+                for c in range(C):
+                    for p in range(k):
+                        for q in range(k):
+                            src = xp[c, d + p, i + q]
+                            for u in range(k):
+                                acc = dW.dtype.type(0)
+                                for j in range(Wd):
+                                    acc += g[j] * src[j + u]
+                                dW[o, c, p, q, u] += acc
 
 
 @njit(cache=True, fastmath=FASTMATH)
@@ -85,18 +111,7 @@ def _conv3d_adjoint(x, W_t, dz, dx, dW):
         _pad_volume(x[n], r, xp)
         _pad_volume(dz[n], r, dzp)
         _conv3d_image(dzp, W_t, dx[n])
-        for o in range(O):
-            for c in range(C):
-                for p in range(k):
-                    for q in range(k):
-                        for u in range(k):
-                            acc = dW.dtype.type(0)
-                            for d in range(D):
-                                for i in range(H):
-                                    g, src = dz[n, o, d, i], xp[c, d + p, i + q, u : u + Wd]
-                                    for j in range(Wd):
-                                        acc += g[j] * src[j]
-                            dW[o, c, p, q, u] += acc
+        _weight_grad3d_image(xp, dz[n], dW)
 
 
 def check_conv3d_args(x, W, b=None, dz=None) -> None:
