@@ -214,6 +214,16 @@ def _spatial_cases() -> list[Case]:
         ]
     cases.append(Case("conv3d", "no-bias", lambda g, d: (
         _r(g, (2, 2, 3, 3, 3), d), _r(g, (2, 2, 3, 3, 3), d), None)))
+    for shape, O, k in (((2, 3, 5, 4), 4, 3), ((2, 2, 3, 4, 5), 3, 3), ((1, 2, 4, 3), 3, 1)):
+        sname = "x".join(map(str, shape)) + f"to{O}-k{k}"
+        w_shape = (O, shape[1], *(k,) * (len(shape) - 2))
+        out = (shape[0], O, *(-(-n // 2) for n in shape[2:]))
+        cases += [
+            Case("conv_stride2", sname, lambda g, d, s=shape, w=w_shape, O=O: (
+                _r(g, s, d), _r(g, w, d), _r(g, O, d))),
+            Case("conv_stride2_adjoint", sname, lambda g, d, s=shape, w=w_shape, o=out: (
+                _r(g, s, d), _r(g, w, d), _r(g, o, d))),
+        ]
     for shape in ((2, 3, 4, 6), (2, 3, 5, 7), (2, 2, 4, 4, 6), (1, 2, 3, 5, 4)):
         sname = "x".join(map(str, shape))
         out = RS.pooled_shape(shape)

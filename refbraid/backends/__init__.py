@@ -57,6 +57,8 @@ KERNELS = (
     # spatial kernels (refbraid.backends.reference_spatial): 3-D conv, pooling, batch norm
     "conv3d",
     "conv3d_adjoint",
+    "conv_stride2",
+    "conv_stride2_adjoint",
     "avgpool",
     "avgpool_adjoint",
     "maxpool",

@@ -67,6 +67,63 @@ def conv3d_adjoint(x, W, dz):
     return xp.ascontiguousarray(dx), dW, dz.sum(axis=(0, 2, 3, 4))
 
 
+# ----------------------------------------------------------------------------- stride 2
+def _taps(k: int, s: int):
+    """Every tap (t₁, …, t_s) of a k^s stencil, row-major."""
+    taps = [()]
+    for _ in range(s):
+        taps = [(*t, a) for t in taps for a in range(k)]
+    return taps
+
+
+def _stride2_window(xpad, tap, out_size):
+    """x̃[:, :, 2m + t …] for every output position m: the inputs one tap sees."""
+    return xpad[(slice(None), slice(None),
+                 *(slice(t, t + 2 * (m - 1) + 1, 2) for t, m in zip(tap, out_size, strict=True)))]
+
+
+def conv_stride2(x, W, b):
+    """Stride-2 cross-correlation with zero padding k//2 (odd k), 2-D or 3-D, as torch
+    ``Conv2d/Conv3d(C, O, k, stride=2, padding=k//2)``:
+
+    z[n,o,m…] = b[o] + Σ_{c,t…} W[o,c,t…] · x̃[n,c,2m+t…],  ⌈S/2⌉ outputs per axis.
+    x: (B, C, S…), W: (O, C, k…), b: (O,) or None  ->  z: (B, O, ⌈S/2⌉…).
+    """
+    xp = array_namespace(x)
+    k, s = W.shape[-1], x.ndim - 2
+    out_size = tuple(-(-n // 2) for n in x.shape[2:])
+    xpad = xp.pad(x, ((0, 0), (0, 0), *((k // 2, k // 2),) * s))
+    z = xp.zeros((x.shape[0], W.shape[0], *out_size), dtype=x.dtype)
+    for tap in _taps(k, s):
+        z += xp.einsum("oc,nc...->no...", W[(slice(None), slice(None), *tap)],
+                       _stride2_window(xpad, tap, out_size))
+    if b is not None:
+        z += b.reshape((1, -1) + (1,) * s)
+    return z
+
+
+def conv_stride2_adjoint(x, W, dz):
+    """Adjoint of conv_stride2: dx̃[n,c,2m+t…] += Σ_o W[o,c,t…] dz[n,o,m…];
+    dW[o,c,t…] = Σ_{n,m} dz[n,o,m…] x̃[n,c,2m+t…];  db[o] = Σ_{n,m} dz[n,o,m…].
+    Returns (dx, dW, db)."""
+    xp = array_namespace(x)
+    k, s = W.shape[-1], x.ndim - 2
+    r = k // 2
+    out_size = dz.shape[2:]
+    xpad = xp.pad(x, ((0, 0), (0, 0), *((r, r),) * s))
+    dxpad = xp.zeros_like(xpad)
+    dW = xp.zeros_like(W)
+    for tap in _taps(k, s):
+        w_index = (slice(None), slice(None), *tap)
+        window = (slice(None), slice(None),
+                  *(slice(t, t + 2 * (m - 1) + 1, 2) for t, m in zip(tap, out_size, strict=True)))
+        dxpad[window] += xp.einsum("oc,no...->nc...", W[w_index], dz)
+        summed = [0, *range(2, dz.ndim)]  # batch and output positions
+        dW[w_index] = xp.tensordot(dz, xpad[window], axes=(summed, summed))  # O,C
+    dx = dxpad[(slice(None), slice(None), *(slice(r, r + n) for n in x.shape[2:]))]
+    return xp.ascontiguousarray(dx), dW, dz.sum(axis=(0, *range(2, dz.ndim)))
+
+
 # ----------------------------------------------------------------------------- pooling
 def pooled_shape(in_shape) -> tuple[int, ...]:
     """(B, C, S…) -> (B, C, ⌊S/2⌋…): a trailing odd row is dropped, as torch's pooling does."""

@@ -3,10 +3,7 @@ by the number of spatial axes.
 
 An image batch is (B, C, S…) with ``s = len(S…)`` spatial axes: ``s = 2`` NCHW (2-D), ``s = 3``
 NCDHW (3-D). ``conv_same`` is ``bk.conv2d`` or ``bk.conv3d`` ('same', stride 1, zero padding);
-the stride-2 convolution is that convolution sampled at every second position::
-
-    conv_s2(x)[…, m…] = conv_same(x)[…, 2m…]          (= torch Conv(k=3, stride=2, padding=1))
-    conv_s2ᵀ(dz)      = conv_sameᵀ(E dz),  E dz = dz placed at the even positions, 0 elsewhere
+the stride-2 convolution (kernel ``conv_stride2``) has ⌈n/2⌉ outputs per axis.
 
 Shape legend: B batch, C channels, S… spatial axes (D, H, W or H, W).
 """
@@ -40,15 +37,3 @@ def conv_same_adjoint(bk, x, W, dz):
 def strided_shape(spatial: tuple[int, ...]) -> tuple[int, ...]:
     """⌈n/2⌉ per axis: the output size of a stride-2, padding-1, 3-wide convolution."""
     return tuple(-(-n // STRIDE) for n in spatial)
-
-
-def every_second(x):
-    """x[:, :, ::2, ::2(, ::2)] (a copy): the even positions of every spatial axis."""
-    return x[(slice(None), slice(None), *(slice(None, None, STRIDE),) * (x.ndim - 2))].copy()
-
-
-def every_second_adjoint(bk, dout, full_shape):
-    """E dout: dout at the even positions of a zero array of ``full_shape``."""
-    d = bk.xp.zeros(tuple(full_shape), dtype=dout.dtype)
-    d[(slice(None), slice(None), *(slice(None, None, STRIDE),) * (d.ndim - 2))] = dout
-    return d

@@ -6,15 +6,15 @@ layer              forward                                     adjoint
 =================  ==========================================  ====================================
 Pool("avg")        out[m] = (1/P) Σ_{window m} x               dx[i] = dout[⌊i/2⌋] / P
 Pool("max")        out[m] = x[argmax of window m]              dx = dout routed to the arg-max
-StridedConv        out = σ(conv_s2(x)), conv_s2 = E ∘ (W*x+b)  dz = σ'(z) dout, dx = W *ᵀ (Eᵀ dz)
+StridedConv        out = σ(z), z = W *₂ x + b (stride 2)        dz = σ'(z) dout, dx = W *₂ᵀ dz
 ChannelWiden(1x1)  out[o] = Σ_c W[o,c] x[c] + b[o]             dx[c] = Σ_o W[o,c] dout[o]
 ChannelWiden(zero) out = [x; 0]  (C_in → C_out channels)       dx = dout[:C_in]
 =================  ==========================================  ====================================
 
 Pooling windows are 2 wide on every spatial axis, stride 2 (``P = 2^s`` values; an odd trailing
 row is dropped, as torch's pooling). The strided conv is 3 wide, stride 2, padding 1
-(``torch.nn.Conv2d(C_in, C_out, 3, stride=2, padding=1)``): ⌈n/2⌉ outputs per axis, computed
-as the 'same' convolution sampled at even positions (E; refbraid.layers.spatial).
+(``torch.nn.Conv2d(C_in, C_out, 3, stride=2, padding=1)``): ⌈n/2⌉ outputs per axis, the kernels
+``conv_stride2``/``conv_stride2_adjoint`` (z[m] = b + Σ_t W[t] x̃[2m + t]).
 
 Shape legend: B batch, C channels, S… spatial axes, m an output position, P window size.
 """
@@ -29,14 +29,7 @@ from ..backends.reference import check_activation
 from ..backends.reference_spatial import pooled_shape
 from .conv import KERNEL_SIZE
 from .init import check_adjoint, check_dtype, check_positive_int, uniform_fan_in
-from .spatial import (
-    check_spatial,
-    conv_same,
-    conv_same_adjoint,
-    every_second,
-    every_second_adjoint,
-    strided_shape,
-)
+from .spatial import check_spatial, conv_same, conv_same_adjoint, strided_shape
 
 POOL_KINDS = ("avg", "max")
 WIDEN_MODES = ("conv1x1", "zeros")
@@ -124,15 +117,14 @@ class StridedConv:
     def forward(self, params, x, bk):
         _check_input(self, x)
         check_dtype("x", x, params)
-        z = every_second(conv_same(bk, x, params["W"], params["b"]))  # B,C_out,⌈S/2⌉…
+        z = bk.conv_stride2(x, params["W"], params["b"])  # B,C_out,⌈S/2⌉…
         return bk.activation(z, self.activation), (x, z)
 
     def adjoint(self, params, cache, dout, bk):
         x, z = cache
         check_adjoint("dout", dout, z.shape)
         dz = bk.activation_adjoint(z, dout, self.activation)
-        full = (x.shape[0], self.out_channels, *x.shape[2:])
-        dx, dW, db = conv_same_adjoint(bk, x, params["W"], every_second_adjoint(bk, dz, full))
+        dx, dW, db = bk.conv_stride2_adjoint(x, params["W"], dz)
         return dx, {"W": dW, "b": db}
 
 
