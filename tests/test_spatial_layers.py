@@ -33,6 +33,9 @@ from refbraid.layers import (
 )
 from refbraid.mgrit import MGRITSettings
 from refbraid.network import Network, backprop, init_params
+from refbraid.training.config import TrainConfig
+from refbraid.training.models import build_network
+from refbraid.training.run import train
 from refbraid.verify import check_network
 
 
@@ -204,3 +207,24 @@ def test_voxels_in_the_data_registry():
         load_voxels(1)
     with pytest.raises(ValueError, match="`noise`"):
         generate_voxels(4, noise=-1.0)
+
+
+def test_model_conv_on_volumes_is_the_3d_conv_network():
+    net = build_network("conv", (1, 16, 16, 16), 4, 3, 2, 1.0, "relu")
+    assert isinstance(net.opening, Conv3dLift) and isinstance(net.step, Conv3dStep)
+    assert net.step.state_shape == (2, 16, 16, 16) and net.closing.in_shape == (2, 16, 16, 16)
+    with pytest.raises(ValueError, match="volumes"):
+        build_network("conv", (2, 3, 4, 5, 6), 4, 3, 2, 1.0)
+
+
+@pytest.mark.slow
+def test_layer_parallel_training_runs_on_voxels(tmp_path):
+    """`refbraid train --model conv --data voxels` end to end, layer-parallel (tiny sizes; most
+    of the time goes to the run folder's figures and final gradient-error study)."""
+    config = TrainConfig(model="conv", data="voxels", samples=16, layers=4, width=2, epochs=1,
+                         batch_size=8, lr=1e-3, backend="numba", levels=2, cfactor=2,
+                         quiet=True, out=str(tmp_path))
+    result = train(config)
+    assert result.state.history[-1]["epoch"] == 1
+    assert np.isfinite(result.state.history[-1]["train_loss"])
+    assert (tmp_path / "log.json").is_file()
