@@ -3,7 +3,8 @@
 For a map ``out = f(θ, x)`` (an :class:`~refbraid.verify.ops.StepOp`, ``LayerOp`` or
 ``NetworkOp``), a random cotangent ``w`` (shape of ``out``) and the backend's adjoint
 ``(dx, dθ) = adjoint(w)``, each differentiable argument ``a`` (the input, then every
-parameter array) is checked three ways:
+parameter array but those the layer holds fixed, its ``constant_entries``) is checked three
+ways:
 
 1. dot-product test ``<J_a u, w> = <u, J_aᵀ w>`` for a random direction ``u``; ``J_a u`` is
    the complex-step tangent on the NumPy reference in complex128 (refbraid.verify.probes),
@@ -63,9 +64,11 @@ def run_adjoint(op, params: Args, cache, w: np.ndarray, bk: Backend) -> Args:
 
 
 def constant_entries(op) -> tuple[str, ...]:
-    """Params entries the op's layer holds fixed (no gradient): its ``constant_entries``."""
-    layer = getattr(op, "step", None) or getattr(op, "layer", None)
-    return tuple(getattr(layer, "constant_entries", ()))
+    """Params entries held fixed (no gradient): the op's own ``constant_entries`` (a network)
+    or its layer's (a step or plain layer; e.g. batch norm's running statistics in eval)."""
+    owner = op if hasattr(op, "constant_entries") else (
+        getattr(op, "step", None) or getattr(op, "layer", None))
+    return tuple(getattr(owner, "constant_entries", ()))
 
 
 def _layout_errors(op, params: Args, x: np.ndarray, grads: Args) -> list[str]:
