@@ -89,6 +89,7 @@ _MODULES = {
         "refbraid.backends.numba_cuda_conv",  # conv2d
         "refbraid.backends.numba_cuda_attention",  # bmm, softmax, layer norm, GRU cell
         "refbraid.backends.numba_cuda_conv3d",  # conv3d
+        "refbraid.backends.numba_cuda_pool",  # 2×2(×2) pooling
     ),
     "cupy": ("refbraid.backends.cupy_gpu",),
 }

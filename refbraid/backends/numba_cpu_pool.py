@@ -28,7 +28,7 @@ from .numba_cpu import native_floats
 OVERRIDES = ("avgpool", "avgpool_adjoint", "maxpool", "maxpool_adjoint")
 
 
-def _as_volumes(shape) -> tuple[tuple[int, int, int, int], int]:
+def as_volumes(shape) -> tuple[tuple[int, int, int, int], int]:
     """(B, C, S…) -> the (B·C, D, H, W) volume shape (D = 1 in 2-D) and the depth window."""
     if len(shape) == 4:
         return (shape[0] * shape[1], 1, shape[2], shape[3]), 1
@@ -107,10 +107,10 @@ def avgpool(x):
     """2×…×2 average pooling (reference_spatial.avgpool), direct loops."""
     if not native_floats(x):
         return reference_spatial.avgpool(x)
-    vol, fd = _as_volumes(x.shape)
+    vol, fd = as_volumes(x.shape)
     out_shape = reference_spatial.pooled_shape(x.shape)
     out = np.empty(out_shape, x.dtype)
-    _avgpool(np.ascontiguousarray(x).reshape(vol), fd, out.reshape(_as_volumes(out_shape)[0]))
+    _avgpool(np.ascontiguousarray(x).reshape(vol), fd, out.reshape(as_volumes(out_shape)[0]))
     return out
 
 
@@ -118,10 +118,10 @@ def avgpool_adjoint(dout, in_shape):
     """dx of avgpool (reference_spatial.avgpool_adjoint), direct loops."""
     if not native_floats(dout):
         return reference_spatial.avgpool_adjoint(dout, in_shape)
-    vol, fd = _as_volumes(tuple(in_shape))
-    _check_dout(dout, in_shape)
+    vol, fd = as_volumes(tuple(in_shape))
+    check_pooled_dout(dout, in_shape)
     dx = np.empty(tuple(in_shape), dout.dtype)
-    _avgpool_adjoint(np.ascontiguousarray(dout).reshape(_as_volumes(dout.shape)[0]), fd,
+    _avgpool_adjoint(np.ascontiguousarray(dout).reshape(as_volumes(dout.shape)[0]), fd,
                      dx.reshape(vol))
     return dx
 
@@ -130,10 +130,10 @@ def maxpool(x):
     """2×…×2 max pooling (reference_spatial.maxpool): (out, index), direct loops."""
     if not native_floats(x):
         return reference_spatial.maxpool(x)
-    vol, fd = _as_volumes(x.shape)
+    vol, fd = as_volumes(x.shape)
     out_shape = reference_spatial.pooled_shape(x.shape)
     out, index = np.empty(out_shape, x.dtype), np.empty(out_shape, np.int64)
-    out_vol = _as_volumes(out_shape)[0]
+    out_vol = as_volumes(out_shape)[0]
     _maxpool(np.ascontiguousarray(x).reshape(vol), fd, out.reshape(out_vol),
              index.reshape(out_vol))
     return out, index
@@ -143,19 +143,19 @@ def maxpool_adjoint(dout, index, in_shape):
     """dx of maxpool (reference_spatial.maxpool_adjoint), direct loops."""
     if not native_floats(dout):
         return reference_spatial.maxpool_adjoint(dout, index, in_shape)
-    vol, fd = _as_volumes(tuple(in_shape))
-    _check_dout(dout, in_shape)
+    vol, fd = as_volumes(tuple(in_shape))
+    check_pooled_dout(dout, in_shape)
     if tuple(index.shape) != tuple(dout.shape):
         raise ValueError(f"`index` must have the shape of `dout` {tuple(dout.shape)}, got "
                          f"{tuple(index.shape)}.")
     dx = np.empty(tuple(in_shape), dout.dtype)
-    out_vol = _as_volumes(dout.shape)[0]
+    out_vol = as_volumes(dout.shape)[0]
     _maxpool_adjoint(np.ascontiguousarray(dout).reshape(out_vol),
                      np.ascontiguousarray(index, np.int64).reshape(out_vol), fd, dx.reshape(vol))
     return dx
 
 
-def _check_dout(dout, in_shape) -> None:
+def check_pooled_dout(dout, in_shape) -> None:
     want = reference_spatial.pooled_shape(tuple(in_shape))
     if tuple(dout.shape) != want:
         raise ValueError(f"`dout` must have shape {want} (the pooled `in_shape`), got "
