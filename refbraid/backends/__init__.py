@@ -82,6 +82,7 @@ _MODULES = {
         "refbraid.backends.numba_cpu_layernorm",  # layer norm
         "refbraid.backends.numba_cpu_conv3d",  # conv3d
         "refbraid.backends.numba_cpu_pool",  # 2×2(×2) pooling
+        "refbraid.backends.numba_cpu_batchnorm",  # batch norm
     ),
     "cuda": (
         "refbraid.backends.numba_cuda",  # activations, Euler update
