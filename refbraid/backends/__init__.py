@@ -91,6 +91,7 @@ _MODULES = {
         "refbraid.backends.numba_cuda_attention",  # bmm, softmax, layer norm, GRU cell
         "refbraid.backends.numba_cuda_conv3d",  # conv3d
         "refbraid.backends.numba_cuda_pool",  # 2×2(×2) pooling
+        "refbraid.backends.numba_cuda_batchnorm",  # batch norm
     ),
     "cupy": ("refbraid.backends.cupy_gpu",),
 }
