@@ -196,8 +196,67 @@ def _transformer_cases() -> list[Case]:
     return cases
 
 
+def _spatial_cases() -> list[Case]:
+    """3-D conv (k = 1, 3, Cin ≠ Cout, 1-voxel and odd volumes), pooling on even and odd
+    2-D/3-D sizes, batch norm in training and evaluation form (reference_spatial)."""
+    from refbraid.backends import reference_spatial as RS
+
+    cases = []
+    for sname, (B, C, O, D, H, W, k) in {"2x3to2-3x4x5-k3": (2, 3, 2, 3, 4, 5, 3),
+                                         "1x2to3-1x1x1-k3": (1, 2, 3, 1, 1, 1, 3),
+                                         "2x3to4-2x3x2-k1": (2, 3, 4, 2, 3, 2, 1)}.items():
+        cases += [
+            Case("conv3d", sname, lambda g, d, B=B, C=C, O=O, D=D, H=H, W=W, k=k: (
+                _r(g, (B, C, D, H, W), d), _r(g, (O, C, k, k, k), d), _r(g, O, d))),
+            Case("conv3d_adjoint", sname, lambda g, d, B=B, C=C, O=O, D=D, H=H, W=W, k=k: (
+                _r(g, (B, C, D, H, W), d), _r(g, (O, C, k, k, k), d),
+                _r(g, (B, O, D, H, W), d))),
+        ]
+    cases.append(Case("conv3d", "no-bias", lambda g, d: (
+        _r(g, (2, 2, 3, 3, 3), d), _r(g, (2, 2, 3, 3, 3), d), None)))
+    for shape, O, k in (((2, 3, 5, 4), 4, 3), ((2, 2, 3, 4, 5), 3, 3), ((1, 2, 4, 3), 3, 1)):
+        sname = "x".join(map(str, shape)) + f"to{O}-k{k}"
+        w_shape = (O, shape[1], *(k,) * (len(shape) - 2))
+        out = (shape[0], O, *(-(-n // 2) for n in shape[2:]))
+        cases += [
+            Case("conv_stride2", sname, lambda g, d, s=shape, w=w_shape, O=O: (
+                _r(g, s, d), _r(g, w, d), _r(g, O, d))),
+            Case("conv_stride2_adjoint", sname, lambda g, d, s=shape, w=w_shape, o=out: (
+                _r(g, s, d), _r(g, w, d), _r(g, o, d))),
+        ]
+    for shape in ((2, 3, 4, 6), (2, 3, 5, 7), (2, 2, 4, 4, 6), (1, 2, 3, 5, 4)):
+        sname = "x".join(map(str, shape))
+        out = RS.pooled_shape(shape)
+        cases += [
+            Case("avgpool", sname, lambda g, d, s=shape: (_r(g, s, d),)),
+            Case("avgpool_adjoint", sname, lambda g, d, s=shape, o=out: (_r(g, o, d), s)),
+            Case("maxpool", sname, lambda g, d, s=shape: (_r(g, s, d),)),
+            Case("maxpool_adjoint", sname, lambda g, d, s=shape, o=out: (
+                _r(g, o, d), RS.maxpool(_r(g, s, d))[1], s)),
+        ]
+    for shape in ((4, 3, 5, 5), (3, 2, 3, 4, 2)):
+        sname = "x".join(map(str, shape))
+        C = shape[1]
+
+        def bn_args(g, d, s=shape, C=C):
+            x = 2 + _r(g, s, d)
+            mean, rstd = RS.batchnorm_stats(x, 1e-5)
+            return x, mean, rstd, _r(g, C, d)
+
+        cases += [
+            Case("batchnorm_stats", sname, lambda g, d, s=shape: (3 + _r(g, s, d), 1e-5)),
+            Case("batchnorm_apply", sname, lambda g, d, f=bn_args, C=C: (
+                *f(g, d), _r(g, C, d))),
+        ]
+        for batch_stats in (True, False):
+            cases.append(Case("batchnorm_adjoint", f"{sname}-{'train' if batch_stats else 'eval'}",
+                              lambda g, d, f=bn_args, s=shape, t=batch_stats: (
+                                  *f(g, d), _r(g, s, d), t)))
+    return cases
+
+
 CASES = _elementwise_cases() + _dense_cases() + _conv_cases() + _loss_cases()
-CASES += _transformer_cases()
+CASES += _transformer_cases() + _spatial_cases()
 
 
 def _catalogue_params():
@@ -228,6 +287,9 @@ def assert_matches(got, want, rtol: float, what: str) -> None:
         assert g.dtype == w.dtype, f"{what} output {k}: dtype {g.dtype}, reference {w.dtype}"
         if w.size == 0:
             continue
+        if w.dtype.kind in "iub":  # an index (max pooling's arg-max): exactly equal
+            assert np.array_equal(g, w), f"{what} output {k}: integer outputs differ"
+            continue
         err = np.abs(g.astype(np.float64) - w.astype(np.float64))
         scale = max(float(np.abs(w).max()), np.finfo(w.dtype).tiny)
         worst = np.unravel_index(int(np.argmax(err)), err.shape) if err.ndim else ()
@@ -255,7 +317,7 @@ def _host(bk, out):
 def test_kernel_matches_reference(backend_name, case, dtype):
     bk = backend_or_skip(backend_name)
     args = case.build(np.random.default_rng(1234), dtype)
-    want = getattr(reference, case.kernel)(*args)
+    want = getattr(get_backend("numpy"), case.kernel)(*args)  # reference and reference_spatial
     got = _host(bk, getattr(bk, case.kernel)(*[_to_backend(bk, a) for a in args]))
     what = f"{case.kernel}[{case.name}] on {backend_name} ({np.dtype(dtype).name})"
     assert_matches(got, want, RTOL[dtype], what)

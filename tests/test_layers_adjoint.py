@@ -28,9 +28,11 @@ def _failures(results) -> str:
 
 
 def _arguments(layer) -> set[str]:
+    """The input and every parameter but those the layer holds fixed (``constant_entries``)."""
     params = layer.init(np.random.default_rng(0))
     own_input = "y" if hasattr(layer, "state_shape") else "x"
-    return {own_input, *params}
+    fixed = set(getattr(layer, "constant_entries", ()))
+    return {own_input, *params} - fixed
 
 
 # ----------------------------------------------------------------------------- catalogue

@@ -2,7 +2,8 @@
 
 ``get_backend(name)`` returns a :class:`Backend`: the array module plus every kernel named in
 :data:`KERNELS`, each with the signature of the NumPy reference in
-:mod:`refbraid.backends.reference`. A backend module overrides the kernels it accelerates
+:mod:`refbraid.backends.reference` (and :mod:`refbraid.backends.reference_spatial` for the
+3-D convolution, pooling and batch norm). A backend module overrides the kernels it accelerates
 and lists them in its ``OVERRIDES`` tuple; every other kernel is the reference one (written
 against the array API, so it runs on the backend's arrays too).
 
@@ -27,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from . import reference
+from . import reference, reference_spatial
 
 BACKENDS = ("numpy", "numba", "cuda", "cupy")
 
@@ -53,7 +54,22 @@ KERNELS = (
     "embedding_adjoint",
     "gru_cell",
     "gru_cell_adjoint",
+    # spatial kernels (refbraid.backends.reference_spatial): 3-D conv, pooling, batch norm
+    "conv3d",
+    "conv3d_adjoint",
+    "conv_stride2",
+    "conv_stride2_adjoint",
+    "avgpool",
+    "avgpool_adjoint",
+    "maxpool",
+    "maxpool_adjoint",
+    "batchnorm_stats",
+    "batchnorm_apply",
+    "batchnorm_adjoint",
 )
+
+#: The reference modules, whose functions every backend starts from.
+_REFERENCE_MODULES = (reference, reference_spatial)
 
 #: Modules whose OVERRIDES make up each backend, later modules taking precedence.
 _MODULES = {
@@ -64,12 +80,18 @@ _MODULES = {
         "refbraid.backends.numba_cpu_conv",  # conv2d
         "refbraid.backends.numba_cpu_attention",  # softmax, embedding
         "refbraid.backends.numba_cpu_layernorm",  # layer norm
+        "refbraid.backends.numba_cpu_conv3d",  # conv3d
+        "refbraid.backends.numba_cpu_pool",  # 2×2(×2) pooling
+        "refbraid.backends.numba_cpu_batchnorm",  # batch norm
     ),
     "cuda": (
         "refbraid.backends.numba_cuda",  # activations, Euler update
         "refbraid.backends.numba_cuda_dense",  # matmul, linear
         "refbraid.backends.numba_cuda_conv",  # conv2d
         "refbraid.backends.numba_cuda_attention",  # bmm, softmax, layer norm, GRU cell
+        "refbraid.backends.numba_cuda_conv3d",  # conv3d
+        "refbraid.backends.numba_cuda_pool",  # 2×2(×2) pooling
+        "refbraid.backends.numba_cuda_batchnorm",  # batch norm
     ),
     "cupy": ("refbraid.backends.cupy_gpu",),
 }
@@ -112,7 +134,7 @@ def get_backend(name: str | Backend = "numpy") -> Backend:
         raise ValueError(f"`backend` must be one of {BACKENDS}, got {name!r}.")
     if name in _cache:
         return _cache[name]
-    kernels = {k: getattr(reference, k) for k in KERNELS}
+    kernels = {k: getattr(m, k) for m in _REFERENCE_MODULES for k in KERNELS if hasattr(m, k)}
     overrides: tuple[str, ...] = ()
     xp = np
     for module_name in _MODULES[name]:

@@ -1,6 +1,6 @@
 """Numba CPU kernels (backend ``"numba"``), part 1: the activations, fused and compiled.
 
-The ``numba`` backend is five modules, one concept each (``refbraid.backends._MODULES``):
+The ``numba`` backend is eight modules, one concept each (``refbraid.backends._MODULES``):
 
 ========================  ==================================================================
 numba_cpu                 activations and the Euler update; the scalar activation bodies and
@@ -10,7 +10,13 @@ numba_cpu_conv            'same' 2-D convolution and its adjoint: direct 3×3 ke
                           numba_cpu_im2col (im2col + BLAS) for the other kernel sizes
 numba_cpu_attention       softmax, embedding (attention layers); the GRU's GPU bodies
 numba_cpu_layernorm       layer norm
+numba_cpu_conv3d          'same' 3-D convolution and its adjoint: direct loops, line by line
+numba_cpu_pool            2×2 and 2×2×2 average and max pooling and their adjoints
+numba_cpu_batchnorm       batch norm over (batch, space): statistics, apply, adjoint
 ========================  ==================================================================
+
+The stride-2 convolution runs the reference kernel (:mod:`refbraid.backends.reference_spatial`)
+on every backend.
 
 Every public kernel has the signature and semantics of the same-named function in
 :mod:`refbraid.backends.reference`; its docstring says only what it changes. The math::

@@ -1,7 +1,7 @@
 """Numba CUDA kernels (backend ``"cuda"``), part 1: the activations, and the host side the
 other CUDA modules share.
 
-The ``cuda`` backend is four modules, one concept each (``refbraid.backends._MODULES``):
+The ``cuda`` backend is seven modules, one concept each (``refbraid.backends._MODULES``):
 
 ========================  ==================================================================
 numba_cuda                activations and the Euler update; the device copies, launch sizes
@@ -9,7 +9,12 @@ numba_cuda                activations and the Euler update; the device copies, l
 numba_cuda_dense          tiled shared-memory GEMM: matmul, dense layers
 numba_cuda_conv           'same' 2-D convolution and its adjoint as direct gather kernels
 numba_cuda_attention      bmm, softmax, layer norm, GRU cell (transformer and GRU layers)
+numba_cuda_conv3d         'same' 3-D convolution and its adjoint as direct gather kernels
+numba_cuda_pool           2×2 and 2×2×2 average and max pooling and their adjoints
+numba_cuda_batchnorm      batch norm over (batch, space): statistics, apply, adjoint
 ========================  ==================================================================
+
+The stride-2 convolution runs the reference kernel on the host.
 
 Every public function has the signature and semantics of the same-named function in
 :mod:`refbraid.backends.reference`. It accepts NumPy arrays (copied to the device) or device

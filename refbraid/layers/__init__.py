@@ -15,11 +15,16 @@ it enters a step; an adjoint's incoming ``d…`` must have exactly the forward o
 (no silent broadcasting of a batch of 1); a forward's input and the floating arrays of its
 params must share one dtype. A layer whose params carry data besides weights (an attention's
 ``memory``, a GRU cell's input ``x``, padding masks) lists them in ``data_entries``, so
-:func:`refbraid.network.check_params` does not take them for weights.
+:func:`refbraid.network.check_params` does not take them for weights; data held fixed, with
+no gradient returned (batch norm's running statistics in evaluation mode), is also listed in
+``constant_entries``.
 """
 
 from .attention import MultiheadAttention
+from .batchnorm import BatchNorm, BatchStats, init_running_stats, update_running_stats
 from .conv import ConvLift, ConvStep
+from .conv3d import Conv3dLift, Conv3dStep
+from .conv_bn import ConvBNStep
 from .dense import DenseLift, DenseStep
 from .embedding import TokenEmbedding, sinusoidal_positions
 from .gru import GRUCell, GRUSequence
@@ -34,6 +39,7 @@ from .transformer import (
     token_cross_entropy,
     token_cross_entropy_adjoint,
 )
+from .transitions import ChannelWiden, Pool, StridedConv
 
 __all__ = [
     "Classifier",
@@ -57,4 +63,15 @@ __all__ = [
     "sinusoidal_positions",
     "token_cross_entropy",
     "token_cross_entropy_adjoint",
+    # 3-D conv, batch norm, transitions between stages
+    "BatchNorm",
+    "BatchStats",
+    "ChannelWiden",
+    "Conv3dLift",
+    "Conv3dStep",
+    "ConvBNStep",
+    "Pool",
+    "StridedConv",
+    "init_running_stats",
+    "update_running_stats",
 ]

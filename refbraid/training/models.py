@@ -5,6 +5,7 @@ model    layers                                                                 
 =======  =====================================================================  ==============
 resnet   DenseLift(K→C) → N × DenseStep(C): y += h σ(W y + b) → Classifier        any (flattened)
 conv     ConvLift(C_in→C) → N × ConvStep(C, 3×3) → Classifier                     images (C,H,W)
+         3-D: Conv3dLift(C_in→C) → N × Conv3dStep(C, 3×3×3) → Classifier          volumes (C,D,H,W)
 =======  =====================================================================  ==============
 
 ``h = T/N`` for N = ``layers`` steps. A model is a builder function registered in
@@ -32,7 +33,7 @@ from math import prod
 
 import numpy as np
 
-from ..layers import Classifier, ConvLift, ConvStep, DenseLift, DenseStep
+from ..layers import Classifier, Conv3dLift, Conv3dStep, ConvLift, ConvStep, DenseLift, DenseStep
 from ..network import Network
 
 
@@ -50,10 +51,16 @@ def _resnet(data_shape, n_classes, layers, width, T, activation, info=None) -> N
 def _conv(data_shape, n_classes, layers, width, T, activation, info=None) -> Network:
     if len(data_shape) == 2:  # (H, W) grey-scale images
         data_shape = (1, *data_shape)
+    if len(data_shape) == 4:  # (C, D, H, W) volumes, e.g. the voxel set
+        c_in, D, H, W = data_shape
+        return Network(opening=Conv3dLift(c_in, width, D, H, W, activation),
+                       step=Conv3dStep(width, D, H, W, activation),
+                       closing=Classifier((width, D, H, W), n_classes), n_layers=layers, T=T)
     if len(data_shape) != 3:
         raise ValueError(
-            f"model 'conv' needs image data of shape (channels, height, width); the data has "
-            f"samples of shape {tuple(data_shape)}. Use model 'resnet' for vector data."
+            f"model 'conv' needs image data of shape (channels, height, width) or volumes "
+            f"(channels, depth, height, width); the data has samples of shape "
+            f"{tuple(data_shape)}. Use model 'resnet' for vector data."
         )
     c_in, H, W = data_shape
     return Network(

@@ -3,7 +3,8 @@
 For a map ``out = f(θ, x)`` (an :class:`~refbraid.verify.ops.StepOp`, ``LayerOp`` or
 ``NetworkOp``), a random cotangent ``w`` (shape of ``out``) and the backend's adjoint
 ``(dx, dθ) = adjoint(w)``, each differentiable argument ``a`` (the input, then every
-parameter array) is checked three ways:
+parameter array but those the layer holds fixed, its ``constant_entries``) is checked three
+ways:
 
 1. dot-product test ``<J_a u, w> = <u, J_aᵀ w>`` for a random direction ``u``; ``J_a u`` is
    the complex-step tangent on the NumPy reference in complex128 (refbraid.verify.probes),
@@ -62,10 +63,19 @@ def run_adjoint(op, params: Args, cache, w: np.ndarray, bk: Backend) -> Args:
     return grads
 
 
+def constant_entries(op) -> tuple[str, ...]:
+    """Params entries held fixed (no gradient): the op's own ``constant_entries`` (a network)
+    or its layer's (a step or plain layer; e.g. batch norm's running statistics in eval)."""
+    owner = op if hasattr(op, "constant_entries") else (
+        getattr(op, "step", None) or getattr(op, "layer", None))
+    return tuple(getattr(owner, "constant_entries", ()))
+
+
 def _layout_errors(op, params: Args, x: np.ndarray, grads: Args) -> list[str]:
     """What is wrong with the keys and shapes the adjoint returned (empty when nothing)."""
     want = ({op.input_name: x.shape} if op.differentiate_input else {})
-    want.update({k: v.shape for k, v in params.items()})
+    fixed = constant_entries(op)
+    want.update({k: v.shape for k, v in params.items() if k not in fixed})
     if set(grads) != set(want):
         return [f"adjoint returned arguments {sorted(grads)}, expected {sorted(want)}"]
     return [f"`d{k}` has shape {grads[k].shape}, expected {s}"

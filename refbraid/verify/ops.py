@@ -102,6 +102,15 @@ class NetworkOp:
     input_name = "x"
     differentiate_input = False
 
+    @property
+    def constant_entries(self) -> tuple[str, ...]:
+        """Params held fixed by their layer (e.g. batch norm's running statistics in eval
+        mode), with the network's prefixes: not differentiated, not checked."""
+        parts = (("opening", self.net.opening), ("steps", self.net.step),
+                 ("closing", self.net.closing))
+        return tuple(f"{prefix}.{k}" for prefix, layer in parts
+                     for k in getattr(layer, "constant_entries", ()))
+
     def forward(self, params, x, bk):
         logits, _, _ = nw.forward(self.net, params, x, bk, keep=False)
         loss, _ = bk.softmax_cross_entropy(logits, bk.asarray(self.labels))
@@ -110,4 +119,5 @@ class NetworkOp:
     def adjoint(self, params, x, dloss, bk):
         _, grads, _ = nw.backprop(self.net, params, x, bk.asarray(self.labels), bk)
         scale = float(bk.to_numpy(dloss))
-        return None, {k: g * scale for k, g in grads.items()}
+        fixed = self.constant_entries
+        return None, {k: g * scale for k, g in grads.items() if k not in fixed}

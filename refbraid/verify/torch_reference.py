@@ -19,6 +19,8 @@ Classifier(shape, n)   Linear(prod(shape), n)(Flatten()(x))
 softmax cross-entropy  torch.nn.functional.cross_entropy(logits, labels)   (mean over B)
 transformer and GRU    refbraid.verify.torch_sequence (LayerNorm, MLP, attention, encoder and
                        decoder steps, classic and implicit GRU cells, pooled and token heads)
+3-D conv, batch norm,  refbraid.verify.torch_spatial (Conv3d, BatchNorm2d/3d in train and eval
+transitions            mode, the BN conv step, pooling, strided conv, channel widening)
 =====================  =====================================================================
 
 σ: tanh → Tanh, relu → ReLU, gelu → GELU(approximate="none") (exact, erf), identity.
@@ -43,12 +45,13 @@ from .checks import example_input, run_adjoint, run_forward
 from .ops import LayerOp, SoftmaxCrossEntropyLayer, StepOp
 from .result import CheckResult, compare_arrays, result, tolerance
 from .torch_sequence import SEQUENCE_EQUIVALENTS
+from .torch_spatial import SPATIAL_EQUIVALENTS
 
 DTYPE = torch.float64
 PERTURB = 0.3  # size of the random perturbation added to layer.init's weights
 #: layer type -> builder(layer, h) returning (module, {refbraid parameter name: torch Parameter})
 TORCH_EQUIVALENTS: dict[type, Callable[..., tuple[nn.Module, dict[str, nn.Parameter]]]] = {
-    **SEQUENCE_EQUIVALENTS}
+    **SEQUENCE_EQUIVALENTS, **SPATIAL_EQUIVALENTS}
 
 
 def register(kind: type):
@@ -163,7 +166,8 @@ def torch_checks(name: str, layer, backend: str | Backend = "numpy", seed: int =
     theirs = {"out": out_t.detach().numpy()}
     if op.differentiate_input:
         theirs[f"d{op.input_name}"] = xt.grad.numpy()
-    theirs.update({f"d{k}": p.grad.numpy() for k, p in tparams.items()})
+    # buffers (batch norm's running statistics in eval mode) are copied in, not differentiated
+    theirs.update({f"d{k}": p.grad.numpy() for k, p in tparams.items() if p.requires_grad})
     ours = {"out": out, **{f"d{k}": g for k, g in grads.items()}}
 
     tol = tolerance(np.float64, "torch")
