@@ -17,21 +17,20 @@
 # integrator can be parallelised *across time* with multigrid (MGRIT), so a network can
 # be parallelised across its layers.
 #
-# Run it: `python lessons/01_resnet_is_forward_euler.py`. Set `REFBRAID_LESSON_SMALL=1` for
-# a quick run, and `REFBRAID_LESSON_FIGURES=<folder>` to save the figure there.
+# Run it in Jupyter (lesson 00 shows how) and each figure appears in its cell. Run as a
+# script, `python lessons/01_resnet_is_forward_euler.py`, it saves
+# them to `lesson_figures/01/` (`REFBRAID_LESSON_FIGURES=<folder>` picks another).
+# `REFBRAID_LESSON_SMALL=1` makes a quick run.
 
 # %%
-import os
-from pathlib import Path
-
 import numpy as np
 from matplotlib.figure import Figure
 
 import refbraid
 from refbraid.layers import Classifier, DenseLift, DenseStep
+from refbraid.lessons import show, small
 
-SMALL = os.environ.get("REFBRAID_LESSON_SMALL") == "1"
-FIGURES = os.environ.get("REFBRAID_LESSON_FIGURES")
+SMALL = small()
 
 T = 2.0  # final time, fixed while the depth N grows
 WIDTH = 2  # a 2-D state, so the trajectory can be drawn
@@ -175,9 +174,7 @@ ax_err.loglog(depths, errors[0] * depths[0] / np.array(depths), "k--", lw=1, lab
 ax_err.set(xlabel="layers N (h = T/N)", ylabel="error at t = T",
            title="forward Euler: first order")
 ax_err.legend(fontsize="small")
-if FIGURES:
-    Path(FIGURES).mkdir(parents=True, exist_ok=True)
-    fig.savefig(Path(FIGURES) / "01_resnet_is_forward_euler.png", dpi=120)
+show(fig, "01_resnet_is_forward_euler")
 
 # %% [markdown]
 # ## Check

@@ -22,23 +22,21 @@
 # Below we write the recurrence out by hand with NumPy, and compare it with
 # `refbraid.network.backprop` and with central finite differences.
 #
-# Run it: `python lessons/02_backprop_is_the_discrete_adjoint.py`. Set
-# `REFBRAID_LESSON_SMALL=1` for a quick run, `REFBRAID_LESSON_FIGURES=<folder>` to save the
-# figure.
+# Run it in Jupyter (lesson 00 shows how) and each figure appears in its cell. Run as a
+# script, `python lessons/02_backprop_is_the_discrete_adjoint.py`, it saves
+# them to `lesson_figures/02/` (`REFBRAID_LESSON_FIGURES=<folder>` picks another).
+# `REFBRAID_LESSON_SMALL=1` makes a quick run.
 
 # %%
-import os
-from pathlib import Path
-
 import numpy as np
 from matplotlib.figure import Figure
 
 import refbraid
 from refbraid.data import load_peaks
+from refbraid.lessons import show, small
 from refbraid.training.models import build_network
 
-SMALL = os.environ.get("REFBRAID_LESSON_SMALL") == "1"
-FIGURES = os.environ.get("REFBRAID_LESSON_FIGURES")
+SMALL = small()
 
 N = 8 if SMALL else 16  # layers
 WIDTH = 4
@@ -166,9 +164,7 @@ ax_lam.set(xlabel="layer n", ylabel="‖λ[n]‖", title="adjoint, computed from
 ax_lam.legend(fontsize="small")
 ax_grad.bar(np.arange(N), [np.linalg.norm(dW[n]) for n in range(N)])
 ax_grad.set(xlabel="layer n", ylabel="‖∂L/∂W[n]‖", title="per-layer weight gradients")
-if FIGURES:
-    Path(FIGURES).mkdir(parents=True, exist_ok=True)
-    fig.savefig(Path(FIGURES) / "02_backprop_is_the_discrete_adjoint.png", dpi=120)
+show(fig, "02_backprop_is_the_discrete_adjoint")
 
 # %% [markdown]
 # ## Check

@@ -20,21 +20,21 @@
 # refbraid's MGRIT knows nothing about Parareal; we write Parareal here in a few lines and
 # check that two-level MGRIT with F-relaxation produces *the same iterates*.
 #
-# Run it: `python lessons/03_parareal_is_two_level_mgrit.py`. Set `REFBRAID_LESSON_SMALL=1` for a
-# quick run, and `REFBRAID_LESSON_FIGURES=<folder>` to save the figures there.
+# Run it in Jupyter (lesson 00 shows how) and each figure appears in its cell. Run as a
+# script, `python lessons/03_parareal_is_two_level_mgrit.py`, it saves
+# them to `lesson_figures/03/` (`REFBRAID_LESSON_FIGURES=<folder>` picks another).
+# `REFBRAID_LESSON_SMALL=1` makes a quick run.
 
 # %%
-import os
-
 import numpy as np
 from matplotlib.figure import Figure
 
+from refbraid.lessons import show, small
 from refbraid.mgrit import MGRITSettings, sequential_solve, solve
 from refbraid.mgrit.plots import plot_error
 from refbraid.mgrit.problems import nonlinear_ode
 
-SMALL = os.environ.get("REFBRAID_LESSON_SMALL") == "1"
-FIGURES = os.environ.get("REFBRAID_LESSON_FIGURES")  # save figures here when set
+SMALL = small()
 
 N, m = (48, 4) if SMALL else (256, 8)
 problem = nonlinear_ode(N, T=N * 0.08 / m, dim=3)  # y' = -y - y³ + sin(2πt), forward Euler
@@ -146,10 +146,8 @@ ax2.set_xlabel("Parareal / MGRIT iteration k")
 ax2.set_ylabel("max error vs sequential")
 ax2.set_title("finite termination")
 ax2.legend()
-error_fig = plot_error(res, u_seq)
-if FIGURES:
-    fig.savefig(os.path.join(FIGURES, "03_f_vs_fcf.png"), dpi=120)
-    error_fig.savefig(os.path.join(FIGURES, "03_error_over_time.png"), dpi=120)
+show(fig, "03_f_vs_fcf")
+show(plot_error(res, u_seq), "03_error_over_time")
 
 # %%
 assert gap < 1e-12, "Parareal and two-level MGRIT with F-relaxation must agree"

@@ -22,25 +22,26 @@
 # checks that every rank count gives the single-process gradient, and compares the measured
 # speedup with a cost model (docs/references.md §4).
 #
-# Run it: `python lessons/06_mpi_layer_parallel.py`. Set `REFBRAID_LESSON_SMALL=1` for a quick
-# run, and `REFBRAID_LESSON_FIGURES=<folder>` to save the figure there.
+# Run it in Jupyter (lesson 00 shows how) and each figure appears in its cell. Run as a
+# script, `python lessons/06_mpi_layer_parallel.py`, it saves
+# them to `lesson_figures/06/` (`REFBRAID_LESSON_FIGURES=<folder>` picks another).
+# `REFBRAID_LESSON_SMALL=1` makes a quick run.
 
 # %%
 import json
-import os
 import time
 
 import numpy as np
 from matplotlib.figure import Figure
 
 from refbraid.layer_parallel import LayerParallelSettings
+from refbraid.lessons import show, small
 from refbraid.network import backprop, init_params
 from refbraid.parallel.launch import run_mpi
 from refbraid.training.models import build_network
 from refbraid.training.ownership import BlockPlan
 
-SMALL = os.environ.get("REFBRAID_LESSON_SMALL") == "1"
-FIGURES = os.environ.get("REFBRAID_LESSON_FIGURES")  # save the figure here when set
+SMALL = small()
 
 N = 64 if SMALL else 256  # layers
 RANKS = (1, 2) if SMALL else (1, 2, 3, 4)
@@ -211,8 +212,7 @@ ax3.set_xlabel("ranks P")
 ax3.set_ylabel("speedup over 1 rank")
 ax3.set_title("speedup vs model")
 ax3.legend()
-if FIGURES:
-    fig.savefig(os.path.join(FIGURES, "06_mpi_layer_parallel.png"), dpi=120)
+show(fig, "06_mpi_layer_parallel")
 
 # %%
 for P, r in results.items():

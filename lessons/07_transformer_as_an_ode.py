@@ -17,25 +17,25 @@
 # measures the layer-parallel gradient error, and trains a small token tagger serially and
 # layer-parallel.
 #
-# Run it: `python lessons/07_transformer_as_an_ode.py` (`REFBRAID_LESSON_SMALL=1` for a
-# quick run, `REFBRAID_LESSON_FIGURES=<folder>` to save the figure).
+# Run it in Jupyter (lesson 00 shows how) and each figure appears in its cell. Run as a
+# script, `python lessons/07_transformer_as_an_ode.py`, it saves
+# them to `lesson_figures/07/` (`REFBRAID_LESSON_FIGURES=<folder>` picks another).
+# `REFBRAID_LESSON_SMALL=1` makes a quick run.
 
 # %%
-import os
 import tempfile
-from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
 
 from refbraid.data import load_dataset
 from refbraid.layer_parallel import LayerParallelSettings, relative_gradient_error
+from refbraid.lessons import show, small
 from refbraid.network import forward
 from refbraid.sequence import TransformerModel
 from refbraid.training import TrainConfig, train
 
-SMALL = os.environ.get("REFBRAID_LESSON_SMALL") == "1"
-FIGURES = os.environ.get("REFBRAID_LESSON_FIGURES")
+SMALL = small()
 
 # %% [markdown]
 # ## Refining the layers: forward Euler converges with order 1
@@ -129,8 +129,7 @@ a.legend()
 b.semilogy(range(len(grad_error)), np.maximum(grad_error, 1e-17), "o-")
 b.set(xlabel="MGRIT cycles (2 levels, cfactor 2)", ylabel="gradient rel. error",
       title="layer-parallel gradient")
-if FIGURES:
-    fig.savefig(Path(FIGURES) / "07_transformer_as_an_ode.png", dpi=120)
+show(fig, "07_transformer_as_an_ode")
 
 # %%
 assert np.all(np.abs(orders - 1.0) < 0.2), orders  # forward Euler: first order
