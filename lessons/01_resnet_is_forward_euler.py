@@ -186,3 +186,26 @@ show(fig, "01_resnet_is_forward_euler")
 assert np.all(np.diff(errors) < 0), errors
 assert abs(orders[-1] - 1.0) < 0.05, orders
 print(f"observed order {orders[-1]:.3f} ≈ 1: a ResNet is forward Euler.")
+
+
+# %% [markdown]
+# ## Exercise: a ResNet forward pass, by hand
+#
+# Write the forward pass of the ResNet of this lesson yourself: given the input `x` (B, C),
+# the stacked weights `W` (N, C, C), `b` (N, C) and the step `h`, return all states
+# `y[0..N]` (shape (N+1, B, C)) of `y[n+1] = y[n] + h tanh(y[n] W[n]ᵀ + b[n])`, `y[0] = x`.
+# The check compares with `refbraid.forward` and names the first state that is wrong. It
+# prints TODO until you replace the `raise`; the reference solution is
+# `refbraid.lessons.solutions.resnet_forward` (and passes below).
+
+# %%
+from refbraid.lessons import exercises, solutions
+
+
+def resnet_forward(x, W, b, h):
+    """y[n+1] = y[n] + h tanh(y[n] W[n]ᵀ + b[n]); return y[0..N], shape (N+1, B, C)."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_resnet_forward(resnet_forward)
+assert exercises.check_resnet_forward(solutions.resnet_forward)

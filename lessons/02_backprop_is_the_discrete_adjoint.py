@@ -176,3 +176,25 @@ show(fig, "02_backprop_is_the_discrete_adjoint")
 assert all(e <= 1e-12 for e in errs.values()), errs
 assert worst[2] <= 1e-7, worst
 print("backprop is the discrete adjoint: checked.")
+
+
+# %% [markdown]
+# ## Exercise: the adjoint of one dense step
+#
+# Write the adjoint of one step `y_next = y + h tanh(y Wᵀ + b)`: given the cotangent
+# `dy_next` (B, C) return `(dy, dW, db)`. With `z = y Wᵀ + b` and `s = h tanh'(z) ⊙ dy_next`:
+# `dy = dy_next + s W`, `dW = sᵀ y`, `db = Σ_batch s`. The check runs the dot-product test
+# `<J u, w> = <u, Jᵀ w>` for each of `dy`, `dW`, `db` (J from complex-step derivatives of the
+# step, no reference needed) and then compares with refbraid's `DenseStep.adjoint`.
+
+# %%
+from refbraid.lessons import exercises, solutions
+
+
+def dense_step_adjoint(W, b, y, dy_next, h):
+    """Return (dy, dW, db) of y_next = y + h tanh(y Wᵀ + b) for the cotangent dy_next."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_dense_step_adjoint(dense_step_adjoint)
+assert exercises.check_dense_step_adjoint(solutions.dense_step_adjoint)

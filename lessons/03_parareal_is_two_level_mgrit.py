@@ -153,3 +153,26 @@ show(plot_error(res, u_seq), "03_error_over_time")
 assert gap < 1e-12, "Parareal and two-level MGRIT with F-relaxation must agree"
 assert exact_after <= N // m
 assert fcf.converged and fcf.iterations < f_only.iterations
+
+
+# %% [markdown]
+# ## Exercise: F-relaxation
+#
+# Write F-relaxation on the fine grid: given an iterate `u` (N+1, d), the step function
+# `step(u_prev, start, stop)` and the cfactor `m`, return a new array in which every F-point
+# `k` (`k % m ≠ 0`) is recomputed, in increasing order, from the value just before it:
+# `u[k] = step(u[k-1], k-1, k)`; C-points keep their values. The check compares with
+# refbraid's `mgrit.relax.f_relax` and names the first point that differs (and whether it is
+# an F- or a C-point).
+
+# %%
+from refbraid.lessons import exercises, solutions
+
+
+def f_relaxation(u, step, m):
+    """Return a copy of u with every F-point k (k % m != 0) set to step(u[k-1], k-1, k)."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_f_relaxation(f_relaxation)
+assert exercises.check_f_relaxation(solutions.f_relaxation)

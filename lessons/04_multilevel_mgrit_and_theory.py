@@ -180,3 +180,26 @@ for relax in ("F", "FCF"):
     assert observed[relax] <= sharp[relax] * (1 + 1e-9) <= bound[relax] * (1 + 1e-9)
 assert all(r.converged for _, _, r in table) and deep.converged
 np.testing.assert_allclose(deep.solution, u_seq, rtol=0, atol=1e-8 * np.abs(u_seq).max())
+
+
+# %% [markdown]
+# ## Exercise: predict the two-level convergence factor
+#
+# Predict how much one two-level iteration reduces the error of one mode of `y' = a y`,
+# backward Euler, `z = a h`: build `λ = 1/(1 − z)`, `μ = 1/(1 − m z)`, the `n_c × n_c` matrices
+# `A = I − λ^m S`, `B = I − μ S` (`S` the down-shift), `E_F = I − B⁻¹A`,
+# `E_FCF = E_F (I − A)`, and return `‖E‖₂`. The check compares with
+# `refbraid.mgrit.theory.propagator_norm` on six modes, stiff and smooth, F and FCF — and
+# tells you if you returned the bound (the sum of the diagonals) instead.
+
+# %%
+from refbraid.lessons import exercises, solutions
+
+
+def two_level_factor(z, m, n_c, relax):
+    """‖E‖₂ of two-level MGRIT ('F' or 'FCF') for one backward-Euler mode, z = a h."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_two_level_factor(two_level_factor)
+assert exercises.check_two_level_factor(solutions.two_level_factor)

@@ -219,3 +219,26 @@ for P, r in results.items():
     assert r["error"] <= 1e-12, f"P = {P}: the distributed gradient must match one process"
     covered = [i for q in r["ranks"] for i in range(q["layers"][0], q["layers"][1] + 1)]
     assert covered == list(range(N)), "the ranks' blocks must cover every layer once"
+
+
+# %% [markdown]
+# ## Exercise: which layers does a rank own?
+#
+# Under MPI, each rank owns a contiguous block of layers that starts at a coarsest-grid point
+# (a multiple of `cfactor^(levels−1)`), so no F-interval is split between ranks. With K
+# coarsest intervals and P ranks, rank q gets `⌊K/P⌋` intervals, one more when
+# `q < K mod P`. Write `block_starts(n_layers, cfactor, levels, ranks)` returning the first
+# layer of every rank's block. The check compares with `refbraid.parallel.layout.partition`
+# (what `BlockPlan` above uses), uneven splits included.
+
+# %%
+from refbraid.lessons import exercises, solutions
+
+
+def block_starts(n_layers, cfactor, levels, ranks):
+    """The first layer of each rank's block (a list of `ranks` ints)."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_block_starts(block_starts)
+assert exercises.check_block_starts(solutions.block_starts)

@@ -136,3 +136,26 @@ assert np.all(np.abs(orders - 1.0) < 0.2), orders  # forward Euler: first order
 assert relative_gradient_error(one_level, exact) <= 1e-12
 assert grad_error[-1] <= 1e-12 < grad_error[0]
 assert min(acc.values()) > 0.7  # chance is 0.54
+
+
+# %% [markdown]
+# ## Exercise: the adjoint of layer normalisation
+#
+# Write the adjoint of `y = γ ⊙ (x − μ)/√(σ² + eps) + β` (mean and biased variance over the
+# last axis of x (B, T, E)): return `(dx, dgamma, dbeta)` for the cotangent `dy`. With
+# `x̂ = (x − μ) r`, `r = 1/√(σ² + eps)` and `g = dy ⊙ γ`:
+# `dx = r (g − mean g − x̂ mean(g ⊙ x̂))`, `dγ = Σ dy ⊙ x̂`, `dβ = Σ dy` (sums over B and T).
+# The check runs the dot-product test for each output, then compares with
+# `refbraid.layers.LayerNorm`.
+
+# %%
+from refbraid.lessons import exercises, solutions
+
+
+def layernorm_adjoint(x, gamma, dy, eps):
+    """Return (dx, dgamma, dbeta) of layer normalisation over the last axis."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_layernorm_adjoint(layernorm_adjoint)
+assert exercises.check_layernorm_adjoint(solutions.layernorm_adjoint)

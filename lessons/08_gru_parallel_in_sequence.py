@@ -125,3 +125,25 @@ assert max(largest["implicit"]) <= 1.0 < max(largest["classic"])
 assert errors["implicit"][-1] <= 1e-12 < errors["implicit"][0]
 assert errors["classic"][-1] <= 1e-12 and errors["classic"][1] < errors["classic"][0]
 assert min(acc.values()) > 0.5  # chance is 0.1
+
+
+# %% [markdown]
+# ## Exercise: the implicit GRU step
+#
+# Write one step of the implicit GRU cell: gates as `torch.nn.GRUCell` (order r, z, n),
+# `[gx_r|gx_z|gx_n] = x W_ihᵀ + b_ih`, `[gh_r|gh_z|gh_n] = h W_hhᵀ + b_hh`,
+# `r = σ(gx_r + gh_r)`, `z = σ(gx_z + gh_z)`, `n = tanh(gx_n + r ⊙ gh_n)`, then
+# `h_new = (h + dt (1 − z) ⊙ n) / (1 + dt (1 − z))`. The check compares with refbraid's
+# `GRUCell(scheme="implicit")` at dt = 0.5, 1 and 8 (a coarse MGRIT step).
+
+# %%
+from refbraid.lessons import exercises, solutions
+
+
+def implicit_gru_step(x, h, W_ih, W_hh, b_ih, b_hh, dt):
+    """h_new of the implicit GRU cell, shape (B, H)."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_implicit_gru_step(implicit_gru_step)
+assert exercises.check_implicit_gru_step(solutions.implicit_gru_step)

@@ -160,3 +160,24 @@ for r in dense_rows:
 # Try your own network: `refbraid scale --layers 1024 --width 64 --batch-size 256`, or
 # describe a GPU cluster with `--alpha`, `--beta` and `--step-cost`.
 
+
+# %% [markdown]
+# ## Exercise: what data parallelism pays per step
+#
+# Data parallelism adds up the gradients of all ranks once per step with a ring allreduce:
+# a reduce-scatter then an all-gather, each `P − 1` messages of `n/P` bytes. In the α–β
+# model (α seconds per message, β seconds per byte), write `allreduce_time(nbytes, ranks,
+# alpha, beta)`. The check compares with the model `refbraid scale` predicts with
+# (`refbraid.scaling.predict.ring_allreduce`), from one rank to 1,024.
+
+# %%
+from refbraid.lessons import exercises, solutions
+
+
+def allreduce_time(nbytes, ranks, alpha, beta):
+    """Seconds of a ring allreduce of `nbytes` over `ranks` ranks in the α–β model."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_allreduce_time(allreduce_time)
+assert exercises.check_allreduce_time(solutions.allreduce_time)
