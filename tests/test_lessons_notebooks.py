@@ -22,6 +22,7 @@ from refbraid.lessons.figures import METADATA_KEY
 
 LESSONS = notebooks.find_lessons()
 SHOW_CALL = re.compile(r"(?<![\w.])show\(")
+NEW_FIGURE = re.compile(r"^(\w+) = Figure\(", re.MULTILINE)
 
 
 def _param(lesson):
@@ -54,6 +55,9 @@ def test_lesson_runs_as_a_notebook_with_every_figure_in_its_cell(lesson, tmp_pat
             f"{lesson.stem}, code cell {index}: {calls} show() call(s) but {len(names)} "
             f"image output(s)")
         shown.update({name: index for name in names})
+        for fig in NEW_FIGURE.findall(cell.source):  # built here, so shown here
+            assert re.search(rf"(?<![\w.])show\({fig}\b", cell.source), (
+                f"{lesson.stem}, code cell {index} builds `{fig}` but does not show() it")
     saved = sorted(p.stem for p in figures.glob("*.png")) if figures.is_dir() else []
     assert sorted(shown) == saved, f"{lesson.stem}: displayed {sorted(shown)}, saved {saved}"
     assert saved, f"{lesson.stem} made no figure"
