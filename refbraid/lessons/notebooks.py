@@ -156,6 +156,8 @@ def execute(nb, workdir: Path, env: dict[str, str], timeout: int = CELL_TIMEOUT)
             client.execute(env=env)
         finally:
             nb.metadata["kernelspec"] = dict(NOTEBOOK_KERNELSPEC)
+            if km.has_kernel:  # nbclient leaves a kernel it did not start to its owner
+                km.shutdown_kernel(now=False)
     return nb
 
 
