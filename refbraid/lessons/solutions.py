@@ -8,13 +8,15 @@ the budget of its exercise).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..layer_parallel import LayerParallelSettings
 from ..mgrit import MGRITSettings
 
 
-def resnet_forward(x, W, b, h):
+def resnet_forward(x: np.ndarray, W: np.ndarray, b: np.ndarray, h: float) -> np.ndarray:
     """Lesson 01: y[n+1] = y[n] + h tanh(y[n] W[n]ᵀ + b[n]); returns y[0..N] (N+1, B, C)."""
     states = [x]
     for n in range(len(W)):
@@ -23,7 +25,8 @@ def resnet_forward(x, W, b, h):
     return np.stack(states)
 
 
-def dense_step_adjoint(W, b, y, dy_next, h):
+def dense_step_adjoint(W: np.ndarray, b: np.ndarray, y: np.ndarray, dy_next: np.ndarray,
+                       h: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Lesson 02: s = h tanh'(z) ⊙ dy_next, z = y Wᵀ + b; dy = dy_next + s W, dW = sᵀ y,
     db = Σ_batch s."""
     z = y @ W.T + b  # B,C
@@ -31,7 +34,7 @@ def dense_step_adjoint(W, b, y, dy_next, h):
     return dy_next + s @ W, s.T @ y, s.sum(axis=0)
 
 
-def f_relaxation(u, step, m):
+def f_relaxation(u: np.ndarray, step: Callable, m: int) -> np.ndarray:
     """Lesson 03: u[k] = step(u[k-1], k-1, k) for every F-point k (k % m ≠ 0), in order."""
     u = np.array(u, dtype=float, copy=True)
     for k in range(1, len(u)):
@@ -40,7 +43,7 @@ def f_relaxation(u, step, m):
     return u
 
 
-def two_level_factor(z, m, n_c, relax):
+def two_level_factor(z: float, m: int, n_c: int, relax: str) -> float:
     """Lesson 04: ‖E‖₂ for backward Euler, λ = 1/(1 − z), μ = 1/(1 − m z);
     E_F = I − B⁻¹A, E_FCF = E_F (I − A), A = I − λ^m S, B = I − μ S (S: down-shift)."""
     lam, mu = 1.0 / (1.0 - z), 1.0 / (1.0 - m * z)
@@ -64,7 +67,7 @@ def gradient_settings() -> LayerParallelSettings:
                                  backward=MGRITSettings(max_iter=3, **common))
 
 
-def block_starts(n_layers, cfactor, levels, ranks):
+def block_starts(n_layers: int, cfactor: int, levels: int, ranks: int) -> list[int]:
     """Lesson 06: K = N / cfactor^(levels−1) coarsest intervals; rank q gets ⌊K/P⌋ of them,
     one more for q < K mod P; a block starts at its first interval's first layer."""
     spacing = cfactor ** (levels - 1)
@@ -76,7 +79,8 @@ def block_starts(n_layers, cfactor, levels, ranks):
     return starts
 
 
-def layernorm_adjoint(x, gamma, dy, eps):
+def layernorm_adjoint(x: np.ndarray, gamma: np.ndarray, dy: np.ndarray,
+                      eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Lesson 07: x̂ = (x − μ) r, r = 1/√(σ² + eps); g = dy ⊙ γ;
     dx = r (g − mean g − x̂ mean(g ⊙ x̂)), dγ = Σ dy ⊙ x̂, dβ = Σ dy (sums over all but E)."""
     mean = x.mean(axis=-1, keepdims=True)
@@ -89,7 +93,8 @@ def layernorm_adjoint(x, gamma, dy, eps):
     return dx, (dy * xhat).reshape(-1, E).sum(axis=0), dy.reshape(-1, E).sum(axis=0)
 
 
-def implicit_gru_step(x, h, W_ih, W_hh, b_ih, b_hh, dt):
+def implicit_gru_step(x: np.ndarray, h: np.ndarray, W_ih: np.ndarray, W_hh: np.ndarray,
+                      b_ih: np.ndarray, b_hh: np.ndarray, dt: float) -> np.ndarray:
     """Lesson 08: gates r, z, n as torch.nn.GRUCell; h_new = (h + dt(1−z) n)/(1 + dt(1−z))."""
     H = h.shape[1]
     gx, gh = x @ W_ih.T + b_ih, h @ W_hh.T + b_hh  # B,3H
@@ -103,7 +108,7 @@ def implicit_gru_step(x, h, W_ih, W_hh, b_ih, b_hh, dt):
     return (h + dt * (1.0 - z) * n) / (1.0 + dt * (1.0 - z))
 
 
-def allreduce_time(nbytes, ranks, alpha, beta):
+def allreduce_time(nbytes: float, ranks: int, alpha: float, beta: float) -> float:
     """Lesson 09: reduce-scatter + all-gather, each P − 1 messages of n/P bytes:
     2 (P − 1) (α + n β / P); zero on one rank."""
     if ranks <= 1:
