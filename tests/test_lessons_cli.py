@@ -48,3 +48,18 @@ def test_lessons_build_names_the_missing_extra(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "needs the optional extra `lessons`" in err and "missing: nbclient" in err
     assert 'pip install -e ".[lessons]"' in err
+
+
+def test_a_failing_lesson_is_reported_and_its_notebook_still_written(tmp_path, capsys):
+    pytest.importorskip("nbclient", reason='the extra `lessons`')
+    lessons = tmp_path / "lessons"
+    lessons.mkdir()
+    (lessons / "01_broken.py").write_text(
+        '# %% [markdown]\n# # Lesson 01 — broken\n\n# %%\nprint("before")\n\n'
+        '# %%\nraise ValueError("boom")\n')
+    out = tmp_path / "nb"
+    argv = ["lessons", "build", "--small", "--lessons", str(lessons), "--out", str(out)]
+    assert main(argv) == 1
+    printed = capsys.readouterr().out
+    assert "FAILED: ValueError: boom" in printed and "1 of 1 lessons failed (01)" in printed
+    assert (out / "01_broken.ipynb").is_file()

@@ -202,5 +202,7 @@ def build(out: Path | str, small: bool = False, lessons: Sequence[Lesson] | None
 
 
 def _last_line(text: str) -> str:
+    """The last non-empty line of a cell error, without the terminal colour codes."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else "cell failed"
