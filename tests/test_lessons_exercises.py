@@ -140,6 +140,10 @@ def test_checks_report_unwritten_broken_and_misshapen_answers():
     assert crash.status == "FAIL" and "`broken` raised KeyError" in crash.message
     shape = exercises.check_resnet_forward(lambda x, W, b, h: x, quiet=True)
     assert "`states` has shape (3, 4), expected (7, 3, 4)" in shape.message, shape.message
+    deep = MGRITSettings(levels=2, cfactor=128)
+    unusable = exercises.check_gradient_settings(LayerParallelSettings(deep, deep), quiet=True)
+    assert unusable.status == "FAIL" and "these settings fail on a 64-layer network: " \
+        "ValueError" in unusable.message, unusable.message
     nan = exercises.check_allreduce_time(lambda *a: float("nan"), quiet=True)
     assert nan.status == "FAIL"
     with pytest.raises(ValueError, match="`status`"):

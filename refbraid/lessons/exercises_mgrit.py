@@ -129,9 +129,9 @@ def check_gradient_settings(settings, quiet: bool = False) -> Verdict:
             raise Wrong(f"pass a LayerParallelSettings, got {type(settings).__name__}")
         try:
             error, cost = gradient_cost(settings)
-        except ValueError as err:
-            raise Wrong(f"these settings cannot run on a {BUDGET_LAYERS}-layer network: "
-                        f"{err}") from None
+        except Exception as err:  # e.g. too many levels, a diverging solve: the student's
+            raise Wrong(f"these settings fail on a {BUDGET_LAYERS}-layer network: "
+                        f"{type(err).__name__}: {err}") from None
         _, budget = gradient_cost(gradient_settings())
         if not error <= GRADIENT_TOL:
             raise Wrong(f"gradient error {error:.2e} > {GRADIENT_TOL:g} ({cost} step "
