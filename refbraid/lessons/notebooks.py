@@ -148,8 +148,9 @@ def execute(nb, workdir: Path, env: dict[str, str], timeout: int = CELL_TIMEOUT)
 
     with tempfile.TemporaryDirectory(prefix="refbraid-kernel-") as tmp:
         specs = KernelSpecManager(kernel_dirs=[str(write_kernelspec(Path(tmp)))])
-        km = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs,
-                           transport="ipc", ip=str(Path(tmp) / "ipc"))  # local sockets only
+        sockets = {} if os.name == "nt" else {  # local sockets where the OS has them
+            "transport": "ipc", "ip": str(Path(tmp) / "ipc")}
+        km = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=specs, **sockets)
         client = NotebookClient(nb, km=km, timeout=timeout, kernel_name=KERNEL_NAME,
                                 resources={"metadata": {"path": str(workdir)}})
         try:
