@@ -1,5 +1,7 @@
 """Lessons 01, 02, 05 and 09 run end to end in small mode (their own assertions are the checks) and
-save their figure when asked. Lessons 03+ have their own runners (coordinated by file name)."""
+save their figures: to REFBRAID_LESSON_FIGURES when set, else to lesson_figures/NN/. Lessons 03+
+have their own runners (coordinated by file name); tests/test_lessons_notebooks.py runs every
+lesson as a notebook."""
 
 from __future__ import annotations
 
