@@ -41,7 +41,18 @@ def test_show_rejects_bad_arguments():
     with pytest.raises(ValueError, match="`name` must be a file name"):
         show(Figure(), "../escape")
     with pytest.raises(TypeError, match="`fig` must be a matplotlib Figure"):
-        show("not a figure", "01_x")
+        show(42, "01_x")
+    with pytest.raises(ValueError, match="`fig` must be a matplotlib Figure or an existing PNG"):
+        show("no/such/file.png", "01_x")
+
+
+def test_show_copies_a_png_file_a_command_wrote(tmp_path, monkeypatch):
+    made = tmp_path / "compare.png"
+    Figure(figsize=(1, 1)).savefig(made)
+    monkeypatch.setenv("REFBRAID_LESSON_FIGURES", str(tmp_path / "figs"))
+    saved = show(made, "13_copied")
+    assert saved == tmp_path / "figs" / "13_copied.png"
+    assert saved.read_bytes() == made.read_bytes()
 
 
 def test_show_in_a_kernel_displays_a_named_png_and_saves_only_when_asked(tmp_path, monkeypatch):

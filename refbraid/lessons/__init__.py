@@ -19,7 +19,8 @@ Converting a lesson written in the old style (mechanical; lessons 10–12 at mer
    ``show(fig, "NAME")`` (same NAME, so the saved files keep their names), placed in the
    cell that builds ``fig`` (a notebook shows a figure in the cell that calls ``show``);
    figures kept in a dict and saved in a loop at the end become one ``show`` per figure
-   where each is made;
+   where each is made; a PNG that a command wrote and the lesson copied
+   (``shutil.copy(run / "compare.png", ...)``) becomes ``show(run / "compare.png", "NAME")``;
 4. in the "Run it" paragraph say: in Jupyter figures appear in their cells; as a script
    they go to ``lesson_figures/NN/`` (``REFBRAID_LESSON_FIGURES`` picks another folder).
 

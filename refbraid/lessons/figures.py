@@ -71,23 +71,45 @@ def figure_folder(name: str) -> Path:
 def show(fig, name: str) -> Path | None:
     """Show ``fig`` where the student is: inline in a notebook, else saved as ``name.png``.
 
-    Returns the path written, or None when the figure was only displayed. ``name`` is the
-    file name without ``.png`` (letters, digits, ``_ . -``), by convention the lesson's file
-    name plus a suffix when it makes several figures: ``"04_multilevel_mgrit_and_theory"``,
-    ``"04_residuals"``.
+    ``fig`` is a matplotlib Figure, or the path of a PNG file that a command wrote (e.g.
+    ``refbraid compare``'s ``compare.png``), shown and copied as it is. Returns the path
+    written, or None when the figure was only displayed. ``name`` is the file name without
+    ``.png`` (letters, digits, ``_ . -``), by convention the lesson's file name plus a suffix
+    when it makes several figures: ``"04_multilevel_mgrit_and_theory"``, ``"04_residuals"``.
     """
-    if not hasattr(fig, "savefig"):
-        raise TypeError(f"`fig` must be a matplotlib Figure, got {type(fig).__name__}.")
+    png = _png_file(fig) if isinstance(fig, (str, os.PathLike)) else None
+    if png is None and not hasattr(fig, "savefig"):
+        raise TypeError(f"`fig` must be a matplotlib Figure or the path of a PNG file, got "
+                        f"{type(fig).__name__}.")
     _check_name(name)
-    displayed = in_notebook() and _display_inline(fig, name)
+    displayed = in_notebook() and _display_inline(png if png is not None else _render(fig), name)
     if displayed and not os.environ.get(FIGURES_ENV):
         return None
     folder = figure_folder(name)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.png"
-    fig.savefig(path, dpi=DPI)
+    if png is not None:
+        path.write_bytes(png)
+    else:
+        fig.savefig(path, dpi=DPI)
     print(f"figure saved: {path}")
     return path
+
+
+def _png_file(path) -> bytes:
+    """The bytes of the PNG file at ``path`` (ValueError naming ``fig`` otherwise)."""
+    path = Path(path)
+    data = path.read_bytes() if path.is_file() else b""
+    if not data.startswith(b"\x89PNG"):
+        raise ValueError(f"`fig` must be a matplotlib Figure or an existing PNG file, got "
+                         f"{str(path)!r}.")
+    return data
+
+
+def _render(fig) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    return buffer.getvalue()
 
 
 def _check_name(name: str) -> None:
@@ -96,13 +118,11 @@ def _check_name(name: str) -> None:
                          f"digits, '_', '.', '-'), got {name!r}.")
 
 
-def _display_inline(fig, name: str) -> bool:
-    """Display ``fig`` as a PNG output of the running cell (False if IPython cannot)."""
+def _display_inline(png: bytes, name: str) -> bool:
+    """Display ``png`` as an output of the running cell (False if IPython cannot)."""
     try:
         from IPython.display import Image, display
     except ImportError:  # pragma: no cover - a kernel always has IPython
         return False
-    png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=DPI)
-    display(Image(data=png.getvalue(), format="png"), metadata={METADATA_KEY: name})
+    display(Image(data=png, format="png"), metadata={METADATA_KEY: name})
     return True
