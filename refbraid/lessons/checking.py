@@ -52,6 +52,10 @@ class Wrong(Exception):
     """Raised inside a check to stop at the first thing that is wrong (becomes a FAIL)."""
 
 
+class _NotYet(Exception):
+    """Raised when the student's function is not written yet (becomes a TODO)."""
+
+
 def run_check(exercise: str, body: Callable[[], str], quiet: bool = False) -> Verdict:
     """Run ``body`` (returns the PASS message, raises :class:`Wrong` with the FAIL message)
     and print the verdict unless ``quiet``."""
@@ -64,10 +68,6 @@ def run_check(exercise: str, body: Callable[[], str], quiet: bool = False) -> Ve
     if not quiet:
         print(verdict)
     return verdict
-
-
-class _NotYet(Exception):
-    pass
 
 
 def call(fn: Callable, *args, **kwargs) -> Any:
