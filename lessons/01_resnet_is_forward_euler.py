@@ -17,21 +17,20 @@
 # integrator can be parallelised *across time* with multigrid (MGRIT), so a network can
 # be parallelised across its layers.
 #
-# Run it: `python lessons/01_resnet_is_forward_euler.py`. Set `REFBRAID_LESSON_SMALL=1` for
-# a quick run, and `REFBRAID_LESSON_FIGURES=<folder>` to save the figure there.
+# Run it in Jupyter (lesson 00 shows how) and each figure appears in its cell. Run as a
+# script, `python lessons/01_resnet_is_forward_euler.py`, it saves
+# them to `lesson_figures/01/` (`REFBRAID_LESSON_FIGURES=<folder>` picks another).
+# `REFBRAID_LESSON_SMALL=1` makes a quick run.
 
 # %%
-import os
-from pathlib import Path
-
 import numpy as np
 from matplotlib.figure import Figure
 
 import refbraid
 from refbraid.layers import Classifier, DenseLift, DenseStep
+from refbraid.lessons import show, small
 
-SMALL = os.environ.get("REFBRAID_LESSON_SMALL") == "1"
-FIGURES = os.environ.get("REFBRAID_LESSON_FIGURES")
+SMALL = small()
 
 T = 2.0  # final time, fixed while the depth N grows
 WIDTH = 2  # a 2-D state, so the trajectory can be drawn
@@ -175,9 +174,7 @@ ax_err.loglog(depths, errors[0] * depths[0] / np.array(depths), "k--", lw=1, lab
 ax_err.set(xlabel="layers N (h = T/N)", ylabel="error at t = T",
            title="forward Euler: first order")
 ax_err.legend(fontsize="small")
-if FIGURES:
-    Path(FIGURES).mkdir(parents=True, exist_ok=True)
-    fig.savefig(Path(FIGURES) / "01_resnet_is_forward_euler.png", dpi=120)
+show(fig, "01_resnet_is_forward_euler")
 
 # %% [markdown]
 # ## Check
@@ -189,3 +186,26 @@ if FIGURES:
 assert np.all(np.diff(errors) < 0), errors
 assert abs(orders[-1] - 1.0) < 0.05, orders
 print(f"observed order {orders[-1]:.3f} ≈ 1: a ResNet is forward Euler.")
+
+
+# %% [markdown]
+# ## Exercise: a ResNet forward pass, by hand
+#
+# Write the forward pass of the ResNet of this lesson yourself: given the input `x` (B, C),
+# the stacked weights `W` (N, C, C), `b` (N, C) and the step `h`, return all states
+# `y[0..N]` (shape (N+1, B, C)) of `y[n+1] = y[n] + h tanh(y[n] W[n]ᵀ + b[n])`, `y[0] = x`.
+# The check compares with `refbraid.forward` and names the first state that is wrong. It
+# prints TODO until you replace the `raise`; the reference solution is
+# `refbraid.lessons.solutions.resnet_forward` (and passes below).
+
+# %%
+from refbraid.lessons import exercises, solutions
+
+
+def resnet_forward(x, W, b, h):
+    """y[n+1] = y[n] + h tanh(y[n] W[n]ᵀ + b[n]); return y[0..N], shape (N+1, B, C)."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_resnet_forward(resnet_forward)
+assert exercises.check_resnet_forward(solutions.resnet_forward)

@@ -22,23 +22,21 @@
 # Below we write the recurrence out by hand with NumPy, and compare it with
 # `refbraid.network.backprop` and with central finite differences.
 #
-# Run it: `python lessons/02_backprop_is_the_discrete_adjoint.py`. Set
-# `REFBRAID_LESSON_SMALL=1` for a quick run, `REFBRAID_LESSON_FIGURES=<folder>` to save the
-# figure.
+# Run it in Jupyter (lesson 00 shows how) and each figure appears in its cell. Run as a
+# script, `python lessons/02_backprop_is_the_discrete_adjoint.py`, it saves
+# them to `lesson_figures/02/` (`REFBRAID_LESSON_FIGURES=<folder>` picks another).
+# `REFBRAID_LESSON_SMALL=1` makes a quick run.
 
 # %%
-import os
-from pathlib import Path
-
 import numpy as np
 from matplotlib.figure import Figure
 
 import refbraid
 from refbraid.data import load_peaks
+from refbraid.lessons import show, small
 from refbraid.training.models import build_network
 
-SMALL = os.environ.get("REFBRAID_LESSON_SMALL") == "1"
-FIGURES = os.environ.get("REFBRAID_LESSON_FIGURES")
+SMALL = small()
 
 N = 8 if SMALL else 16  # layers
 WIDTH = 4
@@ -166,9 +164,7 @@ ax_lam.set(xlabel="layer n", ylabel="‖λ[n]‖", title="adjoint, computed from
 ax_lam.legend(fontsize="small")
 ax_grad.bar(np.arange(N), [np.linalg.norm(dW[n]) for n in range(N)])
 ax_grad.set(xlabel="layer n", ylabel="‖∂L/∂W[n]‖", title="per-layer weight gradients")
-if FIGURES:
-    Path(FIGURES).mkdir(parents=True, exist_ok=True)
-    fig.savefig(Path(FIGURES) / "02_backprop_is_the_discrete_adjoint.png", dpi=120)
+show(fig, "02_backprop_is_the_discrete_adjoint")
 
 # %% [markdown]
 # ## Check
@@ -180,3 +176,25 @@ if FIGURES:
 assert all(e <= 1e-12 for e in errs.values()), errs
 assert worst[2] <= 1e-7, worst
 print("backprop is the discrete adjoint: checked.")
+
+
+# %% [markdown]
+# ## Exercise: the adjoint of one dense step
+#
+# Write the adjoint of one step `y_next = y + h tanh(y Wᵀ + b)`: given the cotangent
+# `dy_next` (B, C) return `(dy, dW, db)`. With `z = y Wᵀ + b` and `s = h tanh'(z) ⊙ dy_next`:
+# `dy = dy_next + s W`, `dW = sᵀ y`, `db = Σ_batch s`. The check runs the dot-product test
+# `<J u, w> = <u, Jᵀ w>` for each of `dy`, `dW`, `db` (J from complex-step derivatives of the
+# step, no reference needed) and then compares with refbraid's `DenseStep.adjoint`.
+
+# %%
+from refbraid.lessons import exercises, solutions
+
+
+def dense_step_adjoint(W, b, y, dy_next, h):
+    """Return (dy, dW, db) of y_next = y + h tanh(y Wᵀ + b) for the cotangent dy_next."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_dense_step_adjoint(dense_step_adjoint)
+assert exercises.check_dense_step_adjoint(solutions.dense_step_adjoint)

@@ -20,21 +20,21 @@
 # refbraid's MGRIT knows nothing about Parareal; we write Parareal here in a few lines and
 # check that two-level MGRIT with F-relaxation produces *the same iterates*.
 #
-# Run it: `python lessons/03_parareal_is_two_level_mgrit.py`. Set `REFBRAID_LESSON_SMALL=1` for a
-# quick run, and `REFBRAID_LESSON_FIGURES=<folder>` to save the figures there.
+# Run it in Jupyter (lesson 00 shows how) and each figure appears in its cell. Run as a
+# script, `python lessons/03_parareal_is_two_level_mgrit.py`, it saves
+# them to `lesson_figures/03/` (`REFBRAID_LESSON_FIGURES=<folder>` picks another).
+# `REFBRAID_LESSON_SMALL=1` makes a quick run.
 
 # %%
-import os
-
 import numpy as np
 from matplotlib.figure import Figure
 
+from refbraid.lessons import show, small
 from refbraid.mgrit import MGRITSettings, sequential_solve, solve
 from refbraid.mgrit.plots import plot_error
 from refbraid.mgrit.problems import nonlinear_ode
 
-SMALL = os.environ.get("REFBRAID_LESSON_SMALL") == "1"
-FIGURES = os.environ.get("REFBRAID_LESSON_FIGURES")  # save figures here when set
+SMALL = small()
 
 N, m = (48, 4) if SMALL else (256, 8)
 problem = nonlinear_ode(N, T=N * 0.08 / m, dim=3)  # y' = -y - y³ + sin(2πt), forward Euler
@@ -146,12 +146,33 @@ ax2.set_xlabel("Parareal / MGRIT iteration k")
 ax2.set_ylabel("max error vs sequential")
 ax2.set_title("finite termination")
 ax2.legend()
-error_fig = plot_error(res, u_seq)
-if FIGURES:
-    fig.savefig(os.path.join(FIGURES, "03_f_vs_fcf.png"), dpi=120)
-    error_fig.savefig(os.path.join(FIGURES, "03_error_over_time.png"), dpi=120)
+show(fig, "03_f_vs_fcf")
+show(plot_error(res, u_seq), "03_error_over_time")
 
 # %%
 assert gap < 1e-12, "Parareal and two-level MGRIT with F-relaxation must agree"
 assert exact_after <= N // m
 assert fcf.converged and fcf.iterations < f_only.iterations
+
+
+# %% [markdown]
+# ## Exercise: F-relaxation
+#
+# Write F-relaxation on the fine grid: given an iterate `u` (N+1, d), the step function
+# `step(u_prev, start, stop)` and the cfactor `m`, return a new array in which every F-point
+# `k` (`k % m ≠ 0`) is recomputed, in increasing order, from the value just before it:
+# `u[k] = step(u[k-1], k-1, k)`; C-points keep their values. The check compares with
+# refbraid's `mgrit.relax.f_relax` and names the first point that differs (and whether it is
+# an F- or a C-point).
+
+# %%
+from refbraid.lessons import exercises, solutions
+
+
+def f_relaxation(u, step, m):
+    """Return a copy of u with every F-point k (k % m != 0) set to step(u[k-1], k-1, k)."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_f_relaxation(f_relaxation)
+assert exercises.check_f_relaxation(solutions.f_relaxation)

@@ -14,15 +14,16 @@
 # `ℓ_k` a fine step multiplies that mode by `λ_k = 1/(1 - h ν ℓ_k)` and a coarse step by
 # `μ_k = 1/(1 - m h ν ℓ_k)`.
 #
-# Run it: `python lessons/04_multilevel_mgrit_and_theory.py`. Set `REFBRAID_LESSON_SMALL=1` for a
-# quick run, and `REFBRAID_LESSON_FIGURES=<folder>` to save the figures there.
+# Run it in Jupyter (lesson 00 shows how) and each figure appears in its cell. Run as a
+# script, `python lessons/04_multilevel_mgrit_and_theory.py`, it saves
+# them to `lesson_figures/04/` (`REFBRAID_LESSON_FIGURES=<folder>` picks another).
+# `REFBRAID_LESSON_SMALL=1` makes a quick run.
 
 # %%
-import os
-
 import numpy as np
 from matplotlib.figure import Figure
 
+from refbraid.lessons import show, small
 from refbraid.mgrit import MGRITSettings, sequential_solve, solve
 from refbraid.mgrit.plots import plot_hierarchy, plot_residual_heatmap, plot_residual_history
 from refbraid.mgrit.problems import heat_1d, laplacian_1d_eigenvalues
@@ -34,8 +35,7 @@ from refbraid.mgrit.theory import (
     two_level_propagator,
 )
 
-SMALL = os.environ.get("REFBRAID_LESSON_SMALL") == "1"
-FIGURES = os.environ.get("REFBRAID_LESSON_FIGURES")  # save figures here when set
+SMALL = small()
 
 n_x, N, m, T, nu = (16, 64, 4, 0.05, 1.0) if SMALL else (48, 512, 8, 0.05, 1.0)
 problem = heat_1d(n_x=n_x, n_steps=N, T=T, nu=nu)
@@ -133,6 +133,7 @@ ax2.set_xlabel("iteration")
 ax2.set_ylabel("residual convergence factor")
 ax2.set_title("observed vs predicted")
 ax2.legend(fontsize=7)
+show(theory_fig, "04_theory")
 
 # %% [markdown]
 # ## Going multilevel
@@ -170,16 +171,35 @@ for levels in (2, 3, 4):
 deep = solve(problem, MGRITSettings(levels=3, cfactor=4, relax=("F", "FCF"), cycle="V",
                                     rel_tol=1e-10, abs_tol=None, max_iter=60, min_coarse=1))
 print(deep)
-history_fig = plot_residual_history(deep)
-heatmap_fig = plot_residual_heatmap(deep)
-hierarchy_fig = plot_hierarchy(deep, max_points=64)
-if FIGURES:
-    for name, f in (("theory", theory_fig), ("residuals", history_fig),
-                    ("heatmap", heatmap_fig), ("hierarchy", hierarchy_fig)):
-        f.savefig(os.path.join(FIGURES, f"04_{name}.png"), dpi=120)
+show(plot_residual_history(deep), "04_residuals")
+show(plot_residual_heatmap(deep), "04_heatmap")
+show(plot_hierarchy(deep, max_points=64), "04_hierarchy")
 
 # %%
 for relax in ("F", "FCF"):
     assert observed[relax] <= sharp[relax] * (1 + 1e-9) <= bound[relax] * (1 + 1e-9)
 assert all(r.converged for _, _, r in table) and deep.converged
 np.testing.assert_allclose(deep.solution, u_seq, rtol=0, atol=1e-8 * np.abs(u_seq).max())
+
+
+# %% [markdown]
+# ## Exercise: predict the two-level convergence factor
+#
+# Predict how much one two-level iteration reduces the error of one mode of `y' = a y`,
+# backward Euler, `z = a h`: build `λ = 1/(1 − z)`, `μ = 1/(1 − m z)`, the `n_c × n_c` matrices
+# `A = I − λ^m S`, `B = I − μ S` (`S` the down-shift), `E_F = I − B⁻¹A`,
+# `E_FCF = E_F (I − A)`, and return `‖E‖₂`. The check compares with
+# `refbraid.mgrit.theory.propagator_norm` on six modes, stiff and smooth, F and FCF — and
+# tells you if you returned the bound (the sum of the diagonals) instead.
+
+# %%
+from refbraid.lessons import exercises, solutions
+
+
+def two_level_factor(z, m, n_c, relax):
+    """‖E‖₂ of two-level MGRIT ('F' or 'FCF') for one backward-Euler mode, z = a h."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_two_level_factor(two_level_factor)
+assert exercises.check_two_level_factor(solutions.two_level_factor)

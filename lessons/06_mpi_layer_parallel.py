@@ -22,25 +22,26 @@
 # checks that every rank count gives the single-process gradient, and compares the measured
 # speedup with a cost model (docs/references.md §4).
 #
-# Run it: `python lessons/06_mpi_layer_parallel.py`. Set `REFBRAID_LESSON_SMALL=1` for a quick
-# run, and `REFBRAID_LESSON_FIGURES=<folder>` to save the figure there.
+# Run it in Jupyter (lesson 00 shows how) and each figure appears in its cell. Run as a
+# script, `python lessons/06_mpi_layer_parallel.py`, it saves
+# them to `lesson_figures/06/` (`REFBRAID_LESSON_FIGURES=<folder>` picks another).
+# `REFBRAID_LESSON_SMALL=1` makes a quick run.
 
 # %%
 import json
-import os
 import time
 
 import numpy as np
 from matplotlib.figure import Figure
 
 from refbraid.layer_parallel import LayerParallelSettings
+from refbraid.lessons import show, small
 from refbraid.network import backprop, init_params
 from refbraid.parallel.launch import run_mpi
 from refbraid.training.models import build_network
 from refbraid.training.ownership import BlockPlan
 
-SMALL = os.environ.get("REFBRAID_LESSON_SMALL") == "1"
-FIGURES = os.environ.get("REFBRAID_LESSON_FIGURES")  # save the figure here when set
+SMALL = small()
 
 N = 64 if SMALL else 256  # layers
 RANKS = (1, 2) if SMALL else (1, 2, 3, 4)
@@ -211,11 +212,33 @@ ax3.set_xlabel("ranks P")
 ax3.set_ylabel("speedup over 1 rank")
 ax3.set_title("speedup vs model")
 ax3.legend()
-if FIGURES:
-    fig.savefig(os.path.join(FIGURES, "06_mpi_layer_parallel.png"), dpi=120)
+show(fig, "06_mpi_layer_parallel")
 
 # %%
 for P, r in results.items():
     assert r["error"] <= 1e-12, f"P = {P}: the distributed gradient must match one process"
     covered = [i for q in r["ranks"] for i in range(q["layers"][0], q["layers"][1] + 1)]
     assert covered == list(range(N)), "the ranks' blocks must cover every layer once"
+
+
+# %% [markdown]
+# ## Exercise: which layers does a rank own?
+#
+# Under MPI, each rank owns a contiguous block of layers that starts at a coarsest-grid point
+# (a multiple of `cfactor^(levels−1)`), so no F-interval is split between ranks. With K
+# coarsest intervals and P ranks, rank q gets `⌊K/P⌋` intervals, one more when
+# `q < K mod P`. Write `block_starts(n_layers, cfactor, levels, ranks)` returning the first
+# layer of every rank's block. The check compares with `refbraid.parallel.layout.partition`
+# (what `BlockPlan` above uses), uneven splits included.
+
+# %%
+from refbraid.lessons import exercises, solutions
+
+
+def block_starts(n_layers, cfactor, levels, ranks):
+    """The first layer of each rank's block (a list of `ranks` ints)."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_block_starts(block_starts)
+assert exercises.check_block_starts(solutions.block_starts)

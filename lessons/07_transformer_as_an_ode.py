@@ -17,25 +17,25 @@
 # measures the layer-parallel gradient error, and trains a small token tagger serially and
 # layer-parallel.
 #
-# Run it: `python lessons/07_transformer_as_an_ode.py` (`REFBRAID_LESSON_SMALL=1` for a
-# quick run, `REFBRAID_LESSON_FIGURES=<folder>` to save the figure).
+# Run it in Jupyter (lesson 00 shows how) and each figure appears in its cell. Run as a
+# script, `python lessons/07_transformer_as_an_ode.py`, it saves
+# them to `lesson_figures/07/` (`REFBRAID_LESSON_FIGURES=<folder>` picks another).
+# `REFBRAID_LESSON_SMALL=1` makes a quick run.
 
 # %%
-import os
 import tempfile
-from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
 
 from refbraid.data import load_dataset
 from refbraid.layer_parallel import LayerParallelSettings, relative_gradient_error
+from refbraid.lessons import show, small
 from refbraid.network import forward
 from refbraid.sequence import TransformerModel
 from refbraid.training import TrainConfig, train
 
-SMALL = os.environ.get("REFBRAID_LESSON_SMALL") == "1"
-FIGURES = os.environ.get("REFBRAID_LESSON_FIGURES")
+SMALL = small()
 
 # %% [markdown]
 # ## Refining the layers: forward Euler converges with order 1
@@ -129,11 +129,33 @@ a.legend()
 b.semilogy(range(len(grad_error)), np.maximum(grad_error, 1e-17), "o-")
 b.set(xlabel="MGRIT cycles (2 levels, cfactor 2)", ylabel="gradient rel. error",
       title="layer-parallel gradient")
-if FIGURES:
-    fig.savefig(Path(FIGURES) / "07_transformer_as_an_ode.png", dpi=120)
+show(fig, "07_transformer_as_an_ode")
 
 # %%
 assert np.all(np.abs(orders - 1.0) < 0.2), orders  # forward Euler: first order
 assert relative_gradient_error(one_level, exact) <= 1e-12
 assert grad_error[-1] <= 1e-12 < grad_error[0]
 assert min(acc.values()) > 0.7  # chance is 0.54
+
+
+# %% [markdown]
+# ## Exercise: the adjoint of layer normalisation
+#
+# Write the adjoint of `y = γ ⊙ (x − μ)/√(σ² + eps) + β` (mean and biased variance over the
+# last axis of x (B, T, E)): return `(dx, dgamma, dbeta)` for the cotangent `dy`. With
+# `x̂ = (x − μ) r`, `r = 1/√(σ² + eps)` and `g = dy ⊙ γ`:
+# `dx = r (g − mean g − x̂ mean(g ⊙ x̂))`, `dγ = Σ dy ⊙ x̂`, `dβ = Σ dy` (sums over B and T).
+# The check runs the dot-product test for each output, then compares with
+# `refbraid.layers.LayerNorm`.
+
+# %%
+from refbraid.lessons import exercises, solutions
+
+
+def layernorm_adjoint(x, gamma, dy, eps):
+    """Return (dx, dgamma, dbeta) of layer normalisation over the last axis."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_layernorm_adjoint(layernorm_adjoint)
+assert exercises.check_layernorm_adjoint(solutions.layernorm_adjoint)

@@ -17,13 +17,13 @@
 # classic cell on the fine grid and the implicit one on coarse grids; `implicit-gru` uses the
 # implicit cell everywhere.
 #
-# Run it: `python lessons/08_gru_parallel_in_sequence.py` (`REFBRAID_LESSON_SMALL=1` for a
-# quick run, `REFBRAID_LESSON_FIGURES=<folder>` to save the figure).
+# Run it in Jupyter (lesson 00 shows how) and each figure appears in its cell. Run as a
+# script, `python lessons/08_gru_parallel_in_sequence.py`, it saves
+# them to `lesson_figures/08/` (`REFBRAID_LESSON_FIGURES=<folder>` picks another).
+# `REFBRAID_LESSON_SMALL=1` makes a quick run.
 
 # %%
-import os
 import tempfile
-from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -32,11 +32,11 @@ from refbraid.backends import get_backend
 from refbraid.data import load_dataset
 from refbraid.layer_parallel import LayerParallelSettings, relative_gradient_error
 from refbraid.layers import GRUCell
+from refbraid.lessons import show, small
 from refbraid.sequence import GRUModel
 from refbraid.training import TrainConfig, train
 
-SMALL = os.environ.get("REFBRAID_LESSON_SMALL") == "1"
-FIGURES = os.environ.get("REFBRAID_LESSON_FIGURES")
+SMALL = small()
 bk = get_backend("numpy")
 rng = np.random.default_rng(0)
 
@@ -118,11 +118,32 @@ for name, e in errors.items():
 b.set(xlabel="MGRIT cycles (2 levels, cfactor 2)", ylabel="gradient rel. error",
       title="MGRIT over the sequence")
 b.legend()
-if FIGURES:
-    fig.savefig(Path(FIGURES) / "08_gru_parallel_in_sequence.png", dpi=120)
+show(fig, "08_gru_parallel_in_sequence")
 
 # %%
 assert max(largest["implicit"]) <= 1.0 < max(largest["classic"])
 assert errors["implicit"][-1] <= 1e-12 < errors["implicit"][0]
 assert errors["classic"][-1] <= 1e-12 and errors["classic"][1] < errors["classic"][0]
 assert min(acc.values()) > 0.5  # chance is 0.1
+
+
+# %% [markdown]
+# ## Exercise: the implicit GRU step
+#
+# Write one step of the implicit GRU cell: gates as `torch.nn.GRUCell` (order r, z, n),
+# `[gx_r|gx_z|gx_n] = x W_ihᵀ + b_ih`, `[gh_r|gh_z|gh_n] = h W_hhᵀ + b_hh`,
+# `r = σ(gx_r + gh_r)`, `z = σ(gx_z + gh_z)`, `n = tanh(gx_n + r ⊙ gh_n)`, then
+# `h_new = (h + dt (1 − z) ⊙ n) / (1 + dt (1 − z))`. The check compares with refbraid's
+# `GRUCell(scheme="implicit")` at dt = 0.5, 1 and 8 (a coarse MGRIT step).
+
+# %%
+from refbraid.lessons import exercises, solutions
+
+
+def implicit_gru_step(x, h, W_ih, W_hh, b_ih, b_hh, dt):
+    """h_new of the implicit GRU cell, shape (B, H)."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_implicit_gru_step(implicit_gru_step)
+assert exercises.check_implicit_gru_step(solutions.implicit_gru_step)

@@ -14,18 +14,19 @@
 # 3. ask seed 002's question: for a given batch and network, which parallelism wins —
 #    data-parallel (DP), layer-parallel (LP), or both (DP × LP)?
 #
-# Run it: `python lessons/09_where_layer_parallel_pays_off.py` (`REFBRAID_LESSON_SMALL=1` for
-# a quick run, `REFBRAID_LESSON_FIGURES=<folder>` to save the figures). The same numbers for
-# any training configuration: `refbraid scale` (try `refbraid scale --layers 4096`).
+# Run it in Jupyter (lesson 00 shows how) and each figure appears in its cell. Run as a
+# script, `python lessons/09_where_layer_parallel_pays_off.py`, it saves
+# them to `lesson_figures/09/` (`REFBRAID_LESSON_FIGURES=<folder>` picks another).
+# `REFBRAID_LESSON_SMALL=1` makes a quick run.
+# The same numbers for any training configuration: `refbraid scale` (try
+# `refbraid scale --layers 4096`).
 
 # %%
-import os
-from pathlib import Path
-
 import numpy as np
 
 from refbraid.backends import get_backend
 from refbraid.layer_parallel import ForwardPropagator, LayerParallelSettings
+from refbraid.lessons import show, small
 from refbraid.mgrit import Problem, solve
 from refbraid.network import group, init_params
 from refbraid.parallel.costs import StepCosts
@@ -37,9 +38,7 @@ from refbraid.scaling.schedule import simulate_solve
 from refbraid.training.config import TrainConfig
 from refbraid.training.models import build_network
 
-SMALL = os.environ.get("REFBRAID_LESSON_SMALL") == "1"
-FIGURES = os.environ.get("REFBRAID_LESSON_FIGURES")
-figures = {}
+SMALL = small()
 
 # %% [markdown]
 # ## 1. A real 2-rank solve and its virtual twin
@@ -74,9 +73,11 @@ for r in range(2):  # the virtual twin computed exactly the same numbers
 assert real.step_counts() == twin.trace.step_counts()
 print(f"real: {1e3 * real.end:.2f} ms (2 threads taking turns at the interpreter lock);  "
       f"virtual twin: {1e3 * twin.wall_time:.2f} ms on 2 independent ranks")
-figures["real"] = plot_timeline(real, title="real run: 2 ranks as threads (measured)")
-figures["virtual"] = plot_timeline(twin.trace, twin.critical_path,
-                                   title="its virtual twin: 2 ranks, measured step costs")
+show(plot_timeline(real, title="real run: 2 ranks as threads (measured)"),
+     "09_where_layer_parallel_pays_off_real")
+show(plot_timeline(twin.trace, twin.critical_path,
+                   title="its virtual twin: 2 ranks, measured step costs"),
+     "09_where_layer_parallel_pays_off")
 
 # %% [markdown]
 # Read the virtual timeline from the left: both ranks relax their own layers at once (dark
@@ -120,10 +121,11 @@ for name, machine, rows in (("dense", dense, dense_rows), ("conv", conv, conv_ro
           f"layer-parallel beats it from P = {crossover(machine, rows)}; best LP speedup "
           f"{serial_time(machine) / best.layer_parallel:.1f}x at P = {best.ranks}")
     assert rows[0].layer_parallel > serial_time(machine)  # one rank: MGRIT's extra work
-figures["scaling_dense"] = plot_scaling(dense_rows, serial_time(dense),
-                                        f"dense ResNet, N = {deep}, width 16, batch 64")
-figures["scaling_conv"] = plot_scaling(conv_rows, serial_time(conv),
-                                       f"conv ODE-net (digits), N = {conv_layers}, batch 50")
+show(plot_scaling(dense_rows, serial_time(dense), f"dense ResNet, N = {deep}, width 16, batch 64"),
+     "09_where_layer_parallel_pays_off_scaling_dense")
+show(plot_scaling(conv_rows, serial_time(conv),
+                  f"conv ODE-net (digits), N = {conv_layers}, batch 50"),
+     "09_where_layer_parallel_pays_off_scaling_conv")
 
 # %% [markdown]
 # Layer-parallel speed-up grows with P until each rank owns only a few coarsest intervals;
@@ -158,9 +160,24 @@ for r in dense_rows:
 # Try your own network: `refbraid scale --layers 1024 --width 64 --batch-size 256`, or
 # describe a GPU cluster with `--alpha`, `--beta` and `--step-cost`.
 
+
+# %% [markdown]
+# ## Exercise: what data parallelism pays per step
+#
+# Data parallelism adds up the gradients of all ranks once per step with a ring allreduce:
+# a reduce-scatter then an all-gather, each `P − 1` messages of `n/P` bytes. In the α–β
+# model (α seconds per message, β seconds per byte), write `allreduce_time(nbytes, ranks,
+# alpha, beta)`. The check compares with the model `refbraid scale` predicts with
+# (`refbraid.scaling.predict.ring_allreduce`), from one rank to 1,024.
+
 # %%
-if FIGURES:
-    Path(FIGURES).mkdir(parents=True, exist_ok=True)
-    for key, fig in figures.items():
-        suffix = "" if key == "virtual" else f"_{key}"
-        fig.savefig(Path(FIGURES) / f"09_where_layer_parallel_pays_off{suffix}.png", dpi=120)
+from refbraid.lessons import exercises, solutions
+
+
+def allreduce_time(nbytes, ranks, alpha, beta):
+    """Seconds of a ring allreduce of `nbytes` over `ranks` ranks in the α–β model."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_allreduce_time(allreduce_time)
+assert exercises.check_allreduce_time(solutions.allreduce_time)

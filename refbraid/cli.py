@@ -79,6 +79,7 @@ def debug_requested(args: argparse.Namespace | None = None) -> bool:
 def build_parser() -> argparse.ArgumentParser:
     from . import verify
     from .interop import cli as compare_cli
+    from .lessons import cli as lessons_cli
     from .scaling import cli as scale_cli
     from .training import cli as train_cli
 
@@ -98,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     scale_cli.add_parser(sub)
     verify.add_parser(sub)
     compare_cli.add_parser(sub)
+    lessons_cli.add_parser(sub)
     for command in sub.choices.values():  # `refbraid train --debug` works as well
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                              help=debug_help)

@@ -1,5 +1,7 @@
 """Lessons 01, 02, 05 and 09 run end to end in small mode (their own assertions are the checks) and
-save their figure when asked. Lessons 03+ have their own runners (coordinated by file name)."""
+save their figures: to REFBRAID_LESSON_FIGURES when set, else to lesson_figures/NN/. Lessons 03+
+have their own runners (coordinated by file name); tests/test_lessons_notebooks.py runs every
+lesson as a notebook."""
 
 from __future__ import annotations
 
@@ -25,9 +27,13 @@ def test_lesson_runs_in_small_mode_and_saves_its_figure(path, tmp_path, monkeypa
     assert (tmp_path / f"{path.stem}.png").is_file()
 
 
-def test_lessons_save_nothing_unless_asked(tmp_path, monkeypatch):
+def test_a_lesson_run_as_a_script_saves_its_figure_in_lesson_figures(tmp_path, monkeypatch,
+                                                                     capsys):
+    """Without REFBRAID_LESSON_FIGURES a script saves to lesson_figures/NN/ and says where."""
     monkeypatch.setenv("REFBRAID_LESSON_SMALL", "1")
     monkeypatch.delenv("REFBRAID_LESSON_FIGURES", raising=False)
     monkeypatch.chdir(tmp_path)
     runpy.run_path(str(MINE[0]), run_name="__main__")
-    assert list(tmp_path.iterdir()) == []
+    saved = tmp_path / "lesson_figures" / "01" / f"{MINE[0].stem}.png"
+    assert sorted(tmp_path.rglob("*.*")) == [saved]
+    assert f"figure saved: {saved.relative_to(tmp_path)}" in capsys.readouterr().out

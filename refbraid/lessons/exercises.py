@@ -1,0 +1,69 @@
+"""The course's exercises: one check per exercise, printing PASS or what is wrong.
+
+Each lesson ends with an exercise cell: write a function (or choose settings), then call its
+check, e.g. ``exercises.check_dense_step_adjoint(my_dense_step_adjoint)``. A check prints one
+line and returns a :class:`~refbraid.lessons.checking.Verdict` (truthy on PASS); it never
+raises on the student's behalf: a NotImplementedError reads "TODO", any other exception or
+wrong number a FAIL saying which index, how large the error, and often why. Reference
+solutions: ``refbraid.lessons.solutions`` (same names without ``check_``).
+
+=======  =====================================  ==========================================
+lesson   check                                  oracle
+=======  =====================================  ==========================================
+01       :func:`check_resnet_forward`           refbraid.forward on a DenseStep network
+02       :func:`check_dense_step_adjoint`       dot-product test + DenseStep.adjoint
+03       :func:`check_f_relaxation`             refbraid.mgrit.relax.f_relax
+04       :func:`check_two_level_factor`         refbraid.mgrit.theory.propagator_norm
+05       :func:`check_gradient_settings`        measured gradient error and step count
+06       :func:`check_block_starts`             refbraid.parallel.layout.partition
+07       :func:`check_layernorm_adjoint`        dot-product test + LayerNorm.adjoint
+08       :func:`check_implicit_gru_step`        GRUCell(scheme="implicit")
+09       :func:`check_allreduce_time`           refbraid.scaling.predict.ring_allreduce
+=======  =====================================  ==========================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from . import solutions
+from .checking import Verdict
+from .exercises_layers import (
+    check_dense_step_adjoint,
+    check_implicit_gru_step,
+    check_layernorm_adjoint,
+    check_resnet_forward,
+)
+from .exercises_mgrit import check_f_relaxation, check_gradient_settings, check_two_level_factor
+from .exercises_parallel import check_allreduce_time, check_block_starts
+
+#: lesson number → its exercises' checks (each named ``check_<solution name>``)
+EXERCISES: dict[str, tuple[Callable[..., Verdict], ...]] = {
+    "01": (check_resnet_forward,),
+    "02": (check_dense_step_adjoint,),
+    "03": (check_f_relaxation,),
+    "04": (check_two_level_factor,),
+    "05": (check_gradient_settings,),
+    "06": (check_block_starts,),
+    "07": (check_layernorm_adjoint,),
+    "08": (check_implicit_gru_step,),
+    "09": (check_allreduce_time,),
+}
+
+
+def solution_for(check: Callable[..., Verdict]):
+    """The reference solution a check takes (``gradient_settings()`` is called: settings)."""
+    name = check.__name__.removeprefix("check_")
+    if name == "gradient_settings":
+        return solutions.gradient_settings()
+    return getattr(solutions, name)
+
+
+def check_all(quiet: bool = False) -> list[Verdict]:
+    """Run every check on its reference solution (all must PASS)."""
+    return [check(solution_for(check), quiet=quiet)
+            for checks in EXERCISES.values() for check in checks]
+
+
+__all__ = ["EXERCISES", "Verdict", "check_all", "solution_for",
+           *(c.__name__ for checks in EXERCISES.values() for c in checks)]
