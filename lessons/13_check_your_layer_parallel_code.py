@@ -16,12 +16,11 @@
 # layer of its interval instead of the first).
 #
 # Needs PyTorch (CPU is enough). Run: `python lessons/13_check_your_layer_parallel_code.py`
-# (`REFBRAID_LESSON_SMALL=1` for a quick run, `REFBRAID_LESSON_FIGURES=<folder>` to keep the
-# figure).
+# (`REFBRAID_LESSON_SMALL=1` for a quick run). In Jupyter the figure appears in its cell; as a
+# script it goes to `lesson_figures/13/` (`REFBRAID_LESSON_FIGURES` picks another folder).
 
 # %%
 import json
-import os
 import tempfile
 from pathlib import Path
 
@@ -30,9 +29,9 @@ import torch
 from torch import nn
 
 from refbraid.cli import main as refbraid_cli
+from refbraid.lessons import show, small
 
-SMALL = os.environ.get("REFBRAID_LESSON_SMALL") == "1"
-FIGURES = os.environ.get("REFBRAID_LESSON_FIGURES")
+SMALL = small()
 N, M, WIDTH = (16, 4, 4) if SMALL else (64, 4, 8)  # layers, cfactor, width
 torch.manual_seed(0)
 
@@ -135,7 +134,7 @@ buggy, buggy_norms = their_gradient(coarse_layer=lambda j: j * M + M - 1)  # the
 # `--no-bwd-final-relax`.
 
 # %%
-work = Path(tempfile.mkdtemp(prefix="refbraid-lesson10-"))
+work = Path(tempfile.mkdtemp(prefix="refbraid-lesson13-"))
 torch.save(model.state_dict(), work / "model.pt")
 spec = {"T": model.T, "input_shape": [2],
         "opening": {"module": "Linear", "key": "opening.0", "activation": "tanh"},
@@ -186,7 +185,5 @@ assert not report["their_residuals"]["pass"]
 # %%
 import shutil  # noqa: E402
 
-if FIGURES:
-    shutil.copy(work / "buggy" / "compare.png",
-                Path(FIGURES) / "13_check_your_layer_parallel_code.png")
+show(work / "buggy" / "compare.png", "13_check_your_layer_parallel_code")
 shutil.rmtree(work)  # the lesson's scratch files (keep them: comment this line out)

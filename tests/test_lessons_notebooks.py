@@ -10,6 +10,7 @@ figures the lesson makes, and each must appear, by name, in the cell that calls 
 
 from __future__ import annotations
 
+import importlib.util
 import re
 
 import pytest
@@ -29,6 +30,9 @@ def _param(lesson):
     marks = [pytest.mark.slow]
     if lesson.number == "06":
         marks.append(pytest.mark.mpi)  # the lesson launches mpiexec itself
+    if "import torch" in lesson.path.read_text() and importlib.util.find_spec("torch") is None:
+        marks.append(pytest.mark.skip(reason="the lesson checks a PyTorch network (torch "
+                                             "optional)"))
     return pytest.param(lesson, id=lesson.stem, marks=marks)
 
 

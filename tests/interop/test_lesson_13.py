@@ -11,7 +11,7 @@ LESSON = (Path(__file__).resolve().parents[2] / "lessons"
           / "13_check_your_layer_parallel_code.py")
 
 
-def test_lesson_10_runs_and_saves_its_figure(tmp_path, monkeypatch):
+def test_lesson_13_runs_and_saves_its_figure(tmp_path, monkeypatch):
     pytest.importorskip("torch", reason="lesson 13 checks a PyTorch network (torch optional)")
     monkeypatch.setenv("REFBRAID_LESSON_SMALL", "1")
     monkeypatch.setenv("REFBRAID_LESSON_FIGURES", str(tmp_path))
