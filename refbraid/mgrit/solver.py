@@ -139,6 +139,27 @@ def _start(cycler: Cycler, n_levels: int, settings: MGRITSettings, warm: bool) -
     return "cold"
 
 
+def _check_spatial_relaxation(transfer, settings: MGRITSettings, n_levels: int) -> None:
+    """ValueError naming ``relax`` when a level coarsened in space relaxes with F only.
+
+    F-relaxation never changes C-points, so they change only by the correction
+    ``P(w − R u)``: the part ``(I − P R) e`` of a C-point's error would never be corrected
+    and the iteration would stagnate. C-relaxation (FCF) propagates it one interval per
+    iteration, so the iteration still terminates (docs/coarsening.md).
+    """
+    if transfer is None:
+        return
+    coarsens = getattr(transfer, "coarsens", lambda level: True)
+    bad = [ell for ell in range(n_levels - 1)
+           if coarsens(ell) and settings.relax_on(ell) != "FCF"]
+    if bad:
+        raise ValueError(
+            f"`relax` must be 'FCF' on level(s) {bad}, whose coarse level is coarsened in "
+            f"space: with F-relaxation the C-point error outside the range of the spatial "
+            f"interpolation P is never corrected and MGRIT stagnates (docs/coarsening.md)."
+        )
+
+
 def _status(norm: float, first: float, s: MGRITSettings) -> tuple[str | None, str]:
     if not math.isfinite(norm):
         return "diverged", f"residual norm is {norm}"
@@ -175,6 +196,7 @@ def solve(
     _check_comm(comm)
     N = problem.n_steps
     hierarchy = build_hierarchy(N, settings.cfactors, settings.min_coarse)
+    _check_spatial_relaxation(problem.transfer, settings, len(hierarchy))
     scomm = comm if problem.direction == "forward" else comm.reverted()
     if layout is None:
         layout = partition(hierarchy.coarsest.points, N, comm.size)
