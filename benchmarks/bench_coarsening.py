@@ -4,7 +4,7 @@ the predicted speedup over serial on P = 8…1024 virtual ranks (issue 12, Torch
     python benchmarks/bench_coarsening.py [--repeat 5] [--quick] [--backend numpy]
 
 Network: ConvLift(1→C) → N ConvSteps (tanh, 3×3) → classifier on the digits images brought
-to ``--size``² pixels by bilinear interpolation, random weights, batch ``--batch``. MGRIT: 3
+to ``--size``² pixels by bilinear interpolation (Tables 2, 3: ``--cost-size``²), random weights, batch ``--batch``. MGRIT: 3
 levels, cfactor 4, FCF relaxation on every level (required with spatial coarsening), V-cycles.
 
 Table 1 (convergence)  per hierarchy: the forward solve's mean residual reduction per cycle
@@ -109,11 +109,11 @@ def _median(fn, repeat):
 def step_costs(args, bk) -> list[tuple[int, float, float]]:
     """(resolution, forward seconds, adjoint seconds) at size, size/2, size/4."""
     rng = np.random.default_rng(0)
-    step = ConvStep(args.width, args.size, args.size, "tanh")
+    step = ConvStep(args.width, args.cost_size, args.cost_size, "tanh")
     theta = {k: bk.asarray(v) for k, v in step.init(rng).items()}
     out = []
     for level in range(LEVELS):
-        n = args.size >> level
+        n = args.cost_size >> level
         y = bk.asarray(rng.standard_normal((args.batch, args.width, n, n)))
         _, cache = step.forward(theta, y, 0.1, bk)
         fwd = _median(lambda y=y: step.forward(theta, y, 0.1, bk), args.repeat)
@@ -147,7 +147,7 @@ def _level_costs(costs, sc):
 def prediction_table(args, costs) -> list[str]:
     names = ["time only", "space @1 (avg, linear)", "space @1,2 (avg, linear)"]
     serial = args.n_pred * (costs[0][1] + costs[0][2])
-    state_bytes = 8 * args.batch * args.width * args.size**2
+    state_bytes = 8 * args.batch * args.width * args.cost_size**2
     ranks = [p for p in (8, 16, 32, 64, 128, 256, 512, 1024)
              if p <= args.n_pred // CFACTOR ** (LEVELS - 1)]
     lines = [f"N = {args.n_pred} layers, serial = {serial:.3f} s; speedup over serial:",
@@ -171,15 +171,17 @@ def main(argv=None) -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     ap.add_argument("--backend", default="numpy")
-    ap.add_argument("--size", type=int, default=32, help="image side (8·2^k)")
+    ap.add_argument("--size", type=int, default=16, help="image side (8·2^k), Table 1")
+    ap.add_argument("--cost-size", type=int, default=32, dest="cost_size",
+                    help="image side of Tables 2 and 3 (8·2^k)")
     ap.add_argument("--width", type=int, default=8)
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--layers", type=int, default=64)
     ap.add_argument("--n-pred", type=int, default=16384, dest="n_pred")
     args = ap.parse_args(argv)
     if args.quick:
-        args.size, args.width, args.batch, args.layers, args.n_pred, args.repeat = \
-            16, 4, 4, 32, 1024, 2
+        args.size, args.cost_size, args.width, args.batch, args.layers, args.n_pred, \
+            args.repeat = 16, 16, 4, 4, 32, 1024, 2
     bk = get_backend(args.backend)
     print(f"load average {os.getloadavg()[0]:.2f} (1 min); backend {bk.name}; images "
           f"{args.size}², C = {args.width}, batch {args.batch}; {LEVELS} levels, cfactor "
@@ -187,7 +189,8 @@ def main(argv=None) -> None:
     print(f"Table 1: convergence and gradient error, N = {args.layers}")
     print("\n".join(convergence_table(args)))
     costs = step_costs(args, bk)
-    print(f"\nTable 2: cost of one step per resolution (median of {args.repeat})")
+    print(f"\nTable 2: cost of one step per resolution (median of {args.repeat}), "
+          f"{args.cost_size}², batch {args.batch}, C = {args.width}")
     print("\n".join(cost_table(costs)))
     print("\nTable 3: predicted speedup, virtual cluster, (fwd, bwd) = (2, 1) cycles")
     print("\n".join(prediction_table(args, costs)))
