@@ -5,7 +5,8 @@ the predicted speedup over serial on P = 8…1024 virtual ranks (issue 12, Torch
 
 Network: ConvLift(1→C) → N ConvSteps (tanh, 3×3) → classifier on the digits images brought
 to ``--size``² pixels by bilinear interpolation (Tables 2, 3: ``--cost-size``²), random
-weights, batch ``--batch``. MGRIT: 3 levels, cfactor 4, FCF relaxation on every level (required with spatial coarsening), V-cycles.
+weights, batch ``--batch``. MGRIT: 3 levels, cfactor 4, FCF relaxation on every level
+(required with spatial coarsening), V-cycles.
 
 Table 1 (convergence)  per hierarchy: the forward solve's mean residual reduction per cycle
     (first 3 cycles), cycles to ‖r‖ ≤ 1e-10·‖r_0‖ (forward / adjoint), and the relative
