@@ -251,18 +251,20 @@ def captured_gradient(adjoint: CapturingAdjoint, steps: dict[str, Any], layers) 
 
 
 def mgrit_forward(net: Network, params: Params, x, settings: MGRITSettings,
-                  bk: Backend | str = "numpy", propagator: ForwardPropagator | None = None):
+                  bk: Backend | str = "numpy", propagator: ForwardPropagator | None = None,
+                  transfer=None):
     """The network's forward pass with the ODE block solved by MGRIT.
 
     Returns (logits, the MGRIT result — its ``solution`` is y[0..N] —, (opening cache,
     closing cache)). This is the network a layer-parallel run trains, so it is also the one
     its accuracy is measured with (as TorchBraid does). ``propagator`` (e.g. a
-    :class:`CachingForward`) replaces the plain :class:`ForwardPropagator`. ``params`` and
-    ``x`` are checked first (:func:`refbraid.network.check_inputs`).
+    :class:`CachingForward`) replaces the plain :class:`ForwardPropagator`; ``transfer`` is
+    the spatial transfer (``LayerParallelSettings.forward_transfer``). ``params`` and ``x``
+    are checked first (:func:`refbraid.network.check_inputs`).
     """
     bk = get_backend(bk)
     check_inputs(net, params, x)
-    return _mgrit_forward(net, params, x, settings, bk, propagator)
+    return _mgrit_forward(net, params, x, settings, bk, propagator, transfer)
 
 
 def _mgrit_forward(net: Network, params: Params, x, settings: MGRITSettings, bk: Backend,

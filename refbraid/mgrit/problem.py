@@ -66,6 +66,8 @@ class Problem:
                initial index is ignored (u0 is used there). None: zero.
     t          optional time grid t[0..N] (strictly increasing); default uniform on [0, 1]
     direction  'forward' or 'backward'
+    guess      optional ``guess(i) -> state`` (shape S): the cold-start iterate at fine index
+               i (default: u0 at every point), e.g. u0 carried through shape-changing steps
     transfer   optional spatial transfer between levels (``restrict(u, level, index)``,
                ``interpolate(v, level, index)``; :mod:`refbraid.mgrit.transfer`), None: the
                same state on every level (coarsening in time only)
@@ -78,6 +80,7 @@ class Problem:
     t: Any = None
     direction: str = "forward"
     transfer: Any = None
+    guess: Any = None
 
     def __post_init__(self):
         step = self.step
@@ -118,6 +121,8 @@ class Problem:
         ):
             raise TypeError("`transfer` must have restrict(u, level, index) and "
                             f"interpolate(v, level, index) methods, got {self.transfer!r}.")
+        if self.guess is not None and not callable(self.guess):
+            raise TypeError(f"`guess` must be a callable guess(i) -> state, got {self.guess!r}.")
         if self.t is not None:
             t = np.asarray(self.t, dtype=float)
             if t.shape != (n + 1,) or not np.all(np.isfinite(t)) or not np.all(np.diff(t) > 0):
@@ -169,6 +174,7 @@ def as_problem(obj) -> Problem:
             t=getattr(obj, "t", None),
             direction=getattr(obj, "direction", "forward"),
             transfer=getattr(obj, "transfer", None),
+            guess=getattr(obj, "guess", None),
         )
     raise TypeError(
         "`problem` must be a refbraid.mgrit.Problem or have `step`, `u0` and `n_steps`, "

@@ -104,9 +104,15 @@ def _check_comm(comm) -> None:
 
 
 def _initial_iterate(problem: Problem, u_init, g_block, rows: slice):
-    """Solver-order block of the initial iterate: u_init if given, else u0 everywhere."""
+    """Solver-order block of the initial iterate: u_init if given, else the problem's
+    ``guess(i)`` at every fine index i (u0 at the initial point), else u0 everywhere."""
     xp = namespace(problem.u0)
     n = rows.stop - rows.start
+    if u_init is None and problem.guess is not None:
+        u = xp.stack([problem.guess(problem.to_fine(s)) for s in range(rows.start, rows.stop)])
+        if rows.start == 0:
+            u[0, ...] = g_block[0, ...]
+        return u
     if u_init is None:
         return stacked(xp, problem.u0, n)
     want = (problem.n_steps + 1, *problem.state_shape)

@@ -87,11 +87,45 @@ class StagedAdjoint:
         return pk.pack(lam, level)
 
 
+def stage_guesses(net: StagedNetwork, params: Params, y0, bk: Backend):
+    """Cold-start iterates of the two solves (instead of u0 at every point, which would put
+    a stage-0 state into the rows of later stages)::
+
+        forward   guess(i) = T_{s-1}(… T_0(y0))              for state i in stage s
+        adjoint   guess(i) = T_sᵀ(… T_{S-2}ᵀ(λ_N))           (linearised at those states)
+
+    Returns (forward guess(i), adjoint guess factory lam_N -> guess(i)) on unpacked states.
+    """
+    ys, caches = [y0], []
+    for s, t in enumerate(net.transitions):
+        y, cache = t.forward(group(params, f"transition{s}"), ys[-1], bk)
+        ys.append(y)
+        caches.append(cache)
+
+    def adjoint_guess(lam_N):
+        lams = [lam_N]
+        for s in reversed(range(len(net.transitions))):
+            lam, _ = net.transitions[s].adjoint(group(params, f"transition{s}"), caches[s],
+                                                lams[0], bk)
+            lams.insert(0, lam)
+        return lambda i: lams[net.point_stage[i]]
+
+    return (lambda i: ys[net.point_stage[i]]), adjoint_guess
+
+
 @dataclass
 class StagedInfo:
+    """Both MGRIT records and the packing (``stats()`` as LayerParallelInfo's)."""
+
     forward: MGRITResult
     backward: MGRITResult
     packing: Packing
+
+    def stats(self) -> dict[str, float]:
+        f, b = self.forward, self.backward
+        return {"fwd_res": float(f.norms[-1]), "fwd_iters": float(f.iterations),
+                "bwd_res": float(b.norms[-1]), "bwd_iters": float(b.iterations),
+                "phi_calls": float(f.total_steps + b.total_steps)}
 
 
 def staged_layer_parallel_gradient(net: StagedNetwork, params: Params, x, labels,
@@ -112,7 +146,9 @@ def staged_layer_parallel_gradient(net: StagedNetwork, params: Params, x, labels
         bwd_transfer = PackedTransfer(pk, settings.backward_transfer)
     y0, open_cache = net.opening.forward(group(params, "opening"), x, bk)
     forward = StagedForward(net, params, pk, bk)
-    fwd = solve(Problem(forward, pk.pack(y0, 0), N, transfer=fwd_transfer), settings.forward)
+    y_guess, adjoint_guess = stage_guesses(net, params, y0, bk)
+    fwd = solve(Problem(forward, pk.pack(y0, 0), N, transfer=fwd_transfer,
+                        guess=lambda i: pk.pack(y_guess(i), 0)), settings.forward)
     states = fwd.solution  # (N + 1, L_0)
     logits, close_cache = net.closing.forward(group(params, "closing"),
                                               pk.unpack(states[N], 0, N), bk)
@@ -121,8 +157,10 @@ def staged_layer_parallel_gradient(net: StagedNetwork, params: Params, x, labels
     lam_N, dclose = net.closing.adjoint(group(params, "closing"), close_cache, dlogits, bk)
     restriction = settings.spatial.restriction if settings.spatial else "average"
     adjoint = StagedAdjoint(net, params, pk, states, forward.caches, bk, restriction)
+    lam_guess = adjoint_guess(lam_N)
     bwd = solve(Problem(adjoint, pk.pack(lam_N, 0), N, direction="backward",
-                        transfer=bwd_transfer), settings.backward)
+                        transfer=bwd_transfer, guess=lambda i: pk.pack(lam_guess(i), 0)),
+                settings.backward)
     grads = {k: bk.xp.zeros_like(v) for k, v in params.items()}
     for a in range(N):
         accumulate(grads, adjoint.grads[a])

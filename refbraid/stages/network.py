@@ -107,6 +107,15 @@ class StagedNetwork:
             shapes.append(shape)
         return tuple(shapes)
 
+    @cached_property
+    def point_stage(self) -> tuple[int, ...]:
+        """The stage whose shape state i (i = 0..N) has: transitions passed before i."""
+        out, stage = [0], 0
+        for fs in self.fine_steps:
+            stage += fs.kind == "transition"
+            out.append(stage)
+        return tuple(out)
+
     def h(self, stage: int) -> float:
         return self.T / self.stages[stage].n_layers
 

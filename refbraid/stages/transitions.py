@@ -13,6 +13,7 @@ Here, on NC(D)HW states (B batch, C channels, trailing ``dims`` axes space)::
 
     AveragePool     y_next = R y           (2^d average pooling)     dy = Rᵀ dy_next
     WidenChannels   y_next = [y; 0]        (C → C' ≥ C, zero rows)   dy = dy_next[:, :C]
+    Chain           several transitions as one fine step             adjoints in reverse
 """
 
 from __future__ import annotations
@@ -68,3 +69,40 @@ class WidenChannels:
 
     def adjoint(self, params, cache, dy_next, bk):
         return dy_next[:, :cache, ...], {}
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Several transitions applied in order as ONE fine step: ``T_k ∘ … ∘ T_1``.
+
+    Parameters of part j are named ``"{j}_{name}"``; the adjoint runs the parts backwards.
+    """
+
+    parts: tuple
+
+    def out_shape(self, in_shape: tuple[int, ...]) -> tuple[int, ...]:
+        for part in self.parts:
+            in_shape = part.out_shape(in_shape)
+        return tuple(in_shape)
+
+    def init(self, rng: np.random.Generator, dtype=np.float64) -> dict:
+        return {f"{j}_{k}": v for j, part in enumerate(self.parts)
+                for k, v in part.init(rng, dtype).items()}
+
+    def _own(self, params, j):
+        head = f"{j}_"
+        return {k[len(head):]: v for k, v in params.items() if k.startswith(head)}
+
+    def forward(self, params, y, bk):
+        caches = []
+        for j, part in enumerate(self.parts):
+            y, cache = part.forward(self._own(params, j), y, bk)
+            caches.append(cache)
+        return y, caches
+
+    def adjoint(self, params, cache, dy_next, bk):
+        grads = {}
+        for j in reversed(range(len(self.parts))):
+            dy_next, d = self.parts[j].adjoint(self._own(params, j), cache[j], dy_next, bk)
+            grads.update({f"{j}_{k}": v for k, v in d.items()})
+        return dy_next, grads
