@@ -108,3 +108,34 @@ def test_transposed_pairs():
     np.testing.assert_allclose(pc.transposed().restrict(x, 0, 0), pc.restrict(x, 0, 0))
     v = pc.restrict(x, 0, 0)
     np.testing.assert_allclose(pc.transposed().interpolate(v, 0, 0), pc.interpolate(v, 0, 0))
+
+
+def _step3d(u, start, stop):
+    """The 3-D version of :func:`_step` on (C, D, H, W) states."""
+    h = 0.1 * abs(stop - start)
+    lap = sum(np.roll(u, s, a) for s in (1, -1) for a in (-1, -2, -3)) - 6 * u
+    return u + h * np.tanh(lap + u)
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_trilinear_coarsening_of_3d_states_converges_to_sequential_solve(direction):
+    u0 = np.random.default_rng(2).standard_normal((2, 4, 8, 4))
+    sc = SpatialCoarsening((1, 2), "average", "linear", dims=3)
+    p = Problem(_step3d, u0, 12, direction=direction,
+                transfer=sc if direction == "forward" else sc.transposed())
+    assert p.level_shapes(3) == [(2, 4, 8, 4), (2, 2, 4, 2), (2, 1, 2, 1)]
+    res = solve(p, _settings(3))
+    assert res.status == "converged"
+    np.testing.assert_allclose(res.solution, sequential_solve(p), atol=1e-12)
+
+
+def test_guess_sets_the_cold_start_iterate():
+    p = _problem()
+    guess = Problem(p.step, p.u0, p.n_steps, guess=lambda i: np.full(p.u0.shape, float(i)))
+    res = solve(guess, _settings(2, relax="F", max_iter=0, abs_tol=None, skip_first_down=False,
+                                 keep_iterates=True))
+    first = res.records[0].visits[0].iterate  # after the first F-sweep: C-points untouched
+    np.testing.assert_array_equal(first[2], np.full(p.u0.shape, 2.0))
+    np.testing.assert_array_equal(first[0], p.u0)
+    with pytest.raises(TypeError, match="`guess`"):
+        Problem(p.step, p.u0, p.n_steps, guess=3)
