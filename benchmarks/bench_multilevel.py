@@ -11,7 +11,8 @@ plain       θ ← θ − η ∇f(θ) per batch, from random weights at depth N
 nested-c/l  train N/4 layers for ``--coarse-epochs`` epochs, interpolate in t (constant / linear)
             to N/2, train as long, interpolate to N, then continue at depth N
 mgopt-2/3   one MG/Opt V-cycle per batch (refbraid.training.multilevel), 2 or 3 depth levels,
-            factor 2, ν₁ = ν₂ = 1, 2 coarsest steps, smoothing = the layer-parallel step
+            factor 2, ν₁ = ν₂ = 1, 2 coarsest steps, smoothing = the layer-parallel step, line
+            search on the MGRIT forward loss (a forward solve, not counted as a gradient call)
 
 Columns: epochs to reach the target (epochs at every depth for nested, with the fine-epoch
 equivalent Σ depth/N · epochs in brackets), seconds of training to reach it (evaluation not
@@ -28,6 +29,7 @@ import time
 
 import numpy as np
 
+from refbraid.backends import get_backend
 from refbraid.data.digits import load_digits_dataset
 from refbraid.data.peaks import load_peaks
 from refbraid.layer_parallel import LayerParallelSettings
@@ -52,6 +54,17 @@ def lp_gradient(net):
     base = dict(levels=levels, cfactor=4, min_coarse=1, relax=("F", "FCF")[: levels - 1])
     return mgrit_gradient(net, LayerParallelSettings(MGRITSettings.torchbraid(max_iter=1, **base),
                                                      MGRITSettings.torchbraid(max_iter=0, **base)))
+
+
+def lp_loss(net):
+    """The loss of the forward pass the layer-parallel gradient trains (MGRIT forward solve):
+    MG/Opt's line search needs only this, not a gradient."""
+    logits = lp_gradient(net).logits
+    bk = get_backend("numpy")
+
+    def loss(params, x, y):
+        return float(bk.softmax_cross_entropy(logits(params, x), y)[0])
+    return loss
 
 
 class Run:
@@ -96,7 +109,7 @@ def gd_update(gradient, lr):
 def mgopt_update(mg):
     def update(params, x, y):
         params, info = mg.cycle(params, x, y)
-        return params, info["gradient_calls"]
+        return params, info["gradient_calls"]  # (+ forward-only line-search evaluations)
     return update
 
 
@@ -115,7 +128,7 @@ def train(method, net, data, args, seed):
             params = prolong_weights(params, nxt.n_layers, kind)
     if method.startswith("mgopt"):
         levels = int(method[-1])
-        mg = MGOpt.build(net, lp_gradient, MGOptSettings(levels=levels, lr=args.lr))
+        mg = MGOpt.build(net, lp_gradient, MGOptSettings(levels=levels, lr=args.lr), lp_loss)
         update = mgopt_update(mg)
     else:
         update = gd_update(lp_gradient(net), args.lr)

@@ -112,3 +112,18 @@ def test_settings_are_checked():
         MGOptSettings(levels=1)
     with pytest.raises(ValueError, match="`lr`"):
         MGOptSettings(lr=0.0)
+
+
+def test_loss_only_line_search_gives_the_same_cycle():
+    """With loss functions for the line search the cycle is the same, minus gradient calls."""
+    from refbraid.network import loss_and_logits
+
+    net, params, x, y = _case(8)
+    s = MGOptSettings(levels=2, lr=0.2)
+    a, ia = MGOpt.build(net, sequential_gradient, s).cycle(params, x, y)
+    b, ib = MGOpt.build(net, sequential_gradient, s,
+                        lambda n: lambda p, xx, yy: loss_and_logits(n, p, xx, yy)[0]
+                        ).cycle(params, x, y)
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=1e-13, atol=1e-15)
+    assert ib["loss_calls"] >= 1 and ib["gradient_calls"] < ia["gradient_calls"]

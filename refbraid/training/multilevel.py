@@ -162,19 +162,30 @@ def corrected_objective(gradient: GradientFn, v: Params | None):
 @dataclass
 class MGOpt:
     """MG/Opt over the depth hierarchy ``nets[0]`` (N layers) … ``nets[-1]`` (coarsest), with
-    one gradient function per level (e.g. :func:`~refbraid.training.gradients.mgrit_gradient`)."""
+    one gradient function per level (e.g. :func:`~refbraid.training.gradients.mgrit_gradient`)
+    and optionally one loss function per level ``loss(params, x, labels) -> float`` for the
+    line search (a forward pass only; default: the gradient function's loss)."""
 
     nets: list[Network]
     gradients: list[GradientFn]
     settings: MGOptSettings
+    losses: list[Callable] | None = None
 
     @classmethod
     def build(cls, net: Network, make_gradient: Callable[[Network], GradientFn],
-              settings: MGOptSettings) -> MGOpt:
+              settings: MGOptSettings, make_loss: Callable | None = None) -> MGOpt:
         nets = [net]
         for _ in range(settings.levels - 1):
             nets.append(coarser_network(nets[-1], settings.factor))
-        return cls(nets, [make_gradient(n) for n in nets], settings)
+        losses = [make_loss(n) for n in nets] if make_loss is not None else None
+        return cls(nets, [make_gradient(n) for n in nets], settings, losses)
+
+    def objective(self, level: int, params: Params, x, labels, v: Params | None) -> float:
+        """ψ_ℓ(θ) = f_ℓ(θ) − vᵀθ (a forward pass when loss functions were given)."""
+        if self.losses is None:
+            return float(corrected_objective(self.gradients[level], v)(params, x, labels)[0])
+        f = float(self.losses[level](params, x, labels))
+        return f if v is None else f - _dot(v, params)
 
     def coarse_correction_term(self, level: int, params: Params, fine_grad: Params, x, labels
                                ) -> tuple[Params, Params]:
@@ -190,7 +201,7 @@ class MGOpt:
         """One MG/Opt cycle on ``level`` for ψ = f − vᵀθ; returns (new params, info)."""
         s = self.settings
         psi = corrected_objective(self.gradients[level], v)
-        info: dict[str, Any] = {"gradient_calls": 0}
+        info: dict[str, Any] = {"gradient_calls": 0, "loss_calls": 0}
 
         def smooth(p, n):
             loss = None
@@ -209,13 +220,14 @@ class MGOpt:
         info["gradient_calls"] += 2
         theta_new, sub = self.cycle(theta_c, x, labels, level + 1, v_c)
         info["gradient_calls"] += sub["gradient_calls"]
+        info["loss_calls"] += sub["loss_calls"]
         step = prolong_weights({k: theta_new[k] - theta_c[k] for k in theta_c},
                                self.nets[level].n_layers, s.interpolation)
         info["beta"] = 0.0
         for beta in STEP_SIZES:
             trial = _axpy(params, beta, step)
-            trial_loss, _, _ = psi(trial, x, labels)
-            info["gradient_calls"] += 1
+            trial_loss = self.objective(level, trial, x, labels, v)
+            info["gradient_calls" if self.losses is None else "loss_calls"] += 1
             if trial_loss < loss:
                 params, info["beta"] = trial, beta
                 break
