@@ -133,3 +133,37 @@ def test_converged_layer_parallel_gradient_equals_backprop(levels, spatial):
     assert info.forward.status == info.backward.status == "converged"
     assert relative_gradient_error(grads, ref) <= 1e-10
     assert abs(loss - loss_ref) <= 1e-12
+
+
+class _PlainPool:
+    """A transition written as a plain layer (fixed in_shape, out_shape a property)."""
+
+    in_shape = (2, 8, 8)
+    out_shape = (2, 4, 4)
+
+    def init(self, rng, dtype=np.float64):
+        return {}
+
+    def forward(self, params, y, bk):
+        return AveragePool().forward(params, y, bk)
+
+    def adjoint(self, params, cache, dy, bk):
+        return AveragePool().adjoint(params, cache, dy, bk)
+
+
+def test_a_plain_layer_is_a_transition():
+    net = StagedNetwork(ConvLift(1, 2, 8, 8, ACT), (Stage(ConvStep(2, 8, 8, ACT), 3),
+                                                  Stage(ConvStep(2, 4, 4, ACT), 3)),
+                        (_PlainPool(),), Classifier((2, 4, 4), 3))
+    assert net.state_shapes[-1] == (2, 4, 4)
+    x, labels = _batch()
+    params = init_params(net, 0)
+    ms = MGRITSettings(levels=2, cfactor=2, relax="FCF", max_iter=8, abs_tol=1e-13,
+                       rel_tol=None, min_coarse=1)
+    _, g, _ = staged_layer_parallel_gradient(net, params, x, labels,
+                                             LayerParallelSettings(ms, ms))
+    assert relative_gradient_error(g, backprop(net, params, x, labels)[1]) <= 1e-10
+    with pytest.raises(ValueError, match=r"`transitions\[0\]` takes states of shape"):
+        StagedNetwork(ConvLift(1, 2, 6, 6), (Stage(ConvStep(2, 6, 6), 1),
+                                             Stage(ConvStep(2, 4, 4), 1)),
+                      (_PlainPool(),), Classifier((2, 4, 4), 3))

@@ -35,6 +35,20 @@ from ..layers.init import check_positive_int
 from ..network import Params, group, layer_params
 
 
+def transition_out_shape(transition, shape: tuple[int, ...], stage: int) -> tuple[int, ...]:
+    """The state shape after ``transition``: ``out_shape(in_shape)`` for a transition of
+    :mod:`refbraid.stages.transitions`, or a plain layer's ``out_shape`` when its fixed
+    ``in_shape`` is ``shape`` (a layer of ``refbraid.layers``)."""
+    out = transition.out_shape
+    if callable(out):
+        return tuple(out(shape))
+    if tuple(getattr(transition, "in_shape", ())) != tuple(shape):
+        raise ValueError(f"`transitions[{stage}]` takes states of shape "
+                         f"{tuple(getattr(transition, 'in_shape', ()))}, but stage {stage} "
+                         f"ends with shape {tuple(shape)}.")
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Stage:
     """``n_layers`` ODE steps of kind ``step`` (forward(θ, y, h, bk), adjoint, init)."""
@@ -103,7 +117,7 @@ class StagedNetwork:
         for fs in self.fine_steps:
             shape = shapes[-1]
             if fs.kind == "transition":
-                shape = tuple(self.transitions[fs.stage].out_shape(shape))
+                shape = transition_out_shape(self.transitions[fs.stage], shape, fs.stage)
             shapes.append(shape)
         return tuple(shapes)
 

@@ -19,7 +19,7 @@ Classifier(shape, n)   Linear(prod(shape), n)(Flatten()(x))
 softmax cross-entropy  torch.nn.functional.cross_entropy(logits, labels)   (mean over B)
 transformer and GRU    refbraid.verify.torch_sequence (LayerNorm, MLP, attention, encoder and
                        decoder steps, classic and implicit GRU cells, pooled and token heads)
-R, P, transitions      refbraid.verify.torch_spatial (avg_pool, interpolate, channel padding)
+R, P, transitions      refbraid.verify.torch_transfers (avg_pool, interpolate, channel padding)
 =====================  =====================================================================
 
 σ: tanh → Tanh, relu → ReLU, gelu → GELU(approximate="none") (exact, erf), identity.
@@ -44,13 +44,13 @@ from .checks import example_input, run_adjoint, run_forward
 from .ops import LayerOp, SoftmaxCrossEntropyLayer, StepOp
 from .result import CheckResult, compare_arrays, result, tolerance
 from .torch_sequence import SEQUENCE_EQUIVALENTS
-from .torch_spatial import SPATIAL_EQUIVALENTS
+from .torch_transfers import TRANSFER_EQUIVALENTS
 
 DTYPE = torch.float64
 PERTURB = 0.3  # size of the random perturbation added to layer.init's weights
 #: layer type -> builder(layer, h) returning (module, {refbraid parameter name: torch Parameter})
 TORCH_EQUIVALENTS: dict[type, Callable[..., tuple[nn.Module, dict[str, nn.Parameter]]]] = {
-    **SEQUENCE_EQUIVALENTS, **SPATIAL_EQUIVALENTS}
+    **SEQUENCE_EQUIVALENTS, **TRANSFER_EQUIVALENTS}
 
 
 def register(kind: type):

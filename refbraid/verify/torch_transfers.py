@@ -72,5 +72,5 @@ def _transition(layer: TransitionLayer, h: float):
     return None
 
 
-SPATIAL_EQUIVALENTS = {SpatialRestriction: _restriction, SpatialInterpolation: _interpolation,
+TRANSFER_EQUIVALENTS = {SpatialRestriction: _restriction, SpatialInterpolation: _interpolation,
                        TransitionLayer: _transition}
