@@ -19,11 +19,13 @@ Classifier(shape, n)   Linear(prod(shape), n)(Flatten()(x))
 softmax cross-entropy  torch.nn.functional.cross_entropy(logits, labels)   (mean over B)
 transformer and GRU    refbraid.verify.torch_sequence (LayerNorm, MLP, attention, encoder and
                        decoder steps, classic and implicit GRU cells, pooled and token heads)
-R, P, transitions      refbraid.verify.torch_transfers (avg_pool, interpolate, channel padding)
 =====================  =====================================================================
 
 σ: tanh → Tanh, relu → ReLU, gelu → GELU(approximate="none") (exact, erf), identity.
 A new layer kind registers its builder in :data:`TORCH_EQUIVALENTS` with :func:`register`.
+
+The spatial transfers R, P and the stage transitions register theirs from
+:mod:`refbraid.verify.torch_transfers` (imported at the end of this module).
 
 The weights are ``layer.init``'s plus ``PERTURB``·N(0, 1) on every entry, so that no weight
 sits at a special value (zero biases, unit γ) that could hide a mixed-up parameter.
@@ -44,13 +46,12 @@ from .checks import example_input, run_adjoint, run_forward
 from .ops import LayerOp, SoftmaxCrossEntropyLayer, StepOp
 from .result import CheckResult, compare_arrays, result, tolerance
 from .torch_sequence import SEQUENCE_EQUIVALENTS
-from .torch_transfers import TRANSFER_EQUIVALENTS
 
 DTYPE = torch.float64
 PERTURB = 0.3  # size of the random perturbation added to layer.init's weights
 #: layer type -> builder(layer, h) returning (module, {refbraid parameter name: torch Parameter})
 TORCH_EQUIVALENTS: dict[type, Callable[..., tuple[nn.Module, dict[str, nn.Parameter]]]] = {
-    **SEQUENCE_EQUIVALENTS, **TRANSFER_EQUIVALENTS}
+    **SEQUENCE_EQUIVALENTS}
 
 
 def register(kind: type):
@@ -179,3 +180,9 @@ def torch_checks(name: str, layer, backend: str | Backend = "numpy", seed: int =
         results.append(compare_arrays(name, f"torch:{label}", bk.name, np.float64, label, a, t,
                                       tol, ("refbraid", "torch")))
     return results
+
+
+# R, P and the stage transitions (avg_pool, interpolate, channel padding): registered last
+from .torch_transfers import TRANSFER_EQUIVALENTS  # noqa: E402
+
+TORCH_EQUIVALENTS.update(TRANSFER_EQUIVALENTS)
