@@ -38,6 +38,7 @@ import numpy as np
 
 from .backends import Backend, get_backend
 from .mgrit import MGRITResult, MGRITSettings, Problem, solve
+from .mgrit.transfer import SpatialCoarsening, restrict_to_shape
 from .network import Network, Params, check_inputs, group, layer_params
 
 
@@ -53,15 +54,32 @@ def _default_backward() -> MGRITSettings:
 
 @dataclass(frozen=True)
 class LayerParallelSettings:
-    """MGRIT settings for the forward and the adjoint solve (TorchBraid's defaults)."""
+    """MGRIT settings for the forward and the adjoint solve (TorchBraid's defaults).
+
+    ``spatial`` (a :class:`~refbraid.mgrit.transfer.SpatialCoarsening`, or None) makes the
+    listed coarse levels run on coarser feature maps: the forward solve uses its (R, P), the
+    adjoint solve the transposed pair (docs/coarsening.md).
+    """
 
     forward: MGRITSettings = field(default_factory=_default_forward)
     backward: MGRITSettings = field(default_factory=_default_backward)
+    spatial: SpatialCoarsening | None = None
 
     def __post_init__(self):
         for name in ("forward", "backward"):
             if not isinstance(getattr(self, name), MGRITSettings):
                 raise TypeError(f"`{name}` must be an MGRITSettings, got {getattr(self, name)!r}.")
+        if self.spatial is not None and not isinstance(self.spatial, SpatialCoarsening):
+            raise TypeError(f"`spatial` must be a SpatialCoarsening or None, got "
+                            f"{self.spatial!r}.")
+
+    @property
+    def forward_transfer(self) -> SpatialCoarsening | None:
+        return self.spatial
+
+    @property
+    def backward_transfer(self) -> SpatialCoarsening | None:
+        return None if self.spatial is None else self.spatial.transposed()
 
     @classmethod
     def exact(cls) -> LayerParallelSettings:
@@ -97,17 +115,25 @@ class ForwardPropagator:
 
 @dataclass(frozen=True, eq=False)
 class AdjointPropagator:
-    """Ψ(λ; b → a) = Φ'(y[a]; a → b)ᵀ λ for b > a, linearised at the forward states ``states``."""
+    """Ψ(λ; b → a) = Φ'(y[a]; a → b)ᵀ λ for b > a, linearised at the forward states ``states``.
+
+    On a spatially coarsened level (λ smaller than y[a]) the linearisation point is the
+    restricted state ``R y[a]`` (the forward solve's R, applied until the shapes agree).
+    """
 
     net: Network
     steps: dict[str, Any]
     states: Any  # (N + 1, *S) forward trajectory, fine order
     bk: Backend
+    restriction: str = "average"
 
     def step(self, lam, start: int, stop: int):
         theta = layer_params(self.steps, stop)
         hc = (start - stop) * self.net.h
-        _, cache = self.net.step.forward(theta, self.states[stop], hc, self.bk)
+        y = self.states[stop]
+        if tuple(lam.shape) != tuple(y.shape):
+            y = restrict_to_shape(y, tuple(lam.shape), self.restriction)
+        _, cache = self.net.step.forward(theta, y, hc, self.bk)
         lam_prev, _ = self.net.step.adjoint(theta, cache, lam, hc, self.bk, grads=False)
         return lam_prev
 
@@ -146,8 +172,8 @@ class CapturingAdjoint(AdjointPropagator):
     """
 
     def __init__(self, net: Network, steps: dict[str, Any], states, caches: dict[int, Any],
-                 bk: Backend):
-        super().__init__(net, steps, states, bk)
+                 bk: Backend, restriction: str = "average"):
+        super().__init__(net, steps, states, bk, restriction)
         object.__setattr__(self, "caches", caches)
         object.__setattr__(self, "grads", {})
         object.__setattr__(self, "counts", {"cache_hits": 0, "recomputed": 0})
@@ -225,26 +251,28 @@ def captured_gradient(adjoint: CapturingAdjoint, steps: dict[str, Any], layers) 
 
 
 def mgrit_forward(net: Network, params: Params, x, settings: MGRITSettings,
-                  bk: Backend | str = "numpy", propagator: ForwardPropagator | None = None):
+                  bk: Backend | str = "numpy", propagator: ForwardPropagator | None = None,
+                  transfer=None):
     """The network's forward pass with the ODE block solved by MGRIT.
 
     Returns (logits, the MGRIT result — its ``solution`` is y[0..N] —, (opening cache,
     closing cache)). This is the network a layer-parallel run trains, so it is also the one
     its accuracy is measured with (as TorchBraid does). ``propagator`` (e.g. a
-    :class:`CachingForward`) replaces the plain :class:`ForwardPropagator`. ``params`` and
-    ``x`` are checked first (:func:`refbraid.network.check_inputs`).
+    :class:`CachingForward`) replaces the plain :class:`ForwardPropagator`; ``transfer`` is
+    the spatial transfer (``LayerParallelSettings.forward_transfer``). ``params`` and ``x``
+    are checked first (:func:`refbraid.network.check_inputs`).
     """
     bk = get_backend(bk)
     check_inputs(net, params, x)
-    return _mgrit_forward(net, params, x, settings, bk, propagator)
+    return _mgrit_forward(net, params, x, settings, bk, propagator, transfer)
 
 
 def _mgrit_forward(net: Network, params: Params, x, settings: MGRITSettings, bk: Backend,
-                   propagator: ForwardPropagator | None = None):
+                   propagator: ForwardPropagator | None = None, transfer=None):
     """:func:`mgrit_forward` without the checks (for callers that have made them)."""
     y0, open_cache = net.opening.forward(group(params, "opening"), x, bk)
     prop = propagator or ForwardPropagator(net, group(params, "steps"), bk)
-    fwd = solve(Problem(step=prop, u0=y0, n_steps=net.n_layers), settings)
+    fwd = solve(Problem(step=prop, u0=y0, n_steps=net.n_layers, transfer=transfer), settings)
     logits, close_cache = net.closing.forward(group(params, "closing"), fwd.solution[-1], bk)
     return logits, fwd, (open_cache, close_cache)
 
@@ -270,13 +298,15 @@ def layer_parallel_gradient(
     steps = group(params, "steps")
     forward = CachingForward(net, steps, bk)
     logits, fwd, (open_cache, close_cache) = _mgrit_forward(net, params, x, settings.forward, bk,
-                                                            forward)
+                                                            forward, settings.forward_transfer)
     states = fwd.solution  # (N + 1, *S)
     loss, probs = bk.softmax_cross_entropy(logits, labels)
     dlogits = bk.softmax_cross_entropy_adjoint(probs, labels, 1.0)
     lam_N, dclose = net.closing.adjoint(group(params, "closing"), close_cache, dlogits, bk)
-    adjoint = CapturingAdjoint(net, steps, states, forward.caches, bk)
-    bwd = solve(Problem(adjoint, lam_N, net.n_layers, direction="backward"), settings.backward)
+    restriction = settings.spatial.restriction if settings.spatial else "average"
+    adjoint = CapturingAdjoint(net, steps, states, forward.caches, bk, restriction)
+    bwd = solve(Problem(adjoint, lam_N, net.n_layers, direction="backward",
+                        transfer=settings.backward_transfer), settings.backward)
     adjoints = bwd.solution  # (N + 1, *S), fine order
     dsteps = captured_gradient(adjoint, steps, range(net.n_layers))
     _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, adjoints[0], bk)

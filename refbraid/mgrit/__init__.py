@@ -11,6 +11,8 @@ settings.py    MGRITSettings: levels, cfactors, relaxation, cycle, tolerances
 grid.py        the level hierarchy and C/F points (any N)
 relax.py       F-/C-relaxation and the C-point residual (pure functions)
 coarse.py      injection, FAS right-hand side, correction, exact coarse solve (pure)
+spatial.py     spatial grid transfers R, P on feature maps and their exact transposes
+transfer.py    SpatialCoarsening: R/P between levels (Problem.transfer), adjoint pair
 cycle.py       the V-/F-cycle recursion and nested iteration over those functions
 solver.py      solve(): iterate, stop, record; gather_solution()
 record.py      MGRITResult: residuals per iteration and level, counters, timings

@@ -11,6 +11,10 @@ Level ℓ has iterate ``u`` and right-hand side ``g``; its C-points are the poin
     coarse problem:           A_Δ(w) = g_Δ   (recursively, or exactly on the coarsest level)
     correction:               u[C] += w - v,  then F-relaxation interpolates to the F-points
 
+With a spatial transfer (``Problem.transfer``, :mod:`refbraid.mgrit.transfer`) the same
+steps read ``v = R u[C]``, ``g_Δ = R r + A_Δ(v)``, ``u[C] += P(w − v)``: :func:`to_coarse_space`
+and :func:`to_fine_space` apply R and P point by point (identity without a transfer).
+
 With F-relaxation last, injecting the residual equals MGRIT's ideal restriction, and
 "correct C, then F-relax" is its ideal interpolation. For a linear Φ the FAS scheme is the
 linear one (the A_Δ(v) terms cancel); it is always used so nonlinear problems need nothing
@@ -24,12 +28,31 @@ Shape legend: n points in the block, c C-points, S the state shape.
 
 from __future__ import annotations
 
+from .arrays import namespace
 from .relax import StepFn, copy, propagate_at, take_rows
 
 
 def restrict(u, c_pos):
     """Injection ``v = u[C]``: the level-ℓ values at the points of level ℓ+1; shape (c, *S)."""
     return take_rows(u, c_pos)
+
+
+def to_coarse_space(block, transfer, level: int, fine_indices):
+    """``R`` applied to every row of a level-``level`` block (rows at ``fine_indices``)."""
+    if transfer is None:
+        return block
+    xp = namespace(block)
+    return xp.stack([transfer.restrict(block[j, ...], level, int(i))
+                     for j, i in enumerate(fine_indices)])
+
+
+def to_fine_space(block, transfer, level: int, fine_indices):
+    """``P`` applied to every row of a level-``level + 1`` block (rows at ``fine_indices``)."""
+    if transfer is None:
+        return block
+    xp = namespace(block)
+    return xp.stack([transfer.interpolate(block[j, ...], level, int(i))
+                     for j, i in enumerate(fine_indices)])
 
 
 def apply_operator(v, points, step: StepFn, ghost=None, ghost_point=None):
@@ -42,13 +65,17 @@ def fas_rhs(r, v, coarse_points, coarse_step: StepFn, ghost=None, ghost_point=No
     return r + apply_operator(v, coarse_points, coarse_step, ghost, ghost_point)
 
 
-def correct(u, c_pos, w, v, inplace: bool = False):
-    """FAS correction ``u[C] += w - v``; F-points are left for the interpolating F-sweep.
+def correct(u, c_pos, w, v, inplace: bool = False, interpolate=None):
+    """FAS correction ``u[C] += w - v`` (``u[C] += P(w - v)`` with ``interpolate`` = P on
+    the stacked differences); F-points are left for the interpolating F-sweep.
 
     Returns a corrected copy, or corrects ``u`` itself with ``inplace``."""
     out = u if inplace else copy(u)
+    d = w - v
+    if interpolate is not None:
+        d = interpolate(d)
     for j, k in enumerate(c_pos):
-        out[int(k), ...] = out[int(k), ...] + (w[j, ...] - v[j, ...])
+        out[int(k), ...] = out[int(k), ...] + d[j, ...]
     return out
 
 

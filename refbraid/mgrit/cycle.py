@@ -12,10 +12,13 @@ communicator (``exchange_ghost``, ``pipeline``); with one rank that is the whole
 
     relax(ℓ):          F-sweep; r = residual at C; ν × (C-relax, F-sweep, r = residual)
     coarse_correction(ℓ, r, kind):
-        v = u_ℓ[C];   g_{ℓ+1} = r + A_{ℓ+1}(v);   u_{ℓ+1} = v                 (FAS)
+        v = R u_ℓ[C];   g_{ℓ+1} = R r + A_{ℓ+1}(v);   u_{ℓ+1} = v             (FAS)
         cycle(ℓ+1, kind);   if kind == 'F': cycle(ℓ+1, 'V')                   (F-cycle)
         F-sweep on ℓ+1 (interpolation to its F-points)
-        u_ℓ[C] += u_{ℓ+1} - v
+        u_ℓ[C] += P(u_{ℓ+1} - v)
+
+R and P are the problem's spatial transfer (identity unless ``Problem.transfer`` is set,
+:mod:`refbraid.mgrit.transfer`); each level's states then have their own shape.
 
 After a cycle the F-points of level ℓ are stale until the next F-sweep (the first step of
 every relaxation); on level 0 that sweep is the interpolation of the previous cycle, so no
@@ -23,8 +26,9 @@ step is spent twice.
 
 Nested iteration (cold-start initial guesses)::
 
-    g_{ℓ+1} = g_ℓ[C], u_{ℓ+1} = u_ℓ[C] for all ℓ;  solve the coarsest level
-    for ℓ = L-2 .. 0:  F-sweep on ℓ+1;  u_ℓ[C] = u_{ℓ+1};  if ℓ > 0: vcycles × cycle(ℓ, 'V')
+    g_{ℓ+1} = R g_ℓ[C], u_{ℓ+1} = R u_ℓ[C] for all ℓ;  solve the coarsest level
+    for ℓ = L-2 .. 0:  F-sweep on ℓ+1;  u_ℓ[C] = u_{ℓ+1}  (with a spatial transfer:
+                       u_ℓ[C] += P(u_{ℓ+1} − R u_ℓ[C]));  if ℓ > 0: vcycles × cycle(ℓ, 'V')
 
 ``vcycles = 0`` is the skipped first down-cycle (Parareal's coarse initial guess),
 ``vcycles = 1`` the FMG (full multigrid) initial guess.
@@ -41,7 +45,15 @@ import numpy as np
 from ..parallel.comm import Comm, exchange_ghost, pipeline
 from ..parallel.layout import Layout
 from .arrays import namespace
-from .coarse import correct, fas_rhs, forward_substitution, inject_up, restrict
+from .coarse import (
+    correct,
+    fas_rhs,
+    forward_substitution,
+    inject_up,
+    restrict,
+    to_coarse_space,
+    to_fine_space,
+)
 from .grid import Hierarchy, Level
 from .problem import CountingStep, Problem
 from .record import LevelVisit
@@ -69,6 +81,7 @@ def build_states(
 ) -> list[LevelState]:
     """Per-level blocks of block ``position`` of ``layout`` (u and g still unset)."""
     states = []
+    shapes = problem.level_shapes(len(hierarchy))
     for lvl in hierarchy:
         sl = layout.positions(lvl.points, position)
         is_c = lvl.is_c[sl]
@@ -79,7 +92,7 @@ def build_states(
                 c_pos=np.flatnonzero(is_c),
                 f_pos=np.flatnonzero(~is_c),
                 ghost_point=int(lvl.points[sl.start - 1]) if sl.start > 0 else None,
-                step=CountingStep(problem, lvl.index),
+                step=CountingStep(problem, lvl.index, shapes[lvl.index]),
                 coarsest=lvl is hierarchy.coarsest,
             )
         )
@@ -143,19 +156,40 @@ class Cycler:
             last=lambda u: u[-1, ...],
         )
 
+    # -- space: R and P between level ℓ and ℓ+1 (identity without a transfer) ------------
+    def _fine_indices(self, ell: int):
+        c = self.states[ell + 1]
+        return [c.step.problem.to_fine(int(p)) for p in c.points]
+
+    def to_coarse(self, ell: int, block):
+        """``R`` on a block of level ℓ's C-point rows (shaped for level ℓ+1)."""
+        transfer = self.states[ell].step.problem.transfer
+        if transfer is None:
+            return block
+        return to_coarse_space(block, transfer, ell, self._fine_indices(ell))
+
+    def to_fine(self, ell: int, block):
+        """``P`` on a block of level ℓ+1 rows (shaped for level ℓ's C-points)."""
+        transfer = self.states[ell].step.problem.transfer
+        if transfer is None:
+            return block
+        return to_fine_space(block, transfer, ell, self._fine_indices(ell))
+
     # -- the recursion ---------------------------------------------------------------------
     def coarse_correction(self, ell: int, r, kind: str) -> None:
         """FAS restriction to ℓ+1, coarse cycle(s), interpolation, correction of level ℓ."""
         s, c = self.states[ell], self.states[ell + 1]
-        v = restrict(s.u, s.c_pos)
+        v = self.to_coarse(ell, restrict(s.u, s.c_pos))
         ghost_v = exchange_ghost(self.comm, v[-1, ...])
-        c.g = fas_rhs(r, v, c.points, c.step, ghost_v, c.ghost_point)
+        c.g = fas_rhs(self.to_coarse(ell, r), v, c.points, c.step, ghost_v, c.ghost_point)
         c.u = copy(v)
         self.cycle(ell + 1, kind)
         if kind == "F" and not c.coarsest:
             self.cycle(ell + 1, "V")
         self.interpolate(ell + 1)
-        s.u = correct(s.u, s.c_pos, c.u, v, inplace=True)
+        spatial = s.step.problem.transfer is not None
+        s.u = correct(s.u, s.c_pos, c.u, v, inplace=True,
+                      interpolate=(lambda d: self.to_fine(ell, d)) if spatial else None)
 
     def cycle(self, ell: int, kind: str) -> None:
         """One V- or F-cycle for level ``ell``'s problem ``A_ℓ(u) = g_ℓ``."""
@@ -181,12 +215,18 @@ class Cycler:
         """Cold-start initial guess from the coarsest grid up (see module docstring)."""
         st = self.states
         for ell in range(len(st) - 1):
-            st[ell + 1].g = restrict(st[ell].g, st[ell].c_pos)
-            st[ell + 1].u = restrict(st[ell].u, st[ell].c_pos)
+            st[ell + 1].g = self.to_coarse(ell, restrict(st[ell].g, st[ell].c_pos))
+            st[ell + 1].u = self.to_coarse(ell, restrict(st[ell].u, st[ell].c_pos))
         self.solve_coarsest()
+        spatial = st[0].step.problem.transfer is not None
         for ell in range(len(st) - 2, -1, -1):
             self.interpolate(ell + 1)
-            st[ell].u = inject_up(st[ell].u, st[ell].c_pos, st[ell + 1].u)
+            if spatial:  # u_ℓ[C] += P(w − R u_ℓ[C]): keeps u_ℓ's fine detail (and u0 exact)
+                v = self.to_coarse(ell, restrict(st[ell].u, st[ell].c_pos))
+                st[ell].u = correct(st[ell].u, st[ell].c_pos, st[ell + 1].u, v,
+                                    interpolate=lambda d, ell=ell: self.to_fine(ell, d))
+            else:
+                st[ell].u = inject_up(st[ell].u, st[ell].c_pos, st[ell + 1].u)
             if ell > 0:
                 for _ in range(vcycles):
                     self.cycle(ell, "V")

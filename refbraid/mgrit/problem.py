@@ -66,6 +66,11 @@ class Problem:
                initial index is ignored (u0 is used there). None: zero.
     t          optional time grid t[0..N] (strictly increasing); default uniform on [0, 1]
     direction  'forward' or 'backward'
+    guess      optional ``guess(i) -> state`` (shape S): the cold-start iterate at fine index
+               i (default: u0 at every point), e.g. u0 carried through shape-changing steps
+    transfer   optional spatial transfer between levels (``restrict(u, level, index)``,
+               ``interpolate(v, level, index)``; :mod:`refbraid.mgrit.transfer`), None: the
+               same state on every level (coarsening in time only)
     """
 
     step: Any
@@ -74,6 +79,8 @@ class Problem:
     g: Any = None
     t: Any = None
     direction: str = "forward"
+    transfer: Any = None
+    guess: Any = None
 
     def __post_init__(self):
         step = self.step
@@ -109,6 +116,13 @@ class Problem:
                     f"got {getattr(self.g, 'shape', type(self.g).__name__)}."
                 )
             _check_state_array("g", self.g, "it is cast to u0's dtype")
+        if self.transfer is not None and not all(
+            callable(getattr(self.transfer, m, None)) for m in ("restrict", "interpolate")
+        ):
+            raise TypeError("`transfer` must have restrict(u, level, index) and "
+                            f"interpolate(v, level, index) methods, got {self.transfer!r}.")
+        if self.guess is not None and not callable(self.guess):
+            raise TypeError(f"`guess` must be a callable guess(i) -> state, got {self.guess!r}.")
         if self.t is not None:
             t = np.asarray(self.t, dtype=float)
             if t.shape != (n + 1,) or not np.all(np.isfinite(t)) or not np.all(np.diff(t) > 0):
@@ -130,6 +144,17 @@ class Problem:
     def initial_index(self) -> int:
         return 0 if self.direction == "forward" else self.n_steps
 
+    def level_shapes(self, n_levels: int) -> list[tuple[int, ...]]:
+        """State shape on each level: S on level 0, then ``transfer.restrict`` of the level
+        above (all S without a transfer)."""
+        shapes = [self.state_shape]
+        probe = namespace(self.u0).zeros_like(self.u0)
+        for ell in range(n_levels - 1):
+            if self.transfer is not None:
+                probe = self.transfer.restrict(probe, ell, self.initial_index)
+            shapes.append(tuple(probe.shape))
+        return shapes
+
     def to_fine(self, s: int) -> int:
         """Fine index of solver-order index ``s``."""
         return s if self.direction == "forward" else self.n_steps - s
@@ -148,6 +173,8 @@ def as_problem(obj) -> Problem:
             g=getattr(obj, "g", None),
             t=getattr(obj, "t", None),
             direction=getattr(obj, "direction", "forward"),
+            transfer=getattr(obj, "transfer", None),
+            guess=getattr(obj, "guess", None),
         )
     raise TypeError(
         "`problem` must be a refbraid.mgrit.Problem or have `step`, `u0` and `n_steps`, "
@@ -164,12 +191,12 @@ class CountingStep:
     also recorded with its level and fine indices; otherwise that costs one lookup.
     """
 
-    def __init__(self, problem: Problem, level: int = 0):
+    def __init__(self, problem: Problem, level: int = 0, shape: tuple[int, ...] | None = None):
         self.problem = problem
         self.level = level
         self.count = 0
         self.seconds = 0.0
-        self._shape = problem.state_shape
+        self._shape = problem.state_shape if shape is None else tuple(shape)
 
     def __call__(self, u, s_start: int, s_stop: int):
         p = self.problem
@@ -187,7 +214,7 @@ class CountingStep:
             got = tuple(shape) if shape is not None else type(out).__name__
             raise ValueError(
                 f"`step` returned {got} for start={start}, stop={stop} (level {self.level}); "
-                f"expected an array of the state shape {self._shape}."
+                f"expected an array of this level's state shape {self._shape}."
             )
         return out
 

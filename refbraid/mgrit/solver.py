@@ -105,9 +105,15 @@ def _check_comm(comm) -> None:
 
 
 def _initial_iterate(problem: Problem, u_init, g_block, rows: slice):
-    """Solver-order block of the initial iterate: u_init if given, else u0 everywhere."""
+    """Solver-order block of the initial iterate: u_init if given, else the problem's
+    ``guess(i)`` at every fine index i (u0 at the initial point), else u0 everywhere."""
     xp = namespace(problem.u0)
     n = rows.stop - rows.start
+    if u_init is None and problem.guess is not None:
+        u = xp.stack([problem.guess(problem.to_fine(s)) for s in range(rows.start, rows.stop)])
+        if rows.start == 0:
+            u[0, ...] = g_block[0, ...]
+        return u
     if u_init is None:
         return stacked(xp, problem.u0, n)
     want = (problem.n_steps + 1, *problem.state_shape)
@@ -138,6 +144,27 @@ def _start(cycler: Cycler, n_levels: int, settings: MGRITSettings, warm: bool) -
         cycler.nested_iteration(vcycles=0)
         return "skip"
     return "cold"
+
+
+def _check_spatial_relaxation(transfer, settings: MGRITSettings, n_levels: int) -> None:
+    """ValueError naming ``relax`` when a level coarsened in space relaxes with F only.
+
+    F-relaxation never changes C-points, so they change only by the correction
+    ``P(w − R u)``: the part ``(I − P R) e`` of a C-point's error would never be corrected
+    and the iteration would stagnate. C-relaxation (FCF) propagates it one interval per
+    iteration, so the iteration still terminates (docs/coarsening.md).
+    """
+    if transfer is None:
+        return
+    coarsens = getattr(transfer, "coarsens", lambda level: True)
+    bad = [ell for ell in range(n_levels - 1)
+           if coarsens(ell) and settings.relax_on(ell) != "FCF"]
+    if bad:
+        raise ValueError(
+            f"`relax` must be 'FCF' on level(s) {bad}, whose coarse level is coarsened in "
+            f"space: with F-relaxation the C-point error outside the range of the spatial "
+            f"interpolation P is never corrected and MGRIT stagnates (docs/coarsening.md)."
+        )
 
 
 def _status(norm: float, first: float, s: MGRITSettings) -> tuple[str | None, str]:
@@ -185,6 +212,7 @@ def solve(
     _check_comm(comm)
     N = problem.n_steps
     hierarchy = build_hierarchy(N, settings.cfactors, settings.min_coarse)
+    _check_spatial_relaxation(problem.transfer, settings, len(hierarchy))
     scomm = comm if problem.direction == "forward" else comm.reverted()
     if layout is None:
         layout = partition(hierarchy.coarsest.points, N, comm.size)

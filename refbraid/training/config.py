@@ -49,6 +49,8 @@ DTYPES = ("float64", "float32")
 
 #: Fields a checkpoint must agree on to be resumed (they fix the data, the network and the
 #: optimizer's meaning); the rest (epochs, out, backend, quiet, …) may change on resume.
+#: models whose states are feature maps (``--spatial-levels`` applies)
+SPATIAL_MODELS = ("conv", "conv-stages")
 RESUME_MUST_MATCH = ("data", "samples", "val_fraction", "model", "layers", "width", "T",
                      "activation", "dtype", "optimizer", "seed", "batch_size")
 
@@ -171,6 +173,7 @@ class TrainConfig:
     skip_down: bool = True
     check_gradient_every: int = 0  # steps between comparisons with sequential backprop
     data_parallel: int = 1  # under mpiexec -n P: D groups of P/D layer-parallel ranks
+    spatial_levels: str | None = None  # e.g. "1,2": coarse levels on half-size feature maps
 
     def __post_init__(self):
         _choice("model", self.model, tuple(MODELS))
@@ -206,6 +209,7 @@ class TrainConfig:
         _folder(self, "data_dir", "a folder name")
         _folder(self, "resume", "a checkpoint file or a run folder")
         self._check_relax(relax_given)
+        self._check_spatial()
         if self.data == "mnist" and not self.data_dir:
             raise ValueError("`--data-dir` is required with `--data mnist` (a folder holding "
                              "train-images-idx3-ubyte and train-labels-idx1-ubyte, or .gz).")
@@ -228,6 +232,37 @@ class TrainConfig:
                 f"most {relaxing} entr{'ies' if relaxing > 1 else 'y'}, finest first (the last "
                 f"one repeats on the levels below).")
         _store(self, "relax", ",".join(entries[:relaxing]))
+
+    def _check_spatial(self) -> None:
+        """``--spatial-levels``: coarse levels 1..levels-1, conv models only, and FCF on every
+        level whose coarse level is coarsened (F-relaxation would stagnate)."""
+        if not self.spatial_levels:
+            return
+        levels = self.spatial_level_tuple
+        if self.model not in SPATIAL_MODELS:
+            raise ValueError(f"`--spatial-levels` needs a model with feature maps "
+                             f"({' | '.join(SPATIAL_MODELS)}), got `--model {self.model}`.")
+        if any(not 1 <= ell < self.levels for ell in levels):
+            raise ValueError(f"`--spatial-levels` must list coarse levels 1..{self.levels - 1} "
+                             f"(`--levels {self.levels}`), got {self.spatial_levels!r}.")
+        relax = self.relax_per_level
+        bad = [ell - 1 for ell in levels if relax[ell - 1] != "FCF"]
+        if bad:
+            raise ValueError(f"`--relax` must be FCF on level(s) {bad} above the spatially "
+                             f"coarsened level(s) {list(levels)} (with F-relaxation MGRIT "
+                             f"stagnates there), e.g. `--relax FCF`.")
+
+    @property
+    def spatial_level_tuple(self) -> tuple[int, ...]:
+        """``--spatial-levels`` as a tuple of ints (ValueError naming the flag otherwise)."""
+        try:
+            out = tuple(int(v) for v in str(self.spatial_levels).split(",") if v.strip())
+        except ValueError:
+            out = ()
+        if not out:
+            raise ValueError(f"`--spatial-levels` must be comma-separated level numbers, e.g. "
+                             f"1,2; got {self.spatial_levels!r}.")
+        return out
 
     @property
     def relax_per_level(self) -> tuple[str, ...]:

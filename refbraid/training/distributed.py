@@ -270,7 +270,8 @@ class DistributedGradient:
             y0, open_cache = net.opening.forward(group(params, "opening"), xs, bk)
         y0 = self.bcast_y0.forward(y0)
         forward = CachingForward(net, rows, bk)
-        fwd = solve(Problem(forward, y0, N), self.settings.forward, comm=layer,
+        fwd = solve(Problem(forward, y0, N, transfer=self.settings.forward_transfer),
+                    self.settings.forward, comm=layer,
                     layout=plan.forward_layout)
         states = dict(zip((int(i) for i in fwd.fine_indices), fwd.solution, strict=True))
         lam_N, loss_part = None, 0.0
@@ -284,8 +285,11 @@ class DistributedGradient:
             loss_part = weight * float(loss)
         lam_N = self.bcast_lam.forward(lam_N)
         states.update(self.states_x.forward({i: states[i] for i in self.y_owned}))
-        adjoint = CapturingAdjoint(net, rows, Rows("y", self.q, states), forward.caches, bk)
-        bwd = solve(Problem(adjoint, lam_N, N, direction="backward"), self.settings.backward,
+        spatial = self.settings.spatial
+        adjoint = CapturingAdjoint(net, rows, Rows("y", self.q, states), forward.caches, bk,
+                                   spatial.restriction if spatial else "average")
+        bwd = solve(Problem(adjoint, lam_N, N, direction="backward",
+                            transfer=self.settings.backward_transfer), self.settings.backward,
                     comm=layer, layout=plan.backward_layout)
         missing = [int(a) for a in self.grad_rows if int(a) not in adjoint.grads]
         if missing:  # cannot happen: the final relaxation makes every fine adjoint step

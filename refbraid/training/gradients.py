@@ -25,6 +25,7 @@ from ..layer_parallel import (
     relative_gradient_error,
 )
 from ..mgrit import MGRITSettings, build_hierarchy
+from ..mgrit.transfer import SpatialCoarsening
 from ..network import Network, backprop
 from .config import TrainConfig
 
@@ -60,8 +61,12 @@ def layer_parallel_settings(config: TrainConfig) -> LayerParallelSettings:
                              abs_tol=tol, rel_tol=None, relax=config.relax_per_level,
                              cycle=config.cycle, skip_first_down=config.skip_down, min_coarse=1)
 
+    spatial = None
+    if config.spatial_levels:
+        spatial = SpatialCoarsening(config.spatial_level_tuple)
     return LayerParallelSettings(forward=one(config.fwd_iters, config.fwd_tol),
-                                 backward=one(config.bwd_iters, config.bwd_tol))
+                                 backward=one(config.bwd_iters, config.bwd_tol),
+                                 spatial=spatial)
 
 
 def mgrit_gradient(net: Network, settings: LayerParallelSettings, bk: Backend | str = "numpy",
@@ -89,8 +94,10 @@ def mgrit_gradient(net: Network, settings: LayerParallelSettings, bk: Backend | 
 
     def logits(params, x):
         if not isinstance(net, Network):
-            return net.mgrit_logits(params, x, settings.forward, bk)
-        return mgrit_forward(net, params, x, settings.forward, bk)[0]
+            spatial = {"spatial": settings.spatial} if settings.spatial is not None else {}
+            return net.mgrit_logits(params, x, settings.forward, bk, **spatial)
+        return mgrit_forward(net, params, x, settings.forward, bk,
+                             transfer=settings.forward_transfer)[0]
 
     gradient.logits = logits  # the forward pass this gradient trains: used for accuracy
     return gradient

@@ -17,6 +17,8 @@ transformer-decoder  encoder (N steps) → memory → decoder (N steps) → per 
 gru                  GRU over the L positions (MGRIT over the sequence), coarse    (L, I),
                      levels implicit GRU; ``width`` = hidden size                  (1, H, W)
 implicit-gru         the same with the implicit GRU on every level
+conv-stages          ConvLift → N/2 ConvSteps → 2×2 avg pool → widen to 2C →       images (C,H,W)
+                     N/2 ConvSteps → Classifier (refbraid.stages.model)
 ===================  =========================================================  ==============
 
 Defaults differ per model (:data:`MODEL_DEFAULTS`): a ``refbraid train`` flag left unset
@@ -96,11 +98,18 @@ def _implicit_gru(data_shape, n_classes, layers, width, T, activation, info=None
     return gru_model(data_shape, n_classes, width, "implicit")
 
 
+def _conv_stages(data_shape, n_classes, layers, width, T, activation, info=None):
+    from ..stages.model import ConvStagesModel
+
+    return ConvStagesModel(data_shape, n_classes, layers, width, T, activation)
+
+
 #: Model name → builder(data_shape, n_classes, layers, width, T, activation, info) -> a
 #: Network, or a sequence model with the same duck type (refbraid.sequence).
 MODELS: dict[str, Callable[..., Network]] = {
     "resnet": _resnet, "conv": _conv, "transformer": _transformer,
     "transformer-decoder": _transformer_decoder, "gru": _gru, "implicit-gru": _implicit_gru,
+    "conv-stages": _conv_stages,
 }
 
 _RESNET_DEFAULTS = dict(data="peaks", layers=64, width=16, T=3.0, epochs=40, lr=5e-3,
@@ -120,6 +129,10 @@ MODEL_DEFAULTS: dict[str, dict] = {
                         cfactor=2, fwd_iters=3, bwd_iters=2, relax="F,FCF"),
     "transformer-decoder": dict(data="seq-reverse", layers=4, width=16, T=2.0, epochs=10,
                                 lr=1e-2, cfactor=2, fwd_iters=2, bwd_iters=1, relax="F,FCF"),
+    # two conv stages (pooling + widening between them) on digits; FCF so that
+    # --spatial-levels works without changing --relax
+    "conv-stages": dict(data="digits", layers=16, width=4, T=1.0, epochs=10, lr=5e-3,
+                        cfactor=2, fwd_iters=1, bwd_iters=1, relax="FCF"),
     "gru": dict(data="seq-memory", layers=64, width=32, T=3.0, epochs=15, lr=1e-2, cfactor=2,
                 fwd_iters=2, bwd_iters=1, relax="FCF"),
     "implicit-gru": dict(data="seq-memory", layers=64, width=32, T=3.0, epochs=15, lr=1e-2,

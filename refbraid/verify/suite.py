@@ -11,14 +11,17 @@ from ..backends import BACKENDS, available_backends
 from ..layers import Classifier, ConvLift, ConvStep, DenseLift, DenseStep
 from ..layers.catalog import verification_catalog
 from ..network import Network
+from ..stages.transfer_layers import transfer_catalog
 from .checks import check_layer, check_network, check_step
 from .ops import SoftmaxCrossEntropyLayer
 from .result import CheckResult, tolerance
 
 
 def catalog() -> list[tuple[str, object]]:
-    """refbraid.layers.catalog.verification_catalog() plus the loss as a layer."""
-    return [*verification_catalog(), ("softmax_xent", SoftmaxCrossEntropyLayer(4))]
+    """refbraid.layers.catalog.verification_catalog(), the loss as a layer, and the spatial
+    transfers R, P and stage transitions (refbraid.stages.transfer_layers)."""
+    return [*verification_catalog(), ("softmax_xent", SoftmaxCrossEntropyLayer(4)),
+            *transfer_catalog()]
 
 
 def default_networks() -> list[tuple[str, Network]]:

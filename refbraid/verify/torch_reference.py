@@ -26,6 +26,9 @@ transitions            mode, the BN conv step, pooling, strided conv, channel wi
 σ: tanh → Tanh, relu → ReLU, gelu → GELU(approximate="none") (exact, erf), identity.
 A new layer kind registers its builder in :data:`TORCH_EQUIVALENTS` with :func:`register`.
 
+The spatial transfers R, P and the stage transitions register theirs from
+:mod:`refbraid.verify.torch_transfers` (imported at the end of this module).
+
 The weights are ``layer.init``'s plus ``PERTURB``·N(0, 1) on every entry, so that no weight
 sits at a special value (zero biases, unit γ) that could hide a mixed-up parameter.
 """
@@ -181,3 +184,9 @@ def torch_checks(name: str, layer, backend: str | Backend = "numpy", seed: int =
         results.append(compare_arrays(name, f"torch:{label}", bk.name, np.float64, label, a, t,
                                       tol, ("refbraid", "torch")))
     return results
+
+
+# R, P and the stage transitions (avg_pool, interpolate, channel padding): registered last
+from .torch_transfers import TRANSFER_EQUIVALENTS  # noqa: E402
+
+TORCH_EQUIVALENTS.update(TRANSFER_EQUIVALENTS)

@@ -201,3 +201,25 @@ def test_bad_arguments_name_themselves(world):
         DistributedGradient(net, object())
     with pytest.raises(TypeError, match="`net` must be"):
         DistributedGradient("net", topo)
+
+
+def test_spatially_coarsened_gradient_equals_single_process(world):
+    """Spatial coarsening (coarse levels on 4×4 and 2×2 maps) on every world size, uneven
+    blocks: the same gradient as one process, and converged, sequential backprop's."""
+    from refbraid.mgrit.transfer import SpatialCoarsening
+
+    net = build_network("conv", (1, 8, 8), 3, 38, 2, 1.0, "tanh")
+    params = init_params(net, 0)
+    x, y = _batch(net, B=4)
+    fcf = MGRITSettings(levels=3, cfactor=2, relax="FCF", max_iter=2, abs_tol=None,
+                        min_coarse=1)
+    settings = LayerParallelSettings(fcf, fcf, spatial=SpatialCoarsening((1, 2)))
+    loss0, g0, _ = layer_parallel_gradient(net, params, x, y, settings)
+    loss, g, _ = distributed_gradient(net, settings)(params, x, y)
+    assert relative_gradient_error(g, g0) <= TOL
+    assert loss == pytest.approx(loss0, rel=TOL)
+    exact = MGRITSettings(levels=3, cfactor=2, relax="FCF", max_iter=25, abs_tol=1e-13,
+                          rel_tol=None, min_coarse=1)
+    converged = LayerParallelSettings(exact, exact, spatial=SpatialCoarsening((1, 2)))
+    _, g, _ = distributed_gradient(net, converged)(params, x, y)
+    assert relative_gradient_error(g, backprop(net, params, x, y)[1]) <= 1e-10

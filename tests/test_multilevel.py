@@ -1,0 +1,129 @@
+"""Multilevel training in depth: transfers of weights, the gradient restriction, MG/Opt's
+first-order coherence (exact), and a cycle that lowers the loss."""
+
+import numpy as np
+import pytest
+
+from refbraid.layer_parallel import LayerParallelSettings
+from refbraid.network import backprop, init_params
+from refbraid.training.gradients import mgrit_gradient, sequential_gradient
+from refbraid.training.models import build_network
+from refbraid.training.multilevel import (
+    MGOpt,
+    MGOptSettings,
+    corrected_objective,
+    interpolation_matrix,
+    prolong_weights,
+    restrict_gradient,
+    restrict_weights,
+    restriction_matrix,
+)
+
+
+def _case(n_layers=8, seed=0):
+    net = build_network("resnet", (2,), 3, n_layers, 4, 1.0, "tanh")
+    rng = np.random.default_rng(seed)
+    return net, init_params(net, seed), rng.standard_normal((6, 2)), rng.integers(0, 3, 6)
+
+
+def test_depth_transfer_matrices():
+    P, R = interpolation_matrix(4, 12, "constant"), restriction_matrix(12, 4)
+    np.testing.assert_allclose(R @ P, np.eye(4))
+    np.testing.assert_allclose(P.sum(axis=1), 1.0)
+    PL = interpolation_matrix(4, 12, "linear")
+    np.testing.assert_allclose(PL.sum(axis=1), 1.0)
+    coarse = 2.0 + 0.5 * np.arange(4)  # linear in t: θ_c[j] = a + b j
+    np.testing.assert_allclose((PL @ coarse)[:9], 2.0 + 0.5 * np.arange(9) / 3)
+    with pytest.raises(ValueError, match="`n_layers`"):
+        interpolation_matrix(3, 8)
+    with pytest.raises(ValueError, match="`interpolation`"):
+        interpolation_matrix(2, 4, "cubic")
+
+
+@pytest.mark.parametrize("kind", ["constant", "linear"])
+def test_restricted_gradient_is_the_gradient_through_interpolation(kind):
+    """Pᵀ ∇f(P θ_c) against central differences of θ_c ↦ f(P θ_c)."""
+    fine, params, x, y = _case(8)
+    coarse_params = restrict_weights(params, 4)
+    _, g, _ = backprop(fine, prolong_weights(coarse_params, 8, kind), x, y)
+    gc = restrict_gradient(g, 4, kind)
+    eps = 1e-6
+    for idx in [(0, 1, 2), (3, 0, 0), (2, 3, 1)]:
+        plus = {k: v.copy() for k, v in coarse_params.items()}
+        minus = {k: v.copy() for k, v in coarse_params.items()}
+        plus["steps.W"][idx] += eps
+        minus["steps.W"][idx] -= eps
+        fp = backprop(fine, prolong_weights(plus, 8, kind), x, y)[0]
+        fm = backprop(fine, prolong_weights(minus, 8, kind), x, y)[0]
+        assert abs((fp - fm) / (2 * eps) - gc["steps.W"][idx]) <= 1e-8
+
+
+@pytest.mark.parametrize("kind", ["constant", "linear"])
+@pytest.mark.parametrize("layer_parallel", [False, True])
+def test_first_order_coherence_is_exact(kind, layer_parallel):
+    """∇ψ_{ℓ+1}(R θ) = Pᵀ ∇ψ_ℓ(θ) on every level of a 3-level hierarchy."""
+    net, params, x, y = _case(8)
+    settings = MGOptSettings(levels=3, factor=2, interpolation=kind)
+
+    def make(n):
+        if layer_parallel:
+            return mgrit_gradient(n, LayerParallelSettings.with_iterations(
+                1, 1, levels=2, cfactor=2, min_coarse=1))
+        return sequential_gradient(n)
+
+    mg = MGOpt.build(net, make, settings)
+    v, theta = None, params
+    for level in range(2):
+        _, g, _ = corrected_objective(mg.gradients[level], v)(theta, x, y)
+        theta_c, v = mg.coarse_correction_term(level, theta, g, x, y)
+        _, g_c, _ = corrected_objective(mg.gradients[level + 1], v)(theta_c, x, y)
+        want = restrict_gradient(g, mg.nets[level + 1].n_layers, kind)
+        for k in g_c:
+            np.testing.assert_allclose(g_c[k], want[k], rtol=1e-12, atol=1e-15, err_msg=k)
+        theta = theta_c
+
+
+def test_corrected_objective_value_matches_its_gradient():
+    net, params, x, y = _case(4)
+    rng = np.random.default_rng(3)
+    v = {k: rng.standard_normal(p.shape) for k, p in params.items()}
+    psi = corrected_objective(sequential_gradient(net), v)
+    _, g, _ = psi(params, x, y)
+    eps, idx = 1e-6, (1, 2, 0)
+    plus = {k: a.copy() for k, a in params.items()}
+    minus = {k: a.copy() for k, a in params.items()}
+    plus["steps.W"][idx] += eps
+    minus["steps.W"][idx] -= eps
+    fd = (psi(plus, x, y)[0] - psi(minus, x, y)[0]) / (2 * eps)
+    assert abs(fd - g["steps.W"][idx]) <= 1e-8
+
+
+def test_mgopt_cycle_lowers_the_batch_loss():
+    net, params, x, y = _case(8)
+    mg = MGOpt.build(net, sequential_gradient, MGOptSettings(levels=3, lr=0.2))
+    before = backprop(net, params, x, y)[0]
+    new, info = mg.cycle(params, x, y)
+    assert backprop(net, new, x, y)[0] < before
+    assert info["gradient_calls"] > 0 and info["beta"] in (0.0, 0.25, 0.5, 1.0)
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="`levels`"):
+        MGOptSettings(levels=1)
+    with pytest.raises(ValueError, match="`lr`"):
+        MGOptSettings(lr=0.0)
+
+
+def test_loss_only_line_search_gives_the_same_cycle():
+    """With loss functions for the line search the cycle is the same, minus gradient calls."""
+    from refbraid.network import loss_and_logits
+
+    net, params, x, y = _case(8)
+    s = MGOptSettings(levels=2, lr=0.2)
+    a, ia = MGOpt.build(net, sequential_gradient, s).cycle(params, x, y)
+    b, ib = MGOpt.build(net, sequential_gradient, s,
+                        lambda n: lambda p, xx, yy: loss_and_logits(n, p, xx, yy)[0]
+                        ).cycle(params, x, y)
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=1e-13, atol=1e-15)
+    assert ib["loss_calls"] >= 1 and ib["gradient_calls"] < ia["gradient_calls"]
