@@ -15,14 +15,12 @@
 # The derivations are in docs/coarsening.md.
 #
 # Run it: `python lessons/10_coarsening_in_space_and_depth.py` (`REFBRAID_LESSON_SMALL=1` for
-# a quick run, `REFBRAID_LESSON_FIGURES=<folder>` to save the figure).
+# a quick run). In Jupyter the figures appear in their cells; as a script they go to
+# `lesson_figures/10/` (`REFBRAID_LESSON_FIGURES` picks another folder).
 
 # %%
-import os
-from pathlib import Path
-
-import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.figure import Figure
 
 from refbraid.data.digits import load_digits_dataset
 from refbraid.layer_parallel import (
@@ -31,6 +29,7 @@ from refbraid.layer_parallel import (
     relative_gradient_error,
 )
 from refbraid.layers import Classifier, ConvLift, ConvStep
+from refbraid.lessons import show, small
 from refbraid.mgrit import MGRITSettings, spatial
 from refbraid.mgrit.transfer import SpatialCoarsening
 from refbraid.network import backprop, init_params
@@ -42,9 +41,7 @@ from refbraid.training.gradients import sequential_gradient
 from refbraid.training.models import build_network
 from refbraid.training.multilevel import MGOpt, MGOptSettings, prolong_weights, restrict_gradient
 
-SMALL = os.environ.get("REFBRAID_LESSON_SMALL") == "1"
-FIGURES = os.environ.get("REFBRAID_LESSON_FIGURES")
-fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+SMALL = small()
 
 # %% [markdown]
 # ## 1. R and P, and their transposes
@@ -87,6 +84,8 @@ def settings(relax="FCF", max_iter=30):
                          rel_tol=1e-10, min_coarse=1)
 
 
+fig = Figure(figsize=(10, 4.2))
+axes = fig.subplots(1, 2)
 ax = axes[0]
 for ell, res in enumerate([(16, 16, 16), (16, 8, 4)]):
     for level in range(3):
@@ -109,6 +108,9 @@ for name, sc in [("time only", None), ("space @1", SpatialCoarsening((1,))),
     assert err < 1e-9  # converged: the sequential gradient whatever the coarse levels
     ax.semilogy(info.forward.norms, "o-", label=name)
 ax.set(xlabel="MGRIT cycle", ylabel="fine C-point residual", title="forward solve")
+ax.legend(fontsize=8)
+fig.tight_layout()
+show(fig, "10_coarsening_in_space_and_depth")
 
 # %% [markdown]
 # Spatial coarsening converges much more slowly here: the coarse levels cannot represent the
@@ -127,7 +129,6 @@ try:
     raise AssertionError("F-relaxation with spatial coarsening should be refused")
 except ValueError as err:
     print("refused:", str(err)[:90], "…")
-ax.legend(fontsize=8)
 
 # %% [markdown]
 # ## 3. States that change shape
@@ -187,10 +188,14 @@ for _ in range(epochs):
     curve_nested.append(evaluate(deep, p, xv, yv)[1])
 print("val accuracy, plain :", np.round(curve_plain, 3))
 print("val accuracy, nested:", np.round(curve_nested, 3))
-axes[2].plot(range(1, epochs + 1), curve_plain, "o-", label="random init")
-axes[2].plot(range(1, epochs + 1), curve_nested, "s-", label="nested N/4 → N/2 → N")
-axes[2].set(xlabel="epochs at full depth", ylabel="validation accuracy", title="head start")
-axes[2].legend(fontsize=8)
+fig_nested = Figure(figsize=(5.5, 4.2))
+ax = fig_nested.subplots()
+ax.plot(range(1, epochs + 1), curve_plain, "o-", label="random init")
+ax.plot(range(1, epochs + 1), curve_nested, "s-", label="nested N/4 → N/2 → N")
+ax.set(xlabel="epochs at full depth", ylabel="validation accuracy", title="head start")
+ax.legend(fontsize=8)
+fig_nested.tight_layout()
+show(fig_nested, "10_nested_initialisation")
 
 # MG/Opt: the corrected coarse objective ψ_c = f_c − vᵀθ is first-order coherent
 mg = MGOpt.build(deep, sequential_gradient, MGOptSettings(levels=2))
@@ -209,9 +214,3 @@ assert gap < 1e-12
 # spatial coarsening's cost and predicted speedup: `benchmarks/bench_coarsening.py`.
 # Batch normalisation's running statistics (issue 12, part A) follow TorchBraid's rule: they
 # are updated once per step from the final fine sweep, never from coarse levels.
-
-# %%
-fig.tight_layout()
-if FIGURES:
-    Path(FIGURES).mkdir(parents=True, exist_ok=True)
-    fig.savefig(Path(FIGURES) / "10_coarsening_in_space_and_depth.png", dpi=120)
