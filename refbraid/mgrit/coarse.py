@@ -32,14 +32,19 @@ def restrict(u, c_pos):
     return take_rows(u, c_pos)
 
 
-def apply_operator(v, points, step: StepFn, ghost=None, ghost_point=None):
-    """``(A v)[j] = v[j] - Φ(v[j-1])`` at every point of the block (``v[0]`` at s = 0)."""
-    return v - propagate_at(v, None, points, range(len(points)), step, ghost, ghost_point)
+def apply_operator(v, points, step: StepFn, ghost=None, ghost_point=None,
+                   propagate=propagate_at):
+    """``(A v)[j] = v[j] - Φ(v[j-1])`` at every point of the block (``v[0]`` at s = 0).
+
+    ``propagate``: :func:`~refbraid.mgrit.relax.propagate_at`, or its batched twin
+    (:mod:`refbraid.mgrit.batched`) for a problem with a ``batched_step``."""
+    return v - propagate(v, None, points, range(len(points)), step, ghost, ghost_point)
 
 
-def fas_rhs(r, v, coarse_points, coarse_step: StepFn, ghost=None, ghost_point=None):
+def fas_rhs(r, v, coarse_points, coarse_step: StepFn, ghost=None, ghost_point=None,
+            propagate=propagate_at):
     """FAS coarse right-hand side ``g_Δ = r + A_Δ(v)`` (r: fine C-point residual, v = u[C])."""
-    return r + apply_operator(v, coarse_points, coarse_step, ghost, ghost_point)
+    return r + apply_operator(v, coarse_points, coarse_step, ghost, ghost_point, propagate)
 
 
 def correct(u, c_pos, w, v, inplace: bool = False):
