@@ -24,7 +24,8 @@ Shape legend: n points in the block, c C-points, S the state shape.
 
 from __future__ import annotations
 
-from .relax import StepFn, copy, propagate_at, take_rows
+from .arrays import namespace
+from .relax import StepFn, copy, propagate_at, set_rows, take_rows
 
 
 def restrict(u, c_pos):
@@ -52,24 +53,22 @@ def correct(u, c_pos, w, v, inplace: bool = False):
 
     Returns a corrected copy, or corrects ``u`` itself with ``inplace``."""
     out = u if inplace else copy(u)
-    for j, k in enumerate(c_pos):
-        out[int(k), ...] = out[int(k), ...] + (w[j, ...] - v[j, ...])
-    return out
+    return set_rows(out, c_pos, take_rows(out, c_pos) + (w - v), inplace=True)
 
 
 def inject_up(u, c_pos, w):
     """``u[C] = w``: start a finer level from a coarse solution (nested iteration)."""
-    out = copy(u)
-    for j, k in enumerate(c_pos):
-        out[int(k), ...] = w[j, ...]
-    return out
+    return set_rows(u, c_pos, w)
 
 
 def forward_substitution(g, points, step: StepFn, ghost=None, ghost_point=None):
     """Exact solve of ``A(u) = g`` on a block: ``u[0] = g[0]`` (or ``Φ(ghost) + g[0]``),
     ``u[j] = Φ(u[j-1]) + g[j]``. The coarsest-level solve and the sequential oracle."""
-    u = copy(g)
-    u[0, ...] = propagate_at(u, g, points, [0], step, ghost, ghost_point)[0, ...]
-    for j in range(1, len(points)):
-        u[j, ...] = step(u[j - 1, ...], int(points[j - 1]), int(points[j])) + g[j, ...]
-    return u
+    xp = namespace(g)
+    prev = propagate_at(g, g, points, [0], step, ghost, ghost_point)[0, ...]
+    rows = [prev]
+    p = [int(s) for s in points]
+    for j in range(1, len(p)):
+        prev = step(prev, p[j - 1], p[j]) + g[j, ...]
+        rows.append(prev)
+    return xp.stack(rows)

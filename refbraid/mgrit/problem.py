@@ -249,7 +249,8 @@ class CountingStep:
 
 def stacked(xp, value, n: int):
     """``n`` copies of ``value`` stacked along a new first axis: shape (n, *value.shape)."""
-    return xp.stack([xp.asarray(value)] * n)
+    value = xp.asarray(value)
+    return xp.asarray(xp.broadcast_to(value[None, ...], (n, *value.shape)), copy=True)
 
 
 def rhs_solver_order(problem: Problem):

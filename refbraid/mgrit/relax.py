@@ -47,8 +47,14 @@ def take_rows(u, positions):
 
 
 def set_rows(u, positions, values, inplace: bool = False):
-    """``u`` (a copy, or ``u`` itself with ``inplace``) with ``u[positions[j]] = values[j]``."""
+    """``u`` (a copy, or ``u`` itself with ``inplace``) with ``u[positions[j]] = values[j]``.
+
+    One indexed assignment for NumPy arrays, a loop over rows for other array types (the
+    array API has no integer-array assignment); the same values either way."""
     out = u if inplace else copy(u)
+    if isinstance(out, np.ndarray):
+        out[np.asarray(positions, dtype=np.int64), ...] = values
+        return out
     for j, k in enumerate(positions):
         out[int(k), ...] = values[j, ...]
     return out
