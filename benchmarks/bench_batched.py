@@ -20,15 +20,16 @@ Columns
     iters        cycles (PyMGRIT's count; refbraid runs the same)
     per-step s   refbraid, per-step path (median wall time of the solve)
     batched s    refbraid, batched path
-    PyMGRIT s    PyMGRIT setup + solve
+    PyMGRIT s    PyMGRIT setup + solve (the median of its runs, each timed by CPU time here)
     ÷batched     PyMGRIT time ÷ batched time (the speedup; target ≥ 10)
     ÷per-step    PyMGRIT time ÷ per-step time
     b=p          batched and per-step histories bit-identical
     Δrel         max over iterations of |r_refbraid - r_PyMGRIT| / r_PyMGRIT (batched path)
     Δ/‖r₁‖       max |r_refbraid - r_PyMGRIT| ÷ PyMGRIT's first residual (the round-off floor)
 
-Timings are medians of ``--repeat`` runs after one warm-up (Numba compilation); ratios are
-formed within one run of this script. Single thread (OMP/OPENBLAS/NUMBA threads = 1).
+Timings are medians of ``--repeat`` runs after one warm-up (Numba compilation), in CPU
+seconds of this process (``time.process_time``); ratios are formed within one run of this
+script. Single thread (OMP/OPENBLAS/NUMBA threads = 1).
 """
 
 from __future__ import annotations
@@ -49,17 +50,21 @@ from refbraid.mgrit.pymgrit_twins import pymgrit_dahlquist, pymgrit_heat_1d, pym
 
 
 def median_time(fn, repeat: int):
+    """Median CPU seconds of this process over ``repeat`` runs (all three solvers run in this
+    one thread, so on an idle machine this is their wall time; on a shared one it leaves out
+    the waits for a core)."""
     times, out = [], None
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         out = fn()
-        times.append(time.perf_counter() - t0)
+        times.append(time.process_time() - t0)
     return statistics.median(times), out
 
 
 def row(kind: str, n: int, repeat: int, nx: int, tol: float) -> str:
     heat = {"nx": nx} if kind == "heat" else {}
     t_py, (conv, _) = median_time(lambda: pymgrit_solve(kind, n, 3, 4, tol, **heat), repeat)
+    # (pymgrit_solve's own wall-clock seconds are not used: CPU time for all three)
     problem = pymgrit_heat_1d(n, nx=nx) if kind == "heat" else pymgrit_dahlquist(n)
     per_step = dataclasses.replace(problem, batched_step=None)
     s = MGRITSettings(levels=3, cfactor=4, relax="FCF", fmg=True, max_iter=len(conv),

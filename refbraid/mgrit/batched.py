@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from .arrays import namespace
-from .relax import copy
+from .relax import copy, row_slice
 
 
 def f_sweeps(f_pos) -> list[np.ndarray]:
@@ -58,13 +58,17 @@ def f_sweeps(f_pos) -> list[np.ndarray]:
 def f_relax(u, g, points, sweeps: list[np.ndarray], step, inplace: bool = False):
     """F-relaxation with one batched call per sweep: ``u[F_j] = Φ(u[F_j - 1]) + g[F_j]``.
 
-    ``sweeps`` from :func:`f_sweeps`; ``step`` a :class:`~refbraid.mgrit.problem.CountingStep`.
+    ``sweeps`` from :func:`f_sweeps`; ``step`` a :class:`~refbraid.mgrit.problem.CountingStep`;
+    g None: zero forcing.
     Same values as :func:`refbraid.mgrit.relax.f_relax` (module docstring on round-off).
     """
     out = u if inplace else copy(u)
     for rows in sweeps:
         prev = rows - 1
-        out[rows, ...] = step.many(out[prev, ...], points[prev], points[rows]) + g[rows, ...]
+        # the rows of one sweep are evenly spaced: slices (views), no gathered copies
+        r, rp = row_slice(rows) or rows, row_slice(prev) or prev
+        val = step.many(out[rp, ...], points[prev], points[rows])
+        out[r, ...] = val if g is None else val + g[r, ...]
     return out
 
 

@@ -24,8 +24,10 @@ Shape legend: n points in the block, c C-points, S the state shape.
 
 from __future__ import annotations
 
+import numpy as np
+
 from .arrays import namespace
-from .relax import StepFn, copy, propagate_at, set_rows, take_rows
+from .relax import StepFn, copy, propagate_at, row_slice, set_rows, take_rows
 
 
 def restrict(u, c_pos):
@@ -53,7 +55,14 @@ def correct(u, c_pos, w, v, inplace: bool = False):
 
     Returns a corrected copy, or corrects ``u`` itself with ``inplace``."""
     out = u if inplace else copy(u)
-    return set_rows(out, c_pos, take_rows(out, c_pos) + (w - v), inplace=True)
+    rows = row_slice(c_pos) if isinstance(out, np.ndarray) else None
+    if rows is not None:
+        view = out[rows, ...]  # NumPy view of the C-rows: corrected in place
+        view += w - v
+        return out
+    for j, k in enumerate(c_pos):
+        out[int(k), ...] = out[int(k), ...] + (w[j, ...] - v[j, ...])
+    return out
 
 
 def inject_up(u, c_pos, w):

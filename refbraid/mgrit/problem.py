@@ -250,7 +250,11 @@ class CountingStep:
 def stacked(xp, value, n: int):
     """``n`` copies of ``value`` stacked along a new first axis: shape (n, *value.shape)."""
     value = xp.asarray(value)
-    return xp.asarray(xp.broadcast_to(value[None, ...], (n, *value.shape)), copy=True)
+    # a fresh C-ordered array (a copy of a broadcast view may keep the zero stride innermost,
+    # which makes every later row access slow)
+    out = xp.empty((n, *value.shape), dtype=value.dtype)
+    out[...] = value
+    return out
 
 
 def rhs_solver_order(problem: Problem):
