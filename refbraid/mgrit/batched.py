@@ -23,8 +23,10 @@ neighbour as before). Arrays must support integer-array indexing (NumPy, CuPy).
 
 Round-off: each row of a batched call is the step of that row, so the result is bit-identical
 to the per-point path whenever ``batched_step`` does the same floating-point operations per
-row (elementwise steps); a batched matrix product may sum in another order than the per-row
-product (BLAS gemm vs gemv): round-off (the tests say which per problem).
+row: elementwise steps, and matrix steps written as ``np.matmul(M, U[:, :, None])`` (NumPy's
+per-row matrix-vector kernel, as ``M @ u``). All the problems of refbraid.mgrit.problems and
+pymgrit_twins are (tests/mgrit/test_mgrit_batched.py). One GEMM ``U @ Mᵀ`` for all rows sums
+in another order: round-off, and results that change with the block split over ranks.
 
 Shape legend: n points in the block, S the state shape, k rows of one batched call.
 """
