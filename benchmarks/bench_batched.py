@@ -25,7 +25,8 @@ Columns
     ÷per-step    PyMGRIT time ÷ per-step time
     b=p          batched and per-step histories bit-identical
     Δrel         max over iterations of |r_refbraid - r_PyMGRIT| / r_PyMGRIT (batched path)
-    Δ/‖r₁‖       max |r_refbraid - r_PyMGRIT| ÷ PyMGRIT's first residual (the round-off floor)
+    max |Δ|      max |r_refbraid - r_PyMGRIT| (states are O(1): round-off is ~1e-15; the
+                 relative difference grows as the residual falls towards that floor)
 
 Timings are medians of ``--repeat`` runs after one warm-up (Numba compilation), in CPU
 seconds of this process (``time.process_time``); ratios are formed within one run of this
@@ -75,7 +76,7 @@ def row(kind: str, n: int, repeat: int, nx: int, tol: float) -> str:
     hist_b, hist_p = res_b.post_cycle_norms[1:], res_p.post_cycle_norms[1:]
     same = "yes" if np.array_equal(hist_b, hist_p) else "no"
     d_rel = float(np.max(np.abs(hist_b - conv) / conv))
-    d_abs = float(np.max(np.abs(hist_b - conv)) / conv[0])
+    d_abs = float(np.max(np.abs(hist_b - conv)))
     name = f"heat nx={nx}" if kind == "heat" else "Dahlquist"
     return (f"{name:<14} {n:>6} {len(conv):>5} {t_p:>10.3f} {t_b:>10.4f} {t_py:>10.3f} "
             f"{t_py / t_b:>9.1f} {t_py / t_p:>9.2f} {same:>4} {d_rel:>9.1e} {d_abs:>9.1e}")
@@ -94,7 +95,7 @@ def main(argv=None) -> None:
         args.sizes, args.heat_sizes, args.repeat = [256], [256], 1
     header = (f"{'problem':<14} {'N':>6} {'iters':>5} {'per-step s':>10} {'batched s':>10} "
               f"{'PyMGRIT s':>10} {'÷batched':>9} {'÷per-step':>9} {'b=p':>4} {'Δrel':>9} "
-              f"{'Δ/‖r₁‖':>9}")
+              f"{'max |Δ|':>9}")
     print(f"3 levels, cfactor 4, FCF, nested iteration, PyMGRIT tol {args.tol:g}; "
           f"median of {args.repeat}; load: {os.getloadavg()[0]:.2f}")
     print(header)
