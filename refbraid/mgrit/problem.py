@@ -262,7 +262,7 @@ def rhs_solver_order(problem: Problem):
     xp = namespace(problem.u0)
     u0 = xp.asarray(problem.u0)
     if problem.g is None:
-        g = stacked(xp, xp.zeros_like(u0), problem.n_steps + 1)
+        g = xp.zeros((problem.n_steps + 1, *u0.shape), dtype=u0.dtype)  # lazily zeroed pages
     else:
         g = xp.asarray(problem.g, dtype=u0.dtype, copy=True)
         if problem.direction == "backward":
