@@ -186,3 +186,27 @@ def test_residual_history_matches_pymgrit(kind):
         hist = solve(p, s).post_cycle_norms[1:]
         assert hist[-1] < 1e-10 <= hist[-2]  # PyMGRIT's stopping point
         np.testing.assert_allclose(hist, conv, rtol=1e-6, atol=1e-14)  # states are O(1)
+
+
+@pytest.mark.parametrize("batched_problem", [True, False], ids=["batched_step", "loop"])
+def test_batched_kernels_equal_the_per_point_kernels_on_a_later_block(batched_problem):
+    """A block that starts at s = 8 (ghost from the previous block) with a short last interval;
+    CountingStep.many loops over ``step`` when the problem has no batched_step."""
+    from refbraid.mgrit import batched, relax
+
+    problem = _linear("backward", 21)
+    problem = problem if batched_problem else per_step(problem)
+    points = np.arange(8, 22)  # block of 14 points; C-points every 4: positions 0, 4, 8, 12
+    c_pos, f_pos = np.arange(0, 14, 4), np.setdiff1d(np.arange(14), np.arange(0, 14, 4))
+    rng = np.random.default_rng(2)
+    u, g, ghost = rng.standard_normal((14, 3)), rng.standard_normal((14, 3)), rng.standard_normal(3)
+    one, many = CountingStep(problem), CountingStep(problem)
+    np.testing.assert_array_equal(
+        batched.f_relax(u, g, points, batched.f_sweeps(f_pos), many),
+        relax.f_relax(u, g, points, f_pos, one))
+    np.testing.assert_array_equal(
+        batched.propagate_at(u, g, points, c_pos, many, ghost, 7),
+        relax.propagate_at(u, g, points, c_pos, one, ghost, 7))
+    assert one.count == many.count == len(f_pos) + len(c_pos)
+    with pytest.raises(ValueError, match="needs a `ghost` value"):
+        batched.propagate_at(u, g, points, c_pos, many)
