@@ -112,16 +112,20 @@ def test_batched_on_thread_ranks_with_uneven_blocks(name, size, layout):
 def test_virtual_cluster_sees_every_batched_step(size):
     problem = _linear("backward", 67)
     s = MGRITSettings(levels=3, cfactor=4, relax="FCF", abs_tol=None, max_iter=2)
+    layout = Layout(67, (0, 16, 64)) if size == 3 else None  # uneven blocks
 
-    def body(comm):
-        return solve(problem, s, comm=comm).step_counts
+    def run(p):
+        def body(comm):
+            res = solve(p, s, comm=comm, layout=layout)
+            return res.step_counts, gather_solution(res, comm)
 
-    batched = simulate(body, size, costs=1e-3)
-    looped = simulate(lambda comm: solve(per_step(problem), s, comm=comm).step_counts, size,
-                      costs=1e-3)
+        return simulate(body, size, costs=1e-3)
+
+    batched, looped = run(problem), run(per_step(problem))
     assert batched.wall_time == pytest.approx(looped.wall_time, rel=1e-12)
     assert batched.trace.step_counts() == looped.trace.step_counts()
-    assert sum(sum(r) for r in batched.results) == len(batched.trace.of_kind("step"))
+    assert sum(sum(r[0]) for r in batched.results) == len(batched.trace.of_kind("step"))
+    np.testing.assert_array_equal(batched.results[0][1], looped.results[0][1])
 
 
 def test_trace_records_a_batched_call_as_one_box_per_interval():
