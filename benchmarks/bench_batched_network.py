@@ -13,8 +13,11 @@ times, per step application, on the NumPy backend:
              update on the whole stack.
 
 It prints µs per step application, the speedup and the largest difference between the two
-(0: bit-identical). CPU seconds of this process (``time.process_time``), medians of
-``--repeat``. The adoption decision is in the closing note of issue 10.
+(0: bit-identical). A second table times the whole MGRIT forward solve of a dense network
+and its adjoint solve (N = 512, TorchBraid's settings) with the layer-parallel propagators, per
+step and with a ``batched_step`` built here from the stacked weights ``steps.W[starts]`` (the
+route the propagators would take), for the batch sizes of ``--batches``. CPU seconds of this process
+(``time.process_time``), medians of ``--repeat``. The adoption decision: docs/batched.md.
 """
 
 from __future__ import annotations
@@ -29,8 +32,11 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
 
 import numpy as np
 
-from refbraid import get_backend
-from refbraid.layers import DenseStep
+from refbraid import Network, get_backend, init_params
+from refbraid.layer_parallel import LayerParallelSettings, adjoint_problem, forward_problem
+from refbraid.layers import Classifier, DenseLift, DenseStep
+from refbraid.mgrit import sequential_solve, solve
+from refbraid.network import group
 
 
 def median_time(fn, repeat: int) -> float:
@@ -44,7 +50,8 @@ def median_time(fn, repeat: int) -> float:
 
 
 def batched_forward(W, b, Y, h):
-    """Y (k,B,C), W (k,C,C), b (k,C): ``Z = Y Wᵀ + b``, ``Y + h tanh(Z)``; returns (Y_next, Z)."""
+    """Y (k,B,C), W (k,C,C), b (k,C), h a number or (k,1,1): ``Z = Y Wᵀ + b``,
+    ``Y + h tanh(Z)``; returns (Y_next, Z)."""
     Z = np.matmul(Y, np.swapaxes(W, 1, 2)) + b[:, None, :]
     return Y + h * np.tanh(Z), Z
 
@@ -87,12 +94,53 @@ def row(k: int, C: int, B: int, h: float, repeat: int, rng) -> str:
             f"{t_al * us:>12.2f} {t_ab * us:>11.2f} {t_al / t_ab:>7.2f} {d_a:>9.1e}")
 
 
+def solve_rows(n_layers: int, C: int, B: int, repeat: int) -> list[str]:
+    """MGRIT forward and adjoint solves of a dense network: per-step propagators (those of
+    refbraid.layer_parallel) against batched steps built here from the stacked weights."""
+    import dataclasses
+
+    bk = get_backend("numpy")
+    net = Network(DenseLift(2, C), DenseStep(C, "tanh"), Classifier((C,), 5), n_layers, 3.0)
+    params = init_params(net, 0)
+    steps = group(params, "steps")
+    W, b = steps["W"], steps["b"]
+    rng = np.random.default_rng(1)
+    y0, _ = net.opening.forward(group(params, "opening"), rng.standard_normal((B, 2)), bk)
+    fwd = forward_problem(net, steps, y0, bk)
+
+    def forward_batched(Y, starts, stops):  # Y (k,B,C): rows y + h_j tanh(y W_jᵀ + b_j)
+        h = ((stops - starts) * net.h)[:, None, None]
+        return batched_forward(W[starts], b[starts], Y, h)[0]
+
+    states = sequential_solve(fwd)  # (N + 1, B, C), fine order
+    adj = adjoint_problem(net, steps, states, rng.standard_normal((B, C)), bk)
+
+    def adjoint_batched(L, starts, stops):  # rows λ + (h_j σ'(z_j) ⊙ λ) W_j, z_j at y[stop_j]
+        h = ((starts - stops) * net.h)[:, None, None]
+        Z = np.matmul(states[stops], np.swapaxes(W[stops], 1, 2)) + b[stops][:, None, :]
+        return batched_adjoint(W[stops], Z, L, h)
+
+    rows = []
+    for name, problem, bstep, settings in (
+            ("forward", fwd, forward_batched, LayerParallelSettings().forward),
+            ("adjoint", adj, adjoint_batched, LayerParallelSettings().backward)):
+        batched = dataclasses.replace(problem, batched_step=bstep)
+        t_p = median_time(lambda p=problem, s=settings: solve(p, s), repeat)
+        t_b = median_time(lambda p=batched, s=settings: solve(p, s), repeat)
+        d = np.max(np.abs(solve(problem, settings).solution - solve(batched, settings).solution))
+        rows.append(f"{name:<8} {n_layers:>5} {B:>6} {1e3 * t_p:>12.2f} {1e3 * t_b:>11.2f} "
+                    f"{t_p / t_b:>7.2f} {d:>9.1e}")
+    return rows
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--width", type=int, default=32)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--k", type=int, nargs="+", default=[8, 32, 128, 512])
+    ap.add_argument("--batches", type=int, nargs="+", default=[8, 64])
+    ap.add_argument("--layers", type=int, default=512)
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     print(f"dense ODE step, width {args.width}, batch {args.batch}, tanh, float64, NumPy; CPU µs "
@@ -103,6 +151,14 @@ def main(argv=None) -> None:
     print("-" * len(head))
     for k in args.k:
         print(row(k, args.width, args.batch, 0.01, args.repeat, rng), flush=True)
+    print("\nMGRIT solves of the dense network (TorchBraid's settings), CPU ms")
+    head = (f"{'solve':<8} {'N':>5} {'batch':>6} {'per-step ms':>12} {'batched ms':>11} "
+            f"{'speedup':>7} {'max |Δ|':>9}")
+    print(head)
+    print("-" * len(head))
+    for B in args.batches:
+        for line in solve_rows(args.layers, args.width, B, args.repeat):
+            print(line, flush=True)
 
 
 if __name__ == "__main__":
