@@ -14,10 +14,11 @@ times, per step application, on the NumPy backend:
 
 It prints µs per step application, the speedup and the largest difference between the two
 (0: bit-identical). A second table times the whole MGRIT forward solve of a dense network
-and its adjoint solve (N = 512, TorchBraid's settings) with the layer-parallel propagators, per
-step and with a ``batched_step`` built here from the stacked weights ``steps.W[starts]`` (the
-route the propagators would take), for the batch sizes of ``--batches``. CPU seconds of this process
-(``time.process_time``), medians of ``--repeat``. The adoption decision: docs/batched.md.
+and its adjoint solve (N = 512, TorchBraid's settings) with the layer-parallel propagators,
+with their batched steps (``DenseStep.forward_batched`` / ``adjoint_batched``, what the
+gradient runs) and with ``batched_step`` removed, for the batch sizes of ``--batches``.
+CPU seconds of this process (``time.process_time``), medians of ``--repeat``. The adoption
+decision: docs/batched.md.
 """
 
 from __future__ import annotations
@@ -95,39 +96,28 @@ def row(k: int, C: int, B: int, h: float, repeat: int, rng) -> str:
 
 
 def solve_rows(n_layers: int, C: int, B: int, repeat: int) -> list[str]:
-    """MGRIT forward and adjoint solves of a dense network: per-step propagators (those of
-    refbraid.layer_parallel) against batched steps built here from the stacked weights."""
+    """MGRIT forward and adjoint solves of a dense network with the propagators of
+    refbraid.layer_parallel: their batched steps (as the gradient runs them) against the same
+    problems with ``batched_step`` removed (one call per interval)."""
     import dataclasses
 
     bk = get_backend("numpy")
     net = Network(DenseLift(2, C), DenseStep(C, "tanh"), Classifier((C,), 5), n_layers, 3.0)
     params = init_params(net, 0)
     steps = group(params, "steps")
-    W, b = steps["W"], steps["b"]
     rng = np.random.default_rng(1)
     y0, _ = net.opening.forward(group(params, "opening"), rng.standard_normal((B, 2)), bk)
     fwd = forward_problem(net, steps, y0, bk)
-
-    def forward_batched(Y, starts, stops):  # Y (k,B,C): rows y + h_j tanh(y W_jᵀ + b_j)
-        h = ((stops - starts) * net.h)[:, None, None]
-        return batched_forward(W[starts], b[starts], Y, h)[0]
-
     states = sequential_solve(fwd)  # (N + 1, B, C), fine order
     adj = adjoint_problem(net, steps, states, rng.standard_normal((B, C)), bk)
-
-    def adjoint_batched(L, starts, stops):  # rows λ + (h_j σ'(z_j) ⊙ λ) W_j, z_j at y[stop_j]
-        h = ((starts - stops) * net.h)[:, None, None]
-        Z = np.matmul(states[stops], np.swapaxes(W[stops], 1, 2)) + b[stops][:, None, :]
-        return batched_adjoint(W[stops], Z, L, h)
-
     rows = []
-    for name, problem, bstep, settings in (
-            ("forward", fwd, forward_batched, LayerParallelSettings().forward),
-            ("adjoint", adj, adjoint_batched, LayerParallelSettings().backward)):
-        batched = dataclasses.replace(problem, batched_step=bstep)
-        t_p = median_time(lambda p=problem, s=settings: solve(p, s), repeat)
+    for name, batched, settings in (("forward", fwd, LayerParallelSettings().forward),
+                                    ("adjoint", adj, LayerParallelSettings().backward)):
+        assert batched.batched_step is not None
+        per_step = dataclasses.replace(batched, batched_step=None)
+        t_p = median_time(lambda p=per_step, s=settings: solve(p, s), repeat)
         t_b = median_time(lambda p=batched, s=settings: solve(p, s), repeat)
-        d = np.max(np.abs(solve(problem, settings).solution - solve(batched, settings).solution))
+        d = np.max(np.abs(solve(per_step, settings).solution - solve(batched, settings).solution))
         rows.append(f"{name:<8} {n_layers:>5} {B:>6} {1e3 * t_p:>12.2f} {1e3 * t_b:>11.2f} "
                     f"{t_p / t_b:>7.2f} {d:>9.1e}")
     return rows
