@@ -16,11 +16,12 @@ from refbraid.layers import Classifier, DenseLift, DenseStep
 from refbraid.parallel import run_ranks
 
 
-def _case(n_layers=37, width=6, batch=5, act="tanh"):
+def _case(n_layers=37, width=6, batch=5, act="tanh", dtype=np.float64):
     net = Network(DenseLift(3, width), DenseStep(width, act), Classifier((width,), 4),
                   n_layers, 2.0)
     rng = np.random.default_rng(0)
-    return net, init_params(net, 0), rng.standard_normal((batch, 3)), rng.integers(0, 4, batch)
+    params = {k: v.astype(dtype) for k, v in init_params(net, 0).items()}
+    return net, params, rng.standard_normal((batch, 3)).astype(dtype), rng.integers(0, 4, batch)
 
 
 SETTINGS = [
@@ -30,9 +31,10 @@ SETTINGS = [
 
 
 @pytest.mark.parametrize("settings", SETTINGS, ids=["torchbraid", "L3-m2"])
-@pytest.mark.parametrize("act", ["tanh", "relu"])
-def test_batched_gradient_is_bit_identical_to_per_step(monkeypatch, settings, act):
-    net, params, x, y = _case(act=act)
+@pytest.mark.parametrize("act,dtype", [("tanh", np.float64), ("relu", np.float64),
+                                       ("tanh", np.float32)], ids=["tanh", "relu", "float32"])
+def test_batched_gradient_is_bit_identical_to_per_step(monkeypatch, settings, act, dtype):
+    net, params, x, y = _case(act=act, dtype=dtype)
     assert lp.batchable(net, lp.get_backend("numpy"))
     loss_b, g_b, info_b = layer_parallel_gradient(net, params, x, y, settings)
     monkeypatch.setattr(lp, "batchable", lambda net, bk: False)
@@ -43,6 +45,7 @@ def test_batched_gradient_is_bit_identical_to_per_step(monkeypatch, settings, ac
     np.testing.assert_array_equal(info_b.states, info_p.states)
     np.testing.assert_array_equal(info_b.adjoints, info_p.adjoints)
     assert info_b.stats() == info_p.stats()
+    assert all(g.dtype == dtype for g in g_b.values()) and info_b.states.dtype == dtype
 
 
 def test_batched_gradient_converges_to_backprop():

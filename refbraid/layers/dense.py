@@ -76,14 +76,16 @@ class DenseStep:
         returns (Y_next, Z). The same floating-point operations per row as :meth:`forward` on
         the NumPy backend (``np.matmul`` runs the 2-D product per row): bit-identical there."""
         xp = bk.xp
+        h = xp.asarray(h, dtype=Y.dtype)[:, None, None]  # as a Python float h is: Y's dtype
         Z = xp.matmul(Y, xp.swapaxes(params["W"], 1, 2)) + params["b"][:, None, :]  # k,B,C
-        return Y + h[:, None, None] * bk.activation(Z, self.activation), Z
+        return Y + h * bk.activation(Z, self.activation), Z
 
     def adjoint_batched(self, params, Y, Z, dY_next, h, bk, grads: bool = True):
         """:meth:`adjoint` of k steps at once: ``S = h σ'(Z) ⊙ dY_next``, ``dY = dY_next + S W``,
         with grads ``dW = Sᵀ Y``, ``db = Σ_B S`` per row. Returns (dY, dparams stacked or None)."""
         xp = bk.xp
-        S = h[:, None, None] * bk.activation_adjoint(Z, dY_next, self.activation)  # k,B,C
+        h = xp.asarray(h, dtype=dY_next.dtype)[:, None, None]
+        S = h * bk.activation_adjoint(Z, dY_next, self.activation)  # k,B,C
         dY = dY_next + xp.matmul(S, params["W"])
         if not grads:
             return dY, None
