@@ -280,7 +280,8 @@ def solve(
         grew = math.isfinite(records[-1].norm) and all_finite
         level = 0 if grew else _divergence_level(records, cycler)
         message = f"{_where(level, len(hierarchy), cycles)}: {message}"
-    fine = np.array([problem.to_fine(int(s)) for s in states[0].points], dtype=np.int64)
+    fine = np.array(states[0].points, dtype=np.int64)  # a writable copy (levels are read-only)
+    fine = fine if problem.direction == "forward" else problem.n_steps - fine
     solution = u0_block
     if problem.direction == "backward":
         solution, fine = xp.flip(solution, axis=0), fine[::-1].copy()
