@@ -213,6 +213,14 @@ class DasoGradient:
 
     # -- one step -------------------------------------------------------------------------
     def __call__(self, params: Params, x, labels) -> tuple[float, Params, dict[str, float]]:
+        """One step; ``stats`` adds k (``daso_every``) and this step's bytes per rank."""
+        before = dict(self.bytes_sent)
+        loss, grads, stats = self._step(params, x, labels)
+        for kind, total in self.bytes_sent.items():
+            stats[f"bytes_{kind}"] = total - before[kind]
+        return loss, grads, stats
+
+    def _step(self, params: Params, x, labels) -> tuple[float, Params, dict[str, float]]:
         b, self.batch = self.batch, self.batch + 1
         n_grad = float(sum(np.asarray(v).nbytes for v in params.values()))
         if self.phase != "cycling":
