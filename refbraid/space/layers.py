@@ -71,13 +71,15 @@ class SpatialConvStep:
         z = conv_rows(y_halo, params["W"], params["b"], bk)  # B,C,n_p,W
         return bk.euler_act(y, z, h, self.step.activation), (y_halo, z)
 
-    def adjoint(self, params, cache, dy_next, h: float, bk):
+    def adjoint(self, params, cache, dy_next, h: float, bk, grads: bool = True):
+        """(dy_p, this rank's partial {dW, db}, or None without ``grads``); the halo's
+        adjoint is always applied (it is collective over the space ranks)."""
         y_halo, z = cache
         h = check_step_size("h", h)
         check_adjoint("dy_next", dy_next, z.shape)
         s = h * bk.activation_adjoint(z, dy_next, self.step.activation)
         dy_halo, dW, db = conv_rows_adjoint(y_halo, params["W"], s, bk)
-        return dy_next + self.halo.adjoint(dy_halo), {"W": dW, "b": db}
+        return dy_next + self.halo.adjoint(dy_halo), ({"W": dW, "b": db} if grads else None)
 
 
 class SpatialConvLift:

@@ -104,6 +104,16 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend) -> tuple[str
     """
     from ..parallel.mpi import world_size
 
+    if config.space_parallel > 1:  # data × space × depth (refbraid/space/depth.py)
+        from ..space.depth import space_depth_gradient
+
+        if config.dp_groups > 1 or config.global_sync_every > 1:
+            raise CollectiveError("`--space-parallel` with DASO (`--dp-groups`, "
+                                  "`--global-sync-every`) is not built; use one or the other.")
+        settings = LayerParallelSettings.exact() if config.serial else \
+            layer_parallel_settings(config)
+        return "space-depth-mpi", space_depth_gradient(net, settings, bk, config.data_parallel,
+                                                       config.space_parallel)
     if config.dp_groups > 1 or config.global_sync_every > 1:  # DASO (training/daso.py)
         from .daso import DasoSchedule, daso_gradient
 
