@@ -167,6 +167,8 @@ def daso_step(compute_s: float, grad_bytes: float, p: int, cluster: Cluster, eve
     L = min(p, cluster.per_node)
     G = max(p // L, 1)
     local = ring_allreduce(grad_bytes, L, cluster.alpha_intra, cluster.beta_intra)
+    if G == 1:  # one node: DASO is plain data parallelism on its fast links
+        return compute_s + local
     bcast = 0.0 if L == 1 else cluster.alpha_intra + grad_bytes * cluster.beta_intra
     glob = ring_allreduce(grad_bytes, G, cluster.alpha_inter, cluster.beta_inter) + bcast
     return compute_s + local + max(0.0, glob - wait * compute_s) / every
@@ -176,7 +178,8 @@ def daso_bytes(grad_bytes: float, p: int, per_node: int, every: int) -> tuple[fl
     """(intra, inter) bytes per rank per step of DASO's cycling phase (ring model)."""
     L = min(p, per_node)
     G = max(p // L, 1)
-    intra = 2 * (L - 1) / L * grad_bytes + grad_bytes * (L - 1) / L / every
+    bcast = grad_bytes * (L - 1) / L / every if G > 1 else 0.0
+    intra = 2 * (L - 1) / L * grad_bytes + bcast
     inter = (2 * (G - 1) / G * grad_bytes / L) / every if G > 1 else 0.0
     return intra, inter
 
