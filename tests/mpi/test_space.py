@@ -170,3 +170,86 @@ def test_bad_splits_are_refused(world):
     net = build_network("conv", (1, 6, 4), 3, 2, 2, 1.0, "relu")
     with pytest.raises(ValueError, match="`split` must give 6 rows"):
         SpatialNetwork(net, world, RowSplit((world.size + 6,)))
+
+
+# ----------------------------------------------------------------------------- dense layers
+class _Wrap(LinearOperator):
+    """A split dense layer as a linear operator in its input (bias zero)."""
+
+    def __init__(self, comm, layer, params):
+        super().__init__(comm)
+        self.layer, self.params = layer, params
+
+    def forward(self, x):
+        z, self.cache = self.layer.forward(self.params, x)
+        return z
+
+    def adjoint(self, dz):
+        return self.layer.adjoint(self.params, self.cache, dz)[0]
+
+
+def _dense_params(world, k_out, k_in, seed):
+    rng = np.random.default_rng(seed)
+    return {"W": world.bcast(rng.standard_normal((k_out, k_in)), root=0),
+            "b": np.zeros(k_out)}
+
+
+@pytest.mark.parametrize("kind", ["row", "column"])
+def test_split_dense_adjoint_and_one_process(world, split, kind):
+    from refbraid.space import ColumnSplitDense, RowSplitDense
+
+    K = split.rows  # the split feature count
+    other = 3
+    if kind == "row":
+        params = _dense_params(world, K, other, 12)
+        layer = RowSplitDense(world, split, K)
+        x = np.random.default_rng(13).standard_normal((B, other)) if world.rank == 0 else None
+        dz = _rng(world, 14).standard_normal((B, split.counts[world.rank]))
+    else:
+        params = _dense_params(world, other, K, 12)
+        layer = ColumnSplitDense(world, split, K)
+        x = _rng(world, 13).standard_normal((B, split.counts[world.rank]))
+        dz = np.random.default_rng(14).standard_normal((B, other)) if world.rank == 0 else None
+    assert adjoint_mismatch(_Wrap(world, layer, params), x, dz) <= TOL
+    params["b"] = world.bcast(np.random.default_rng(15).standard_normal(params["b"].shape))
+    z, cache = layer.forward(params, x)
+    dx, g = layer.adjoint(params, cache, dz)
+    lo, hi = split.bounds(world.rank)
+    if kind == "row":
+        x_all, dz_all = world.bcast(x, root=0), np.concatenate(world.allgather(dz), axis=1)
+    else:
+        x_all, dz_all = np.concatenate(world.allgather(x), axis=1), world.bcast(dz, root=0)
+    z_full = x_all @ params["W"].T + params["b"]
+    dx_full, dW_full = dz_all @ params["W"], dz_all.T @ x_all
+    if kind == "row":
+        np.testing.assert_allclose(z, z_full[:, lo:hi], rtol=TOL, atol=TOL)
+        if world.rank == 0:
+            np.testing.assert_allclose(dx, dx_full, rtol=TOL, atol=TOL)
+    else:
+        if world.rank == 0:
+            np.testing.assert_allclose(z, z_full, rtol=TOL, atol=TOL)
+        np.testing.assert_allclose(dx, dx_full[:, lo:hi], rtol=TOL, atol=TOL)
+    np.testing.assert_allclose(sum(world.allgather(g["W"])), dW_full, rtol=TOL, atol=TOL)
+    np.testing.assert_allclose(sum(world.allgather(g["b"])), dz_all.sum(axis=0), rtol=TOL,
+                               atol=TOL)
+
+
+def test_split_network_gradient_against_finite_differences(world):
+    """Central differences of the split network's loss along a random direction (float64)."""
+    split = _splits(world.size)["uneven"]
+    net = build_network("conv", (1, split.rows, W), 3, 2, 2, 1.0, "tanh")
+    params = init_params(net, 0)
+    rng = np.random.default_rng(16)
+    x, labels = rng.standard_normal((3, 1, split.rows, W)), rng.integers(0, 3, 3)
+    spatial = SpatialNetwork(net, world, split)
+    xl = spatial.local_input(x)
+    _, grads = spatial.backprop(params, xl, labels)
+    v = {k: np.random.default_rng(17).standard_normal(p.shape) for k, p in params.items()}
+    eps = 1e-6
+
+    def loss_at(t):
+        return spatial.backprop({k: params[k] + t * v[k] for k in params}, xl, labels)[0]
+
+    fd = (loss_at(eps) - loss_at(-eps)) / (2 * eps)
+    exact = sum(float(np.vdot(grads[k], v[k])) for k in params)
+    assert abs(fd - exact) <= 1e-7 * max(1.0, abs(exact)), (fd, exact)
