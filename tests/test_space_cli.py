@@ -16,6 +16,7 @@ FLAGS = ["train", "--data", "digits", "--model", "conv", "--layers", "4", "--wid
 
 
 @pytest.mark.mpi
+@pytest.mark.slow  # an mpiexec launch and a one-process run: ~18 s loaded
 def test_space_parallel_training_equals_one_process(tmp_path):
     from refbraid.cli import main
 
@@ -30,9 +31,11 @@ def test_space_parallel_training_equals_one_process(tmp_path):
     assert b["val_acc"] == a["val_acc"]
 
 
-@pytest.mark.mpi
-def test_space_parallel_needs_the_conv_model(tmp_path):
-    run = run_mpi(2, ["-m", "refbraid", "train", "--space-parallel", "2", "--epochs", "1",
-                      "--out", str(tmp_path / "run")], timeout=TIMEOUT, cwd=ROOT)
-    assert run.returncode != 0 and "Traceback" not in run.output, run.output
-    assert run.output.count("needs the conv model") == 1, run.output
+def test_space_parallel_needs_the_conv_model(tmp_path, capsys):
+    from refbraid.cli import main
+
+    code = main(["train", "--space-parallel", "2", "--epochs", "1", "--out",
+                 str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err, err
+    assert err.count("needs the conv model") == 1, err
