@@ -74,6 +74,24 @@ def worker(spec: dict) -> None:
     world = MPI.COMM_WORLD
     P = world.Get_size()
     net, params, x, y = _problem(spec["quick"])
+    if P > 1:  # one halo exchange, forward + adjoint (4 messages), on this world
+        from refbraid.parallel.mpi import MPIComm
+        from refbraid.space import RowSplit, SpatialHalo
+
+        comm = MPIComm.world()
+        halo = SpatialHalo(comm)
+        rows = RowSplit.even(net.step.height, P).counts[comm.rank]
+        block = np.ones((x.shape[0], net.step.channels, rows, net.step.width))
+        cot = np.ones((x.shape[0], net.step.channels, rows + 2, net.step.width))
+        times = []
+        for _ in range(30):
+            world.Barrier()
+            t0 = time.perf_counter()
+            halo.forward(block)
+            halo.adjoint(cot)
+            times.append(world.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+        if world.Get_rank() == 0:
+            print(TAG + json.dumps({"halo_P": P, "s": statistics.median(times)}), flush=True)
     for d, s, q in [t for t in SPLITS if t[0] * t[1] * t[2] == P]:
         try:
             grad = space_depth_gradient(net, _settings(q), data_parallel=d, space_parallel=s)
@@ -129,9 +147,13 @@ def measured_table(args, net, m, row_bytes) -> list[str]:
 
     spec = {"quick": args.quick, "repeat": args.repeat}
     got = {}
+    halos = {}
     for n in (1, 2, 4):
         for r in _launch(n, spec):
-            got[tuple(r["split"])] = r["s"]
+            if "halo_P" in r:
+                halos[r["halo_P"]] = r["s"]
+            else:
+                got[tuple(r["split"])] = r["s"]
     serial = got[(1, 1, 1)]
     lines = [f"{'split':>9} {'P':>2} {'measured ms':>12} {'× serial':>9} {'predicted ms':>13} "
              f"{'KB/rank':>8}"]
@@ -145,6 +167,11 @@ def measured_table(args, net, m, row_bytes) -> list[str]:
         t = got[(d, s, q)]
         lines.append(f"{_name(d, s, q):>9} {d * s * q:2d} {1e3 * t:12.1f} {serial / t:9.2f} "
                      f"{pms:>13} {kb:>8}")
+    model = 4 * (m.alpha + row_bytes * m.beta)
+    for n, t in sorted(halos.items()):
+        lines.append(f"one halo exchange (forward + adjoint, 4 messages of {row_bytes / 1e3:.1f}"
+                     f" KB) on {n} ranks: {1e6 * t:.0f} µs measured, {1e6 * model:.0f} µs model"
+                     f" 4(α + r·β); per training step ×{net.n_layers}")
     return lines
 
 

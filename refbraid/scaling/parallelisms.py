@@ -6,11 +6,13 @@ Built on :func:`refbraid.scaling.predict.calibrate_network` (a :class:`Machine`:
 times per batch, per-level step costs, α, β, the virtual cluster for MGRIT schedules)::
 
     data      T_D   = serial(B/D) + ring(n_θ, D)
-    space     T_S   = serial(B)/S + 4N·(α + r·β) + ring(n_θ, S)
+    space     T_S   = serial(B)/S · g_S + 4N·(α + r·β) + ring(n_θ, S)
                       (a halo row of r = B·C·W·8 bytes from each neighbour per step, forward
-                      and adjoint; the partial weight gradients summed over S)
+                      and adjoint; the partial weight gradients summed over S;
+                      g_S = (H/S + 2)/(H/S): the convolution of a haloed block computes its
+                      two ghost rows' outputs too, refbraid/space/layers.py: conv_rows)
     depth     T_Q   = virtual MGRIT schedule on Q ranks + extra    (predict.py's LP(Q))
-    D × S × Q       = the virtual schedule on Q ranks with step costs · s_D / S, plus two halo
+    D × S × Q       = the virtual schedule on Q ranks with step costs · s_D·g_S / S, plus two halo
                       messages per step application (r·s_D bytes), states of n_y·s_D/S bytes,
                       extra·s_D/S, and ring(n_θ/Q, D·S) (each layer block's gradient summed
                       over its D·S peers); s_D = serial(B/D)/serial(B)
@@ -72,7 +74,12 @@ def _batch_scale(m: Machine, d: int) -> float | None:
     return m.serial.get(b, full * b / m.batch) / full
 
 
-def _depth(m: Machine, q: int, s: int, scale: float, row_bytes: float):
+def ghost_factor(rows: int, s: int) -> float:
+    """g_S = (H/S + 2)/(H/S): rows convolved per owned row on S space ranks (1 for S = 1)."""
+    return 1.0 if s == 1 else (rows / s + 2) / (rows / s)
+
+
+def _depth(m: Machine, q: int, s: int, scale: float, row_bytes: float, rows: int):
     """(seconds, bytes per rank) of the MGRIT gradient on q layer ranks, each step split over s
     space ranks (halo: two messages per step application), at batch scale ``scale``."""
     try:
@@ -81,8 +88,9 @@ def _depth(m: Machine, q: int, s: int, scale: float, row_bytes: float):
         return None
     halo = 0.0 if s == 1 else 2 * (m.alpha + row_bytes * scale * m.beta)
     back = m.costs.backward or m.costs.forward
-    costs = StepCosts(forward=tuple(c * scale / s + halo for c in m.costs.forward),
-                      backward=tuple(c * scale / s + halo for c in back))
+    g = ghost_factor(rows, s) / s
+    costs = StepCosts(forward=tuple(c * scale * g + halo for c in m.costs.forward),
+                      backward=tuple(c * scale * g + halo for c in back))
     run = simulate_gradient_schedule(m.n_layers, int(m.state_bytes * scale / s), q,
                                      m.settings, costs, m.alpha, m.beta, m.iterations)
     sent = sum(e.nbytes for e in run.trace if e.kind == SEND) / q
@@ -99,13 +107,13 @@ def predict_split(m: Machine, d: int, s: int, q: int, rows: int, row_bytes: floa
         return None
     n = m.grad_bytes
     if q == 1:
-        compute = m.serial[max(m.serial)] * scale / s
+        compute = m.serial[max(m.serial)] * scale / s * ghost_factor(rows, s)
         halo_msgs = 0 if s == 1 else 4 * m.n_layers
         t = compute + halo_msgs * (m.alpha + row_bytes * scale * m.beta)
         t += ring_allreduce(n, d * s, m.alpha, m.beta)
         nbytes = halo_msgs * row_bytes * scale + 2 * (d * s - 1) / (d * s) * n
         return Split(d, s, q, t, nbytes)
-    got = _depth(m, q, s, scale, row_bytes)
+    got = _depth(m, q, s, scale, row_bytes, rows)
     if got is None:
         return None
     t, nbytes = got
