@@ -61,7 +61,7 @@ from refbraid.parallel.ops import adjoint_mismatch, relative_error
 from refbraid.layer_parallel import LayerParallelSettings, layer_parallel_gradient
 from refbraid.network import backprop, init_params
 from refbraid.space import RowSplit, SpatialHalo, SpatialNetwork
-from refbraid.space.depth import space_depth_gradient
+from refbraid.training.space_depth import space_depth_gradient
 from refbraid.training.models import build_network
 
 world = MPIComm.world()

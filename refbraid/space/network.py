@@ -17,7 +17,6 @@ from ..backends import Backend, get_backend
 from ..layers.conv import ConvLift, ConvStep
 from ..network import Network, Params, group, layer_params
 from ..parallel.mpi import sum_to_all
-from ..training.distributed import _pack, _unpack
 from .halo import RowSplit
 from .layers import SpatialClassifier, SpatialConvLift, SpatialConvStep
 
@@ -79,4 +78,9 @@ class SpatialNetwork:
         _, dopen = self.opening.adjoint(group(params, "opening"), open_cache, lam, bk)
         grads.update({f"opening.{k}": v for k, v in dopen.items()})
         grads = {k: grads[k] for k in params}  # the parameters' order
-        return loss, _unpack(sum_to_all(self.comm.mpi, _pack(grads)), grads)
+        flat = sum_to_all(self.comm.mpi, np.concatenate([np.ravel(v) for v in grads.values()]))
+        out, o = {}, 0
+        for k, v in grads.items():  # one message for all partial gradients, then unpacked
+            out[k] = flat[o : o + v.size].reshape(v.shape)
+            o += v.size
+        return loss, out

@@ -104,8 +104,8 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend) -> tuple[str
     """
     from ..parallel.mpi import world_size
 
-    if config.space_parallel > 1:  # data × space × depth (refbraid/space/depth.py)
-        from ..space.depth import space_depth_gradient
+    if config.space_parallel > 1:  # data × space × depth (refbraid/training/space_depth.py)
+        from .space_depth import space_depth_gradient
 
         if config.dp_groups > 1 or config.global_sync_every > 1:
             raise CollectiveError("`--space-parallel` with DASO (`--dp-groups`, "

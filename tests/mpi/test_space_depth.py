@@ -1,4 +1,5 @@
-"""Data × space × depth (refbraid/space/depth.py) against one process, every split that divides.
+"""Data × space × depth (refbraid/training/space_depth.py) against one process, every split
+that divides.
 
 For the world size this runs under (1..4) and every D, S with D·S | P (Q = P/(D·S) layer
 ranks): the loss and gradient equal the single-process layer-parallel gradient with the same
@@ -11,8 +12,8 @@ import pytest
 from refbraid.errors import CollectiveError
 from refbraid.layer_parallel import LayerParallelSettings, layer_parallel_gradient
 from refbraid.network import backprop, init_params
-from refbraid.space.depth import space_depth_gradient
 from refbraid.training.models import build_network
+from refbraid.training.space_depth import space_depth_gradient
 
 TOL = 1e-12
 SETTINGS = {"exact": LayerParallelSettings.exact(),

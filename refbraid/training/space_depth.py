@@ -14,7 +14,9 @@ whole world, so every rank stops together), only the step is the split one. Open
 classifier on q = Q−1 (its logits on s = 0 by a SumReduce, λ[N] back by a Broadcast). Every
 rank returns partial gradients; one sum over the world (replicated mode,
 :meth:`DistributedGradient.__call__`) gives the full gradient on every rank. Results are those
-of one process to round-off (tests/mpi/test_space_depth.py).
+of one process to round-off (tests/mpi/test_space_depth.py). The split layers live in
+:mod:`refbraid.space` (which knows nothing of training); this module glues them into the
+layer-parallel gradient.
 
 Shape legend: N layers, B batch, x_p (B_g, C_in, n_s, W) the rows of space rank s.
 """
@@ -31,10 +33,9 @@ from ..layers.conv import ConvLift, ConvStep
 from ..mgrit import Problem, solve
 from ..network import Network, check_batch, group
 from ..parallel.mpi import MPIComm, Topology, mpi_module
-from ..training.distributed import DistributedGradient, shard_sizes
-from ..training.ownership import Rows
-from .halo import RowSplit
-from .layers import SpatialClassifier, SpatialConvLift, SpatialConvStep
+from ..space import RowSplit, SpatialClassifier, SpatialConvLift, SpatialConvStep
+from .distributed import DistributedGradient, shard_sizes
+from .ownership import Rows
 
 
 @dataclass(frozen=True, eq=False)
