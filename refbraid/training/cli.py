@@ -105,6 +105,12 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
                    help="sequential backprop (layer by layer) instead of layer-parallel MGRIT")
     _add(g, "data_parallel", int, "under mpiexec -n P: D data-parallel groups of P/D "
          "layer-parallel ranks (D must divide P)", metavar="D")
+    _add(g, "dp_groups", int, "DASO: the data-parallel ranks form G nodes that sum gradients "
+         "every step (G must divide the ranks)", metavar="G")
+    _add(g, "global_sync_every", int, "DASO: nodes average parameters every K batches at most "
+         "(adapted on loss plateaus; 1: plain data parallelism)", metavar="K")
+    _add(g, "space_parallel", int, "under mpiexec -n P: S ranks split every feature map by "
+         "rows (conv model; layer ranks are P/(D·S))", metavar="S")
     g = p.add_argument_group("layer-parallel MGRIT (defaults: TorchBraid's examples)")
     _add(g, "levels", int, "MGRIT levels (1: exact sequential solves)", metavar="L")
     _add(g, "cfactor", int, "coarsening factor", metavar="M")

@@ -174,6 +174,9 @@ class TrainConfig:
     check_gradient_every: int = 0  # steps between comparisons with sequential backprop
     data_parallel: int = 1  # under mpiexec -n P: D groups of P/D layer-parallel ranks
     spatial_levels: str | None = None  # e.g. "1,2": coarse levels on half-size feature maps
+    dp_groups: int = 1  # DASO: the D data-parallel ranks form G nodes (training/daso.py)
+    global_sync_every: int = 1  # DASO: nodes average parameters every k batches (1: plain DP)
+    space_parallel: int = 1  # S ranks split every feature map by rows (conv; refbraid/space)
 
     def __post_init__(self):
         _choice("model", self.model, tuple(MODELS))
@@ -188,7 +191,7 @@ class TrainConfig:
         _choice("dtype", self.dtype, DTYPES)
         _choice("cycle", self.cycle, ("V", "F"))
         for name in ("layers", "width", "epochs", "batch_size", "levels", "cfactor",
-                     "data_parallel"):
+                     "data_parallel", "dp_groups", "global_sync_every", "space_parallel"):
             _positive_int(self, name)
         for name in ("checkpoint_every", "seed", "fwd_iters", "bwd_iters",
                      "check_gradient_every"):

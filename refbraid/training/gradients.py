@@ -111,6 +111,30 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend) -> tuple[str
     """
     from ..parallel.mpi import world_size
 
+    if config.space_parallel > 1:  # data × space × depth (refbraid/training/space_depth.py)
+        from .space_depth import space_depth_gradient
+
+        if config.dp_groups > 1 or config.global_sync_every > 1:
+            raise CollectiveError("`--space-parallel` with DASO (`--dp-groups`, "
+                                  "`--global-sync-every`) is not built; use one or the other.")
+        settings = LayerParallelSettings.exact() if config.serial else \
+            layer_parallel_settings(config)
+        return "space-depth-mpi", space_depth_gradient(net, settings, bk, config.data_parallel,
+                                                       config.space_parallel)
+    if config.dp_groups > 1 or config.global_sync_every > 1:  # DASO (training/daso.py)
+        from .daso import DasoSchedule, daso_gradient
+
+        if config.data_parallel != world_size():
+            raise CollectiveError(f"`--dp-groups`/`--global-sync-every` (DASO) need every rank "
+                                  f"to be a data-parallel rank: run mpiexec -n "
+                                  f"{config.data_parallel} with `--data-parallel "
+                                  f"{config.data_parallel}`, or `--data-parallel "
+                                  f"{world_size()}`.")
+        settings = LayerParallelSettings.exact() if config.serial else \
+            layer_parallel_settings(config)
+        schedule = DasoSchedule(groups=config.dp_groups,
+                                max_global_skips=config.global_sync_every)
+        return "daso-mpi", daso_gradient(net, schedule, config.epochs, settings, bk)
     if config.data_parallel > 1 or world_size() > 1:  # under mpiexec: ranks share the work
         from .distributed import distributed_gradient
         from .sharded import ShardedGradient
