@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from .backends import Backend, get_backend
+from .backends.host import host_float
 from .mgrit import MGRITResult, MGRITSettings, Problem, solve
 from .network import Network, Params, check_inputs, group, layer_params
 
@@ -107,7 +108,7 @@ class AdjointPropagator:
     def step(self, lam, start: int, stop: int):
         theta = layer_params(self.steps, stop)
         hc = (start - stop) * self.net.h
-        _, cache = self.net.step.forward(theta, self.states[stop], hc, self.bk)
+        _, cache = self.net.step.forward(theta, self.states[stop, ...], hc, self.bk)
         lam_prev, _ = self.net.step.adjoint(theta, cache, lam, hc, self.bk, grads=False)
         return lam_prev
 
@@ -158,7 +159,7 @@ class CapturingAdjoint(AdjointPropagator):
         theta = layer_params(self.steps, stop)
         cache = self.caches.get(stop)
         if cache is None:  # a step that started on another rank (MPI): recompute its cache
-            _, cache = self.net.step.forward(theta, self.states[stop], self.net.h, self.bk)
+            _, cache = self.net.step.forward(theta, self.states[stop, ...], self.net.h, self.bk)
             self.counts["recomputed"] += 1
         else:
             self.counts["cache_hits"] += 1
@@ -220,7 +221,7 @@ def captured_gradient(adjoint: CapturingAdjoint, steps: dict[str, Any], layers) 
     dsteps = {k: adjoint.bk.xp.zeros_like(v) for k, v in steps.items()}
     for a in layers:
         for k, v in adjoint.grads[int(a)].items():
-            dsteps[k][int(a)] = v
+            dsteps[k][int(a), ...] = v
     return dsteps
 
 
@@ -245,7 +246,7 @@ def _mgrit_forward(net: Network, params: Params, x, settings: MGRITSettings, bk:
     y0, open_cache = net.opening.forward(group(params, "opening"), x, bk)
     prop = propagator or ForwardPropagator(net, group(params, "steps"), bk)
     fwd = solve(Problem(step=prop, u0=y0, n_steps=net.n_layers), settings)
-    logits, close_cache = net.closing.forward(group(params, "closing"), fwd.solution[-1], bk)
+    logits, close_cache = net.closing.forward(group(params, "closing"), fwd.solution[-1, ...], bk)
     return logits, fwd, (open_cache, close_cache)
 
 
@@ -279,12 +280,12 @@ def layer_parallel_gradient(
     bwd = solve(Problem(adjoint, lam_N, net.n_layers, direction="backward"), settings.backward)
     adjoints = bwd.solution  # (N + 1, *S), fine order
     dsteps = captured_gradient(adjoint, steps, range(net.n_layers))
-    _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, adjoints[0], bk)
+    _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, adjoints[0, ...], bk)
     grads = {f"opening.{k}": v for k, v in dopen.items()}
     grads.update({f"steps.{k}": v for k, v in dsteps.items()})
     grads.update({f"closing.{k}": v for k, v in dclose.items()})
     info = LayerParallelInfo(fwd, bwd, states, adjoints, logits)
-    return float(loss), {k: grads[k] for k in params}, info
+    return host_float(loss), {k: grads[k] for k in params}, info
 
 
 def relative_gradient_error(grads: Params, reference: Params, bk: Backend | str = "numpy") -> float:
