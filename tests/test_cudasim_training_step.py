@@ -29,9 +29,7 @@ from refbraid.training.models import build_network
 from refbraid.training.optim import make_optimizer
 from refbraid.training.trainer import TrainState, train_epoch
 
-if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") in ("", "0"):
-    pytest.skip("these sizes are for the simulator; on a GPU run `pytest -m gpu`",
-                allow_module_level=True)
+SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 
 SETTINGS = LayerParallelSettings.with_iterations(1, 1, levels=2, cfactor=2, min_coarse=1)
 BATCH = 4
@@ -102,6 +100,8 @@ def _step(net, params, x, labels, bk):
     return loss, state.params, stats[0]
 
 
+@pytest.mark.skipif(not SIMULATED, reason="counts the simulator's copies; on a GPU the same "
+                    "steps run in tests/test_gpu.py (pytest -m gpu)")
 @pytest.mark.parametrize("name", ["dense", "conv", "transformer", "gru"])
 def test_one_layer_parallel_training_step_on_the_simulator_equals_numpy(name, monkeypatch):
     net, params, x, labels = _model(name, np.random.default_rng(0))
