@@ -196,7 +196,8 @@ def main(argv=None) -> None:
         backends = [b for b in ("cuda", "cupy") if b in here and not (b == "cuda" and simulated())]
         if not backends:
             sys.exit("no GPU backend here (cuda needs a GPU and NUMBA_ENABLE_CUDASIM=0, cupy "
-                     "needs CuPy >= 14); use --simulator to check the script without one")
+                     "needs a CuPy with the array API functions); use --simulator to check "
+                     "the script without one")
     dtypes = [np.float64, np.float32] if args.dtype == "both" else [np.dtype(args.dtype).type]
     print(f"backends: {', '.join(backends)}; ratios against {backends[0]} in the same run; "
           f"median of {args.repeats} after {args.warmup} warm-up runs")

@@ -153,7 +153,7 @@ def require_usable(name: str) -> None:
             "NUMBA_ENABLE_CUDASIM=1 to run the same CUDA kernels in Numba's simulator (slow: "
             "for testing), or use `--backend numba` for fast CPU kernels.")
     raise ValueError(
-        "`--backend cupy` needs an NVIDIA GPU and CuPy >= 14 (pip install cupy-cuda12x or "
+        "`--backend cupy` needs an NVIDIA GPU and CuPy (pip install cupy-cuda12x or "
         "'refbraid[gpu]'), and none is usable here; use `--backend numba` on a CPU, or "
         "`--backend cuda` with NUMBA_ENABLE_CUDASIM=1 to test GPU kernels in a simulator.")
 

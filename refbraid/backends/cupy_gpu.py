@@ -7,8 +7,8 @@ cuBLAS/cuTENSOR, and exact GELU uses ``cupyx.scipy.special.erf``. Nothing is ove
 (``OVERRIDES = ()``): this backend *is* the tested reference code on another array type.
 
 The reference kernels use the array API standard's functions (``permute_dims``, ``concat``,
-``astype``, ``take``), which CuPy's main namespace has from CuPy 14 (its NumPy 2 API);
-:func:`is_usable` says no to an older CuPy.
+``astype``, ``take``), which CuPy's main namespace has since it mirrors the NumPy 2 API;
+:func:`is_usable` says no to a CuPy without them.
 
 ``xp`` is the ``cupy`` module, imported on first use so that importing this module (for
 :func:`is_usable`) never fails on a machine without CuPy or without a GPU; asking for
@@ -46,7 +46,7 @@ def is_usable() -> bool:
         if not cupy.cuda.is_available():
             return False
         if not all(hasattr(cupy, f) for f in ("permute_dims", "concat", "astype")):
-            return False  # CuPy < 14: no array API functions in the main namespace
+            return False  # an older CuPy: no array API functions in the main namespace
         import cupyx.scipy.special
 
         a = cupy.arange(4, dtype=cupy.float64)
