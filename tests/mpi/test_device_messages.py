@@ -86,3 +86,18 @@ def test_mgrit_on_device_arrays_across_ranks_equals_the_serial_numpy_solve(devic
     np.testing.assert_allclose(res.norms, serial.norms, rtol=1e-12, atol=1e-300)
     if device_world.rank == 0:
         np.testing.assert_allclose(to_host(full), serial.solution, rtol=1e-13, atol=1e-15)
+
+
+def test_alltoall_scatter_and_allgather_stage_device_arrays(device_world):
+    w = device_world
+    with forbid_host_conversions():
+        got = w.alltoall([BK.asarray(_value(10 * w.rank + q)) for q in range(w.size)])
+        part = w.scatter([BK.asarray(_value(q)) for q in range(w.size)] if w.rank == 0
+                         else None, root=0)
+        every = w.allgather(BK.asarray(_value(w.rank)))
+    for q, a in enumerate(got):
+        np.testing.assert_array_equal(to_host(a), _value(10 * q + w.rank))
+    np.testing.assert_array_equal(to_host(part), _value(w.rank))
+    for q, a in enumerate(every):
+        assert a.device == DEVICE
+        np.testing.assert_array_equal(to_host(a), _value(q))
