@@ -16,9 +16,10 @@ CATALOG = catalog()
 NETWORKS = default_networks()
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("name,layer", CATALOG, ids=[n for n, _ in CATALOG])
-def test_layer_forward_and_adjoint_on_the_strict_device(strict, name, layer):
-    results = check_entry(name, layer, strict, np.float64)
+def test_layer_forward_and_adjoint_on_the_strict_device(strict, name, layer, dtype):
+    results = check_entry(name, layer, strict, dtype)
     assert results and any(r.check.startswith("numpy:") for r in results)
     failed = [str(r) for r in results if not r.passed]
     assert not failed, "\n".join(failed)
