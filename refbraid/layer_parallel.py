@@ -39,7 +39,7 @@ import numpy as np
 from .backends import Backend, get_backend
 from .backends.host import host_float
 from .mgrit import MGRITResult, MGRITSettings, Problem, solve
-from .network import Network, Params, check_inputs, group, layer_params
+from .network import Network, Params, check_inputs, group, layer_params, row, set_row
 
 
 def _default_forward() -> MGRITSettings:
@@ -108,7 +108,7 @@ class AdjointPropagator:
     def step(self, lam, start: int, stop: int):
         theta = layer_params(self.steps, stop)
         hc = (start - stop) * self.net.h
-        _, cache = self.net.step.forward(theta, self.states[stop, ...], hc, self.bk)
+        _, cache = self.net.step.forward(theta, row(self.states, stop), hc, self.bk)
         lam_prev, _ = self.net.step.adjoint(theta, cache, lam, hc, self.bk, grads=False)
         return lam_prev
 
@@ -159,7 +159,7 @@ class CapturingAdjoint(AdjointPropagator):
         theta = layer_params(self.steps, stop)
         cache = self.caches.get(stop)
         if cache is None:  # a step that started on another rank (MPI): recompute its cache
-            _, cache = self.net.step.forward(theta, self.states[stop, ...], self.net.h, self.bk)
+            _, cache = self.net.step.forward(theta, row(self.states, stop), self.net.h, self.bk)
             self.counts["recomputed"] += 1
         else:
             self.counts["cache_hits"] += 1
@@ -221,7 +221,7 @@ def captured_gradient(adjoint: CapturingAdjoint, steps: dict[str, Any], layers) 
     dsteps = {k: adjoint.bk.xp.zeros_like(v) for k, v in steps.items()}
     for a in layers:
         for k, v in adjoint.grads[int(a)].items():
-            dsteps[k][int(a), ...] = v
+            set_row(dsteps[k], int(a), v)
     return dsteps
 
 

@@ -100,9 +100,23 @@ def group(params: Params, prefix: str) -> dict[str, Any]:
     return {k[len(head) :]: v for k, v in params.items() if k.startswith(head)}
 
 
+def row(a, n: int):
+    """Row ``n`` of a stacked array (``a[n, ...]``: the array API has no NumPy-style partial
+    index ``a[n]``), or entry ``n`` of a dict of rows (MPI shards, the virtual cluster)."""
+    return a[n] if isinstance(a, Mapping) else a[n, ...]
+
+
+def set_row(a, n: int, value) -> None:
+    """``a[n, ...] = value`` for a stacked array, ``a[n] = value`` for a dict of rows."""
+    if isinstance(a, Mapping):
+        a[n] = value
+    else:
+        a[n, ...] = value
+
+
 def layer_params(steps: dict[str, Any], n: int) -> dict[str, Any]:
     """Layer n's weights as views into the stacked step parameters."""
-    return {k: v[n, ...] for k, v in steps.items()}
+    return {k: row(v, n) for k, v in steps.items()}
 
 
 def to_backend(params: Params, bk: Backend | str) -> Params:

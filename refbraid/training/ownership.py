@@ -139,26 +139,12 @@ def _span(a: np.ndarray) -> str:
     return f"{int(a[0])}..{int(a[-1])}" if len(a) else "-"
 
 
-def _row_key(key):
-    """``n`` for the array-style row index ``(n, ...)`` (``a[n, ...]``, as the array API
-    spells a row of a stacked array), so Rows stand in for stacked arrays; else ``key``."""
-    if isinstance(key, tuple) and len(key) == 2 and key[1] is Ellipsis:
-        return key[0]
-    return key
-
-
 class Rows(dict):
     """``{global row index: array}``; a missing row names the rank and what it holds."""
 
     def __init__(self, name: str, rank: int, rows: dict[int, Any]):
         super().__init__(rows)
         self.name, self.rank = name, rank
-
-    def __getitem__(self, key):
-        return super().__getitem__(_row_key(key))
-
-    def __setitem__(self, key, value):
-        super().__setitem__(_row_key(key), value)
 
     def __missing__(self, key):
         raise KeyError(f"rank {self.rank} holds no row {key!r} of {self.name} "
