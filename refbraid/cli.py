@@ -1,4 +1,4 @@
-"""Command line: ``refbraid train | scale | verify``.
+"""Command line: ``refbraid train | scale | verify | compare``.
 
 Each sub-command lives with the code it drives and registers itself here through an
 ``add_parser(subparsers)`` function that sets ``func`` (called with the parsed namespace and
@@ -78,6 +78,7 @@ def debug_requested(args: argparse.Namespace | None = None) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import verify
+    from .interop import cli as compare_cli
     from .scaling import cli as scale_cli
     from .training import cli as train_cli
 
@@ -96,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     train_cli.add_parser(sub)
     scale_cli.add_parser(sub)
     verify.add_parser(sub)
+    compare_cli.add_parser(sub)
     for command in sub.choices.values():  # `refbraid train --debug` works as well
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                              help=debug_help)

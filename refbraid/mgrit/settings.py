@@ -87,6 +87,16 @@ class MGRITSettings:
     keep_residuals  store the C-point residual vectors (norms are always stored)
     on_divergence   'raise' (MGRITDiverged) or 'flag' (result.status == 'diverged')
     max_growth      divergence when ‖r‖ > max_growth·‖r_first‖ (or ‖r‖ is NaN/inf)
+    final_fc_relax  XBraid's final FC relaxation (TorchBraid's convention): after the last
+                    measurement every fine C-point is overwritten, ``u[c] ← Φ(u[c-1]) + g[c]``
+                    (= ``u[c] + r[c]``, no extra step), so the returned C-points are those of
+                    a final F- then C-relaxation instead of the coarse-corrected ones
+
+    ``final_fc_relax`` is off by default: the returned iterate is then the one whose residual
+    is the last reported norm (record.py), and refbraid's results do not change; TorchBraid
+    switches it on for every adjoint solve (and for the forward one with
+    ``setFwdFinalFCRelax``), see docs/xbraid_mapping.md. Its C-points are no closer to the
+    exact solution in general, only different: the gradient then matches TorchBraid's.
 
     ``skip_first_down`` and ``fmg`` only build the initial iterate of a cold start; a warm start
     (``u_init``) is used as given. Their cost is counted; ``max_iter`` counts the cycles after.
@@ -107,6 +117,7 @@ class MGRITSettings:
     keep_residuals: bool = True
     on_divergence: str = "raise"
     max_growth: float = 1e8
+    final_fc_relax: bool = False
 
     def __post_init__(self):
         if not _is_int(self.levels) or self.levels < 1:
@@ -127,7 +138,8 @@ class MGRITSettings:
         _check_tol("rel_tol", self.rel_tol)
         if self.cycle not in CYCLES:
             raise ValueError(f"`cycle` must be one of {CYCLES}, got {self.cycle!r}.")
-        for name in ("skip_first_down", "fmg", "keep_iterates", "keep_residuals"):
+        for name in ("skip_first_down", "fmg", "keep_iterates", "keep_residuals",
+                     "final_fc_relax"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"`{name}` must be a bool, got {getattr(self, name)!r}.")
         if self.skip_first_down and self.fmg:

@@ -10,6 +10,7 @@
                    stop if k == max_iter                                   → 'max_iter'
         coarse correction of level 0 (V- or F-cycle below it)
     return the iterate of the last measurement (F-points consistent, residual ‖r_k‖)
+    final_fc_relax:  u[C] ← u[C] + r_k = Φ(u[c-1]) + g[c]     (XBraid's final FC relaxation)
 
 Divergence: ``on_divergence='raise'`` raises :class:`MGRITDiverged` (its ``result`` holds the
 record so far); ``'flag'`` returns the result with ``status == 'diverged'``. A non-finite
@@ -45,7 +46,7 @@ from .cycle import Cycler, build_states
 from .grid import build_hierarchy
 from .problem import Problem, as_problem, from_fine_order, rhs_solver_order, stacked
 from .record import IterationRecord, LevelVisit, MGRITResult
-from .relax import copy, take_rows
+from .relax import copy, set_rows, take_rows
 from .settings import MGRITSettings
 
 _COMM_METHODS = ("send_next", "recv_prev", "allreduce_sum", "gather", "reverted")
@@ -151,6 +152,15 @@ def _status(norm: float, first: float, s: MGRITSettings) -> tuple[str | None, st
     return None, ""
 
 
+def final_c_relax(u, c_pos, r):
+    """XBraid's final FC relaxation on a block whose F-points are already relaxed (the last
+    measurement's F-sweep): ``u[c] ← u[c] + r[c] = Φ(u[c-1]) + g[c]`` at the C-positions
+    ``c_pos``, from the residual ``r`` the measurement computed (no step is applied again).
+    The F-point after each C-point keeps its value (it was stepped from the old ``u[c]``), as
+    in XBraid, whose final relaxation ends with the C-sweep. Modifies ``u`` in place."""
+    return set_rows(u, c_pos, take_rows(u, c_pos) + r, inplace=True)
+
+
 def solve(
     problem,
     settings: MGRITSettings | None = None,
@@ -230,6 +240,8 @@ def solve(
         cycler.coarse_correction(0, r, settings.cycle)
         cycles += 1
 
+    if settings.final_fc_relax and len(hierarchy) > 1 and status != "diverged":
+        u0_block = final_c_relax(u0_block, states[0].c_pos, r)
     xp = namespace(u0_block)
     finite = holds_only_finite(u0_block) if u0_block.shape[0] else True
     all_finite = scomm.allreduce_sum(0.0 if finite else 1.0) == 0  # every rank's block

@@ -1,0 +1,210 @@
+"""``refbraid compare``: the exact gradient, the layer-parallel gradient and residual histories
+your layer-parallel code should produce, and how far your numbers are from them.
+
+Inputs: a network (a PyTorch file — a pickled ODE-net module, or a ``state_dict`` with
+``--spec`` — or a refbraid checkpoint ``.npz``), a batch (``.npz`` with ``x`` and ``labels``)
+and MGRIT settings in TorchBraid/XBraid terms (``--settings`` TOML/JSON, flags override).
+Outputs in ``--out``: ``compare.json`` (the report), ``gradients.npz`` (``exact/<key>`` and
+``layer_parallel/<key>`` under the model's state-dict keys), ``compare.png``.
+Exit codes: 0 (PASS, or nothing of theirs to check), 4 (FAIL), 2 (bad input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..training.atomic import atomic_write
+from .compare import Tolerances, compare, summary
+from .convert import Converted, from_state_dict, from_torch, params_from_keyed, to_state_dict
+from .plots import plot_comparison
+from .xbraid import TorchBraidSettings
+
+EXIT_MISMATCH = 4  # their gradient or residuals differ from refbraid's beyond the tolerances
+_FLAG_SETTINGS = ("max_levels", "cfactor", "fwd_max_iters", "bwd_max_iters", "fwd_nrelax",
+                  "bwd_nrelax", "skip_downcycle", "fwd_finalrelax", "bwd_finalrelax", "abs_tol")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``refbraid compare`` on an argparse sub-parser collection."""
+    p = subparsers.add_parser(
+        "compare", help="check a layer-parallel code's gradient and residuals against refbraid",
+        description=__doc__.split("\n\n")[0].replace("``", "`"),
+        epilog="Settings use TorchBraid's counting: --fwd-iters 2 is its default (the skipped "
+               "first cycle counts). Mapping table: docs/xbraid_mapping.md.")
+    p.add_argument("--model", required=True, help="PyTorch file (.pt/.pth) or refbraid "
+                   "checkpoint (.npz)")
+    p.add_argument("--spec", help="JSON/TOML spec of a plain state dict (docs/interop.md)")
+    p.add_argument("--batch", required=True, help=".npz with `x` (B, ...) and `labels` (B,)")
+    p.add_argument("--settings", help="TOML/JSON file of TorchBraid/XBraid settings")
+    p.add_argument("--levels", dest="max_levels", type=int, metavar="L",
+                   help="max levels (default 3)")
+    p.add_argument("--cfactor", type=_ints, metavar="M", help="cfactor, or one per level: 4 or 4,2")
+    p.add_argument("--fwd-iters", dest="fwd_max_iters", type=int, metavar="K",
+                   help="forward iterations, TorchBraid's counting (default 2)")
+    p.add_argument("--bwd-iters", dest="bwd_max_iters", type=int, metavar="K",
+                   help="backward iterations, TorchBraid's counting (default 1)")
+    p.add_argument("--fwd-nrelax", type=_ints, metavar="NU",
+                   help="nrelax per level (default 0,1: F fine, FCF coarse)")
+    p.add_argument("--bwd-nrelax", type=_ints, metavar="NU", help="the same for the adjoint")
+    p.add_argument("--no-skip-downcycle", dest="skip_downcycle", action="store_const",
+                   const=False, help="do the first down-cycle (XBraid skip = 0)")
+    p.add_argument("--fwd-final-relax", dest="fwd_finalrelax", action="store_const",
+                   const=True, help="forward final FC relaxation (setFwdFinalFCRelax)")
+    p.add_argument("--no-bwd-final-relax", dest="bwd_finalrelax", action="store_const",
+                   const=False, help="no final FC relaxation of the adjoint (refbraid's own "
+                   "default; TorchBraid always does it)")
+    p.add_argument("--abs-tol", metavar="TOL", help="absolute tolerance, or `none` (default 1e-9)")
+    p.add_argument("--their-gradient", metavar="NPZ",
+                   help=".npz of their gradient, keyed by state-dict key (or refbraid name)")
+    p.add_argument("--their-residuals", metavar="JSON",
+                   help="JSON {\"forward\": [norms], \"backward\": [norms] or its last norm}, "
+                   "XBraid's convention (as TorchBraid prints them)")
+    p.add_argument("--grad-tol", type=float, default=Tolerances.gradient,
+                   help=f"relative tolerance per parameter (default {Tolerances.gradient:g})")
+    p.add_argument("--res-tol", type=float, default=Tolerances.residual,
+                   help=f"relative tolerance per residual norm (default {Tolerances.residual:g})")
+    p.add_argument("--out", default="runs/compare", help="output folder (default runs/compare)")
+    p.set_defaults(func=run)
+    return p
+
+
+def _ints(text: str):
+    try:
+        vals = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got "
+                                         f"{text!r}") from None
+    return vals[0] if len(vals) == 1 else vals
+
+
+def read_mapping(path: str, what: str) -> dict:
+    """A TOML or JSON file as a dict (by suffix; JSON otherwise)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{what} file {path} does not exist.")
+    try:
+        if p.suffix == ".toml":
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10
+                raise ValueError(f"{what} file {path}: TOML needs Python >= 3.11; write it as "
+                                 f"JSON.") from None
+            return tomllib.loads(p.read_text())
+        return json.loads(p.read_text())
+    except (ValueError, json.JSONDecodeError) as err:
+        raise ValueError(f"{what} file {path} is not valid {p.suffix[1:] or 'JSON'}: "
+                         f"{err}") from None
+
+
+def read_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"batch file {path} does not exist.")
+    with np.load(path, allow_pickle=False) as f:
+        labels_key = "labels" if "labels" in f else "y" if "y" in f else None
+        if "x" not in f or labels_key is None:
+            raise ValueError(f"batch file {path} must hold `x` and `labels`, has {list(f)}.")
+        return np.asarray(f["x"], dtype=np.float64), np.asarray(f[labels_key]).astype(np.int64)
+
+
+def load_network(path: str, spec: str | None, sample_shape) -> Converted:
+    """A torch file (module or state dict + spec) or a refbraid checkpoint, converted."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"model file {path} does not exist.")
+    if p.suffix == ".npz":
+        return _from_checkpoint(p, sample_shape)
+    try:
+        import torch
+    except ImportError:
+        raise ImportError("reading a PyTorch file needs PyTorch (pip install torch; the CPU "
+                          "build is enough).") from None
+    try:
+        obj = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception:  # a pickled module: trusted input, the user's own file
+        obj = torch.load(p, map_location="cpu", weights_only=False)
+    if isinstance(obj, dict):
+        if spec is None:
+            raise ValueError(f"{path} holds a state dict: give `--spec` to say which keys are "
+                             f"the opening, the steps and the closing (docs/interop.md).")
+        return from_state_dict(obj, read_mapping(spec, "spec"))
+    if spec is not None:
+        raise ValueError("`--spec` is for state-dict files; the model file holds a module.")
+    return from_torch(obj, sample_shape)
+
+
+def _from_checkpoint(path: Path, sample_shape) -> Converted:
+    from ..training.checkpoint import load_checkpoint
+    from ..training.models import build_network
+
+    ckpt = load_checkpoint(path)
+    cfg = ckpt.config
+    if cfg.get("model") not in ("resnet", "conv"):
+        raise ValueError(f"`refbraid compare` takes resnet and conv checkpoints, {path} holds "
+                         f"a {cfg.get('model')!r} network.")
+    n_classes = int(ckpt.params["closing.W"].shape[0])
+    net = build_network(cfg["model"], tuple(sample_shape), n_classes, cfg["layers"],
+                        cfg["width"], cfg["T"], cfg.get("activation", "tanh"))
+    params = {k: np.asarray(v, dtype=np.float64) for k, v in ckpt.params.items()}
+    return Converted(net, params, {k: k for k in params}, {k: None for k in params}, None)
+
+
+def settings_from(args) -> TorchBraidSettings:
+    values = read_mapping(args.settings, "settings") if args.settings else {}
+    values.update({k: getattr(args, k) for k in _FLAG_SETTINGS
+                   if k != "abs_tol" and getattr(args, k, None) is not None})
+    if args.abs_tol is not None:
+        try:
+            values["abs_tol"] = None if args.abs_tol.lower() == "none" else float(args.abs_tol)
+        except ValueError:
+            raise ValueError(f"`--abs-tol` must be a number or `none`, got "
+                             f"{args.abs_tol!r}.") from None
+    return TorchBraidSettings.from_mapping(values)
+
+
+def run(args: argparse.Namespace) -> int:
+    x, labels = read_batch(args.batch)
+    converted = load_network(args.model, args.spec, x.shape[1:])
+    if tuple(converted.net.opening.in_shape) != tuple(x.shape[1:]):
+        from ..training.models import as_network_input
+        x = as_network_input(converted.net, x)
+    tb = settings_from(args)
+    settings = tb.to_refbraid()
+    theirs_g = None
+    if args.their_gradient:
+        if not Path(args.their_gradient).is_file():
+            raise FileNotFoundError(f"gradient file {args.their_gradient} does not exist.")
+        with np.load(args.their_gradient, allow_pickle=False) as f:
+            theirs_g = params_from_keyed(converted, {k: f[k] for k in f}, "their gradient")
+    theirs_r = read_mapping(args.their_residuals, "residuals") if args.their_residuals \
+        else None
+    tol = Tolerances(args.grad_tol, args.res_tol)
+    report, grads = compare(converted, x, labels, settings, theirs_g, theirs_r, tol)
+    report["settings"]["torchbraid"] = {k: getattr(tb, k) for k in tb.__dataclass_fields__
+                                        if k != "unsupported"}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(report, indent=1, default=_plain).encode()
+    atomic_write(out / "compare.json", lambda fh: fh.write(text))
+    arrays = {}
+    for which, g in grads.items():
+        keyed = to_state_dict(Converted(converted.net, converted.params, converted.keys,
+                                        {k: None for k in converted.dtypes}, converted.spec), g)
+        arrays.update({f"{which}/{k}": np.asarray(v) for k, v in keyed.items()})
+    np.savez(out / "gradients.npz", **arrays)
+    fig = plot_comparison(report)
+    fig.savefig(out / "compare.png", dpi=120)
+    print(summary(report))
+    print(f"wrote compare.json, gradients.npz, compare.png to {out}/")
+    return EXIT_MISMATCH if report.get("verdict") == "FAIL" else 0
+
+
+def _plain(value):
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
