@@ -49,7 +49,9 @@ def _ode(bk, direction="forward", n_steps=17):
 @pytest.mark.parametrize("settings", [
     MGRITSettings(levels=3, cfactor=2, relax="FCF", abs_tol=None, max_iter=3, min_coarse=1),
     MGRITSettings(levels=2, cfactor=4, cycle="F", abs_tol=1e-10, max_iter=20, fmg=True),
-], ids=["V-FCF", "F-cycle-FMG"])
+    MGRITSettings(levels=2, cfactor=2, abs_tol=None, max_iter=2, min_coarse=1,
+                  final_fc_relax=True),
+], ids=["V-FCF", "F-cycle-FMG", "final-FC"])
 def test_mgrit_solve_and_record_equal_numpy(strict, direction, settings):
     want = solve(_ode(NUMPY, direction), settings)
     got = solve(_ode(strict, direction), settings)
