@@ -37,9 +37,10 @@ from typing import Any
 import numpy as np
 
 from .backends import Backend, get_backend
+from .backends.host import host_float
 from .mgrit import MGRITResult, MGRITSettings, Problem, solve
 from .mgrit.transfer import SpatialCoarsening, restrict_to_shape
-from .network import Network, Params, check_inputs, group, layer_params
+from .network import Network, Params, check_inputs, group, layer_params, row, set_row
 
 
 def _default_forward() -> MGRITSettings:
@@ -165,7 +166,7 @@ class AdjointPropagator:
     def step(self, lam, start: int, stop: int):
         theta = layer_params(self.steps, stop)
         hc = (start - stop) * self.net.h
-        y = self.states[stop]
+        y = row(self.states, stop)
         if tuple(lam.shape) != tuple(y.shape):
             y = restrict_to_shape(y, tuple(lam.shape), self.restriction)
         _, cache = self.net.step.forward(theta, y, hc, self.bk)
@@ -242,7 +243,7 @@ class CapturingAdjoint(AdjointPropagator):
         theta = layer_params(self.steps, stop)
         cache = self.caches.get(stop)
         if cache is None:  # a step that started on another rank (MPI): recompute its cache
-            _, cache = self.net.step.forward(theta, self.states[stop], self.net.h, self.bk)
+            _, cache = self.net.step.forward(theta, row(self.states, stop), self.net.h, self.bk)
             self.counts["recomputed"] += 1
         else:
             self.counts["cache_hits"] += 1
@@ -320,7 +321,7 @@ def captured_gradient(adjoint: CapturingAdjoint, steps: dict[str, Any], layers) 
     dsteps = {k: adjoint.bk.xp.zeros_like(v) for k, v in steps.items()}
     for a in layers:
         for k, v in adjoint.grads[int(a)].items():
-            dsteps[k][int(a)] = v
+            set_row(dsteps[k], int(a), v)
     return dsteps
 
 
@@ -347,7 +348,7 @@ def _mgrit_forward(net: Network, params: Params, x, settings: MGRITSettings, bk:
     y0, open_cache = net.opening.forward(group(params, "opening"), x, bk)
     prop = propagator or ForwardPropagator(net, group(params, "steps"), bk)
     fwd = solve(Problem(step=prop, u0=y0, n_steps=net.n_layers, transfer=transfer), settings)
-    logits, close_cache = net.closing.forward(group(params, "closing"), fwd.solution[-1], bk)
+    logits, close_cache = net.closing.forward(group(params, "closing"), fwd.solution[-1, ...], bk)
     return logits, fwd, (open_cache, close_cache)
 
 
@@ -383,12 +384,12 @@ def layer_parallel_gradient(
                         transfer=settings.backward_transfer), settings.backward)
     adjoints = bwd.solution  # (N + 1, *S), fine order
     dsteps = captured_gradient(adjoint, steps, range(net.n_layers))
-    _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, adjoints[0], bk)
+    _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, adjoints[0, ...], bk)
     grads = {f"opening.{k}": v for k, v in dopen.items()}
     grads.update({f"steps.{k}": v for k, v in dsteps.items()})
     grads.update({f"closing.{k}": v for k, v in dclose.items()})
     info = LayerParallelInfo(fwd, bwd, states, adjoints, logits)
-    return float(loss), {k: grads[k] for k in params}, info
+    return host_float(loss), {k: grads[k] for k in params}, info
 
 
 def relative_gradient_error(grads: Params, reference: Params, bk: Backend | str = "numpy") -> float:

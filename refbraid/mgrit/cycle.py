@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.host import host_float
 from ..parallel.comm import Comm, exchange_ghost, pipeline
 from ..parallel.layout import Layout
 from . import batched
@@ -138,9 +139,10 @@ class Cycler:
 
     # -- reductions ------------------------------------------------------------------------
     def norm(self, r) -> float:
-        """Global 2-norm ``(Σ_ranks Σ r²)^½`` of a residual block."""
+        """Global 2-norm ``(Σ_ranks Σ r²)^½`` of a residual block: reduced where ``r`` lives,
+        one float to the host (the stopping test and the record need it there)."""
         xp = namespace(r)
-        local = float(xp.sum(xp.abs(r) ** 2)) if r.shape[0] else 0.0
+        local = host_float(xp.sum(xp.abs(r) ** 2)) if r.shape[0] else 0.0
         return math.sqrt(self.comm.allreduce_sum(local))
 
     # -- building blocks -------------------------------------------------------------------

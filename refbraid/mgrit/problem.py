@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.dtypes import dtype_kind
+from ..backends.host import all_finite
 from ..parallel.trace import active_recorder
 from .arrays import namespace
 from .coarse import forward_substitution
@@ -51,12 +53,13 @@ Step = Callable[[Any, int, int], Any]
 
 def _check_state_array(name: str, value, what: str) -> None:
     """TypeError unless ``value`` is a floating or complex array; ValueError unless finite."""
-    kind = getattr(getattr(value, "dtype", None), "kind", None)
+    dtype = getattr(value, "dtype", None)
+    kind = dtype_kind(dtype) if dtype is not None else None
     if kind is not None and kind not in "fc":
         raise TypeError(f"`{name}` must be a floating (or complex) array, got dtype "
                         f"{value.dtype}: {what} in its dtype and integers would be truncated; "
                         f"pass e.g. {name}.astype(np.float64).")
-    if kind is not None and not bool(namespace(value).all(namespace(value).isfinite(value))):
+    if kind is not None and not all_finite(value):
         raise ValueError(f"`{name}` must be finite, got NaN or infinite values.")
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.portable import asarray_on
 from .arrays import namespace
 
 StepFn = Callable[[Any, int, int], Any]
@@ -43,7 +44,7 @@ def copy(u):
 def take_rows(u, positions):
     """Rows ``u[positions]`` as one stacked array, shape (len(positions), *S)."""
     xp = namespace(u)
-    return xp.take(u, xp.asarray(np.asarray(positions, dtype=np.int64)), axis=0)
+    return xp.take(u, asarray_on(u, np.asarray(positions, dtype=np.int64)), axis=0)
 
 
 def row_slice(positions) -> slice | None:

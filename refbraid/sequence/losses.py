@@ -11,6 +11,8 @@ Shape legend: B batch, T tokens, K classes.
 
 from __future__ import annotations
 
+from ..backends.dtypes import dtype_kind
+from ..backends.host import host_float, to_host
 from ..layers import token_cross_entropy, token_cross_entropy_adjoint
 
 
@@ -19,12 +21,13 @@ def check_labels(logits, labels) -> None:
     want = tuple(logits.shape[:-1])
     if getattr(labels, "shape", None) != want:
         raise ValueError(f"`labels` must have shape {want}, got {getattr(labels, 'shape', None)}.")
-    if labels.dtype.kind not in "iu":
+    if dtype_kind(labels.dtype) not in "iu":
         raise TypeError(f"`labels` must be integer class indices, got dtype {labels.dtype}.")
     K = logits.shape[-1]
-    if labels.size and (int(labels.min()) < 0 or int(labels.max()) >= K):
+    host_labels = to_host(labels)  # the label ids: checked on the host
+    if host_labels.size and (int(host_labels.min()) < 0 or int(host_labels.max()) >= K):
         raise ValueError(f"`labels` must lie in [0, {K}), got range "
-                         f"[{int(labels.min())}, {int(labels.max())}].")
+                         f"[{int(host_labels.min())}, {int(host_labels.max())}].")
 
 
 def cross_entropy(logits, labels, bk):
@@ -32,6 +35,6 @@ def cross_entropy(logits, labels, bk):
     check_labels(logits, labels)
     if logits.ndim == 3:
         loss, probs = token_cross_entropy(logits, labels, bk)
-        return float(loss), token_cross_entropy_adjoint(probs, labels, bk)
+        return host_float(loss), token_cross_entropy_adjoint(probs, labels, bk)
     loss, probs = bk.softmax_cross_entropy(logits, labels)
-    return float(loss), bk.softmax_cross_entropy_adjoint(probs, labels, 1.0)
+    return host_float(loss), bk.softmax_cross_entropy_adjoint(probs, labels, 1.0)

@@ -156,7 +156,7 @@ class Seq2SeqModel:
         dec = self._with_memory(_sub(params, "decoder"), memory, self.layers, bk)
         loss, dgrads, out = block_backprop(self.decoder, dec, x,
                                            lambda z: cross_entropy(z, labels, bk), bk)
-        dmemory = dgrads.pop("steps.memory").sum(axis=0)  # Σ_n ∂Φ'_n/∂M ᵀ λ
+        dmemory = bk.xp.sum(dgrads.pop("steps.memory"), axis=0)  # Σ_n ∂Φ'_n/∂M ᵀ λ
         _, egrads, _ = block_backprop(self.encoder, enc_p, x, lambda m: (0.0, dmemory), bk)
         grads = {f"encoder.{k}": v for k, v in egrads.items()}
         grads.update({f"decoder.{k}": v for k, v in dgrads.items()})
@@ -186,7 +186,7 @@ class Seq2SeqModel:
         dec = self._with_memory(_sub(params, "decoder"), memory, self.layers, bk)
         loss, dgrads, dinfo = block_layer_parallel(
             self.decoder, dec, x, lambda z: cross_entropy(z, labels, bk), settings, bk)
-        dmemory = dgrads.pop("steps.memory").sum(axis=0)
+        dmemory = bk.xp.sum(dgrads.pop("steps.memory"), axis=0)
         _, egrads, einfo = block_layer_parallel(self.encoder, enc_p, x,
                                                 lambda m: (0.0, dmemory), settings, bk)
         grads = {f"encoder.{k}": v for k, v in egrads.items()}

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..backends import Backend, get_backend
+from ..backends.host import host_float
 from ..network import Network, forward
 
 Params = dict[str, Any]
@@ -59,9 +60,10 @@ def evaluate(net: Network, params: Params, x, labels, bk: Backend | str = "numpy
         else:
             logits = net.logits(params, xb, bk)
         if logits.ndim == 3:  # one prediction per token
-            logits, yb = logits.reshape(-1, logits.shape[-1]), yb.reshape(-1)
+            logits = bk.xp.reshape(logits, (-1, logits.shape[-1]))
+            yb = bk.xp.reshape(yb, (-1,))
         loss, _ = bk.softmax_cross_entropy(logits, yb)
-        loss_sum += float(loss) * yb.shape[0]
+        loss_sum += host_float(loss) * yb.shape[0]
         n += yb.shape[0]
         correct += int((bk.to_numpy(logits).argmax(axis=1) == bk.to_numpy(yb)).sum())
     return loss_sum / n, correct / n
