@@ -10,6 +10,7 @@ peaks    ``n_samples`` 5000  (2,)          generated from the seed (peaks.py)
 digits   1,797               (1, 8, 8)     ``sklearn.datasets.load_digits`` (offline)
 mnist    60,000              (1, 28, 28)   IDX files in ``data_dir`` (mnist_idx.py)
 seq-*    ``n_samples`` 2000  (L, I), (T,)  generated sequence tasks (sequences.py)
+lm-*     ``n_samples`` 4000  (T,)          generated language, next-token (language.py)
 =======  ==================  ============  ========================================
 """
 
@@ -19,11 +20,12 @@ import os
 
 from .dataset import VAL_FRACTION, Dataset, make_dataset
 from .digits import load_digits_dataset
+from .language import LANGUAGE_SETS, load_language_task
 from .mnist_idx import load_mnist, read_idx, write_idx
 from .peaks import N_POINTS, load_peaks, peaks, peaks_labels
 from .sequences import SEQUENCE_SETS, TokenDataset, load_sequence_task
 
-DATASETS = ("peaks", "digits", "mnist", *SEQUENCE_SETS)
+DATASETS = ("peaks", "digits", "mnist", *SEQUENCE_SETS, *LANGUAGE_SETS)
 
 
 def load_dataset(name: str, *, data_dir: str | os.PathLike | None = None,
@@ -45,6 +47,8 @@ def load_dataset(name: str, *, data_dir: str | os.PathLike | None = None,
         return load_mnist(data_dir, n_samples, seed, val_fraction)
     if name in SEQUENCE_SETS:
         return load_sequence_task(name, n_samples, seed, val_fraction)
+    if name in LANGUAGE_SETS:
+        return load_language_task(name, n_samples, seed, val_fraction)
     raise ValueError(f"`data` must be one of {DATASETS}, got {name!r}.")
 
 

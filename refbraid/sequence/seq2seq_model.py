@@ -38,11 +38,11 @@ import numpy as np
 from ..backends import Backend, get_backend
 from ..layer_parallel import LayerParallelInfo, LayerParallelSettings, mgrit_forward
 from ..layers import DecoderStep, EncoderStep, TokenClassifier, TokenEmbedding
-from ..layers.init import check_positive_int
 from ..mgrit import MGRITSettings
 from ..network import Expected, Network, check_param_dict, forward, init_params, param_spec
 from .block_gradient import block_backprop, block_layer_parallel
 from .losses import cross_entropy
+from .model_base import SIZE_FIELDS, LayeredModel
 from .token_layers import Identity, Queries, TokenInput, check_tokens
 
 
@@ -67,7 +67,7 @@ def _sub(params: dict, prefix: str) -> dict:
 
 
 @dataclass(frozen=True)
-class Seq2SeqModel:
+class Seq2SeqModel(LayeredModel):
     """Encoder (N steps) → memory → decoder (N steps, learned queries) → per-token classifier."""
 
     vocab_size: int
@@ -80,8 +80,7 @@ class Seq2SeqModel:
     T: float = 1.0
 
     def __post_init__(self):
-        for name in ("vocab_size", "seq_len", "n_classes", "layers", "dim", "heads", "hidden"):
-            check_positive_int(name, getattr(self, name))
+        self.check_sizes((*SIZE_FIELDS, "n_classes"))
         _ = self.encoder, self.decoder  # validates the layers
 
     @property
@@ -100,21 +99,12 @@ class Seq2SeqModel:
                        T=self.T)
 
     @property
-    def opening(self):
-        return self.encoder.opening
+    def first_block(self) -> Network:
+        return self.encoder
 
     @property
-    def step(self):
-        return self.decoder.step
-
-    @property
-    def n_layers(self) -> int:
-        """Layers per block (each block is one MGRIT problem of this many steps)."""
-        return self.layers
-
-    @property
-    def h(self) -> float:
-        return self.T / self.layers
+    def last_block(self) -> Network:
+        return self.decoder
 
     def init_params(self, rng: np.random.Generator, dtype=np.float64) -> dict[str, np.ndarray]:
         """``encoder.*`` and ``decoder.*`` (the decoder steps' memory stand-in dropped)."""

@@ -121,6 +121,16 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
                    help="do a full first cycle instead of TorchBraid's skipped down-cycle")
     _add(g, "check_gradient_every", int, "every K steps also compute sequential backprop and "
          "log the relative gradient error (0: never)", metavar="K")
+    g = p.add_argument_group("gradient-bias control (layer-parallel runs)")
+    _add(g, "bias_control", str, "off | measure (log bias and noise) | iterations (raise the "
+         "MGRIT cycles) | serial (switch to backprop) when bias/noise > --bias-threshold",
+         metavar="MODE")
+    _add(g, "bias_every", int, "steps between bias/noise measurements", metavar="K")
+    _add(g, "bias_threshold", float, "act when ‖g_MGRIT − g‖ / noise exceeds this",
+         metavar="R")
+    _add(g, "bias_micro", int, "micro-batches of the mini-batch noise estimate", metavar="M")
+    _add(g, "bias_max_iters", int, "cap on forward/adjoint MGRIT cycles (mode iterations)",
+         metavar="K")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -41,6 +41,7 @@ import numpy as np
 from ..backends import BACKENDS
 from ..backends.reference import ACTIVATIONS
 from ..data import DATASETS
+from .bias_control import BIAS_MODES
 from .models import MODEL_DEFAULTS, MODELS
 from .optim import OPTIMIZERS
 from .run_folder import resume_folder
@@ -171,6 +172,12 @@ class TrainConfig:
     skip_down: bool = True
     check_gradient_every: int = 0  # steps between comparisons with sequential backprop
     data_parallel: int = 1  # under mpiexec -n P: D groups of P/D layer-parallel ranks
+    # gradient-bias control (refbraid.training.bias_control)
+    bias_control: str = "off"  # off | measure | iterations | serial
+    bias_every: int = 10  # steps between bias/noise measurements
+    bias_threshold: float = 1.0  # act when bias / noise exceeds it
+    bias_micro: int = 4  # micro-batches of the noise estimate
+    bias_max_iters: int = 8  # cap on MGRIT cycles in mode 'iterations'
 
     def __post_init__(self):
         _choice("model", self.model, tuple(MODELS))
@@ -184,11 +191,12 @@ class TrainConfig:
         _choice("backend", self.backend, BACKENDS)
         _choice("dtype", self.dtype, DTYPES)
         _choice("cycle", self.cycle, ("V", "F"))
+        _choice("bias_control", self.bias_control, BIAS_MODES)
         for name in ("layers", "width", "epochs", "batch_size", "levels", "cfactor",
-                     "data_parallel"):
+                     "data_parallel", "bias_every", "bias_max_iters"):
             _positive_int(self, name)
         for name in ("checkpoint_every", "seed", "fwd_iters", "bwd_iters",
-                     "check_gradient_every"):
+                     "check_gradient_every", "bias_micro"):
             _positive_int(self, name, allow_zero=True)
         if self.samples is not None:
             _positive_int(self, "samples")
@@ -196,7 +204,10 @@ class TrainConfig:
                 raise ValueError(f"`--samples` must be at least 2, got {self.samples!r}.")
         if self.cfactor < 2:
             raise ValueError(f"`--cfactor` must be an integer >= 2, got {self.cfactor!r}.")
-        for name in ("T", "lr", "fwd_tol", "bwd_tol"):
+        if self.bias_micro < 2 or self.bias_micro > self.batch_size:
+            raise ValueError(f"`--bias-micro` must be an integer in [2, --batch-size "
+                             f"{self.batch_size}], got {self.bias_micro!r}.")
+        for name in ("T", "lr", "fwd_tol", "bwd_tol", "bias_threshold"):
             _positive_float(self, name)
         _real(self, "momentum", lambda v: 0.0 <= v < 1.0, "a number in [0, 1)")
         _real(self, "val_fraction", lambda v: 0.0 < v < 1.0, "a number in (0, 1)")

@@ -13,6 +13,8 @@ conv     ConvLift(C_in→C) → N × ConvStep(C, 3×3) → Classifier           
 ===================  =========================================================  ==============
 transformer          TokenEmbedding → N × EncoderStep → pooled / per-token head   token data
 transformer-decoder  encoder (N steps) → memory → decoder (N steps) → per token   token data
+gpt                  embedding → N causal steps → LM head tied to the embedding     lm-* data
+gpt-untied           the same with the LM head's own matrix                         lm-* data
 gru                  GRU over the L positions (MGRIT over the sequence), coarse    (L, I),
                      levels implicit GRU; ``width`` = hidden size                  (1, H, W)
 implicit-gru         the same with the implicit GRU on every level
@@ -77,6 +79,19 @@ def _transformer_decoder(data_shape, n_classes, layers, width, T, activation, in
     return transformer_model(data_shape, n_classes, layers, width, T, info, decoder=True)
 
 
+def _gpt(data_shape, n_classes, layers, width, T, activation, info=None):
+    from ..sequence import transformer_model
+
+    return transformer_model(data_shape, n_classes, layers, width, T, info, causal_lm=True)
+
+
+def _gpt_untied(data_shape, n_classes, layers, width, T, activation, info=None):
+    from ..sequence import transformer_model
+
+    return transformer_model(data_shape, n_classes, layers, width, T, info, causal_lm=True,
+                             tied=False)
+
+
 def _gru(data_shape, n_classes, layers, width, T, activation, info=None):
     from ..sequence import gru_model
 
@@ -93,11 +108,14 @@ def _implicit_gru(data_shape, n_classes, layers, width, T, activation, info=None
 #: Network, or a sequence model with the same duck type (refbraid.sequence).
 MODELS: dict[str, Callable[..., Network]] = {
     "resnet": _resnet, "conv": _conv, "transformer": _transformer,
-    "transformer-decoder": _transformer_decoder, "gru": _gru, "implicit-gru": _implicit_gru,
+    "transformer-decoder": _transformer_decoder, "gpt": _gpt, "gpt-untied": _gpt_untied,
+    "gru": _gru, "implicit-gru": _implicit_gru,
 }
 
 _RESNET_DEFAULTS = dict(data="peaks", layers=64, width=16, T=3.0, epochs=40, lr=5e-3,
                         cfactor=4, fwd_iters=1, bwd_iters=0, relax="F,FCF")
+_GPT_DEFAULTS = dict(data="lm-reverse", layers=8, width=32, T=2.0, epochs=12, lr=3e-3,
+                     cfactor=2, fwd_iters=2, bwd_iters=1, relax="F,FCF")
 #: The values of the ``refbraid train`` flags a user leaves unset, per model. The sequence
 #: models use cfactor 2 (8 layers or 8–16 positions allow 3 levels) and more MGRIT cycles than
 #: TorchBraid's ResNet defaults, measured on their tasks (issue-6 note):
@@ -113,6 +131,8 @@ MODEL_DEFAULTS: dict[str, dict] = {
                         cfactor=2, fwd_iters=3, bwd_iters=2, relax="F,FCF"),
     "transformer-decoder": dict(data="seq-reverse", layers=4, width=16, T=2.0, epochs=10,
                                 lr=1e-2, cfactor=2, fwd_iters=2, bwd_iters=1, relax="F,FCF"),
+    "gpt": _GPT_DEFAULTS,
+    "gpt-untied": _GPT_DEFAULTS,
     "gru": dict(data="seq-memory", layers=64, width=32, T=3.0, epochs=15, lr=1e-2, cfactor=2,
                 fwd_iters=2, bwd_iters=1, relax="FCF"),
     "implicit-gru": dict(data="seq-memory", layers=64, width=32, T=3.0, epochs=15, lr=1e-2,
