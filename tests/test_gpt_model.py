@@ -192,3 +192,35 @@ def test_bad_inputs_raise_naming_the_argument():
         GPTModel(V, L, N, E, NH, F, tied="yes")
     with pytest.raises(ValueError, match="x"):
         m.logits(p, x[:, :3])
+
+
+# ----------------------------------------------------------------------------- buffer layers
+def _to_buffered(p, b):
+    """The buffer-free model's params laid out for ``b`` buffer steps at each end."""
+    q = {k: v for k, v in p.items() if not k.startswith("steps.")}
+    for k, v in p.items():
+        if k.startswith("steps."):
+            name = k[len("steps."):]
+            q[f"opening.buffer.{name}"] = v[:b]
+            q[k] = v[b:N - b]
+            q[f"closing.buffer.{name}"] = v[N - b:]
+    return q
+
+
+def test_buffer_layers_are_the_same_network_and_converge_to_backprop():
+    m, p, x, y = _case()
+    mb = GPTModel(V, L, N, E, NH, F, 2.0, buffer=1)
+    assert mb.n_layers == N - 2 and mb.h == m.h
+    pb = _to_buffered(p, 1)
+    assert set(pb) == set(mb.init_params(np.random.default_rng(0)))
+    loss, g, _ = m.backprop(p, x, y)
+    loss_b, g_b, _ = mb.backprop(pb, x, y)
+    assert loss_b == pytest.approx(loss, rel=1e-13)
+    want = _to_buffered(g, 1)
+    for k in want:
+        np.testing.assert_allclose(g_b[k], want[k], rtol=1e-10, atol=1e-14)
+    s1 = LayerParallelSettings.with_iterations(1, 1, levels=2, cfactor=2)
+    lp_b = mb.layer_parallel_gradient(pb, x, y, s1)[1]
+    assert relative_gradient_error(lp_b, g_b, "numpy") <= 1e-10  # 2 MGRIT steps: exact
+    with pytest.raises(ValueError, match="buffer"):
+        GPTModel(V, L, N, E, NH, F, buffer=2)

@@ -6,6 +6,8 @@ the causal mask of Vaswani et al.; arXiv 2601.09026 trains GPT-2 this way)::
     X[0] = W_emb[tok] + P                           (token + learned position embedding)
     X[n+1] = X[n] + h (a + c),  a = φ1(X[n]) = SA_causal(LN1 X[n]),  c = φ2(X[n] + a)
     logits = LN_f(X[N]) Wᵀ + b                      (W = W_emb when tied)
+    (with ``buffer`` = b > 0 the first and last b steps run serially outside the MGRIT block:
+    refbraid.sequence.buffer_layers)
     L = −(1/|S|) Σ_{(b,t) ∈ S} log softmax(logits[b, t])[tok[b, t+1]]     (next token)
 
 Position t attends to positions ≤ t only, so the logits at t depend on ``tok[:, :t+1]`` and
@@ -34,6 +36,7 @@ from ..layers import EncoderStep, LMHead, TokenEmbedding
 from ..mgrit import MGRITSettings
 from ..network import Network, forward, init_params
 from .block_gradient import block_backprop, block_layer_parallel
+from .buffer_layers import BufferedClosing, BufferedOpening
 from .losses import cross_entropy
 from .model_base import SIZE_FIELDS, LayeredModel
 from .token_layers import TokenInput, check_tokens
@@ -51,11 +54,18 @@ class GPTModel(LayeredModel):
     hidden: int
     T: float = 1.0
     tied: bool = True
+    buffer: int = 0  # serial steps at each end, outside the MGRIT block (buffer_layers.py)
 
     def __post_init__(self):
         self.check_sizes(SIZE_FIELDS)
         if not isinstance(self.tied, bool):
             raise TypeError(f"`tied` must be a bool, got {self.tied!r}.")
+        b = self.buffer
+        if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 0 \
+                or self.layers - 2 * b < 1:
+            raise ValueError(f"`buffer` must be an integer in [0, {(self.layers - 1) // 2}] "
+                             f"(buffer steps at each end of {self.layers} layers leave at "
+                             f"least one for MGRIT), got {b!r}.")
         _ = self.net  # validates the layers
 
     @property
@@ -64,10 +74,27 @@ class GPTModel(LayeredModel):
 
     @property
     def net(self) -> Network:
-        V, E, L = self.vocab_size, self.dim, self.seq_len
-        return Network(opening=TokenInput(TokenEmbedding(V, E, L, positional="learned")),
-                       step=EncoderStep(E, self.heads, self.hidden, L, causal=True),
-                       closing=LMHead(L, E, V), n_layers=self.layers, T=self.T)
+        """The MGRIT block of N − 2b steps between the (buffered) opening and closing; every
+        step has size h = T/N."""
+        V, E, L, b = self.vocab_size, self.dim, self.seq_len, self.buffer
+        step = EncoderStep(E, self.heads, self.hidden, L, causal=True)
+        opening = TokenInput(TokenEmbedding(V, E, L, positional="learned"))
+        closing = LMHead(L, E, V)
+        if b:
+            opening = BufferedOpening(opening, step, b, self.h)
+            closing = BufferedClosing(closing, step, b, self.h)
+        middle = self.layers - 2 * b
+        return Network(opening=opening, step=step, closing=closing, n_layers=middle,
+                       T=self.h * middle)
+
+    @property
+    def n_layers(self) -> int:
+        """Steps of the MGRIT block (all N layers without buffers)."""
+        return self.layers - 2 * self.buffer
+
+    @property
+    def h(self) -> float:
+        return self.T / self.layers
 
     @property
     def first_block(self) -> Network:

@@ -115,7 +115,7 @@ def default_heads(dim: int) -> int:
 
 def transformer_model(data_shape: tuple[int, ...], n_classes: int, layers: int, width: int,
                       T: float, info: dict[str, Any] | None, decoder: bool = False,
-                      causal_lm: bool = False, tied: bool = True):
+                      causal_lm: bool = False, tied: bool = True, buffer: int = 0):
     """An encoder-only, encoder–decoder (``decoder``) or decoder-only causal language model
     (``causal_lm``) for a token data set described by ``info``."""
     info = info or {}
@@ -129,7 +129,7 @@ def transformer_model(data_shape: tuple[int, ...], n_classes: int, layers: int, 
         if not info.get("language_model"):
             raise ValueError("model 'gpt' is a language model: it needs next-token data "
                              "(e.g. lm-reverse).")
-        return GPTModel(V, L, layers, width, heads, hidden, T, tied=tied)
+        return GPTModel(V, L, layers, width, heads, hidden, T, tied=tied, buffer=buffer)
     if decoder:
         if not info.get("per_token"):
             raise ValueError("model 'transformer-decoder' needs per-token labels (e.g. "

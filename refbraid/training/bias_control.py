@@ -107,15 +107,17 @@ class ControlledGradient:
 
     ``backprop(params, x, labels)`` and ``layer_parallel(params, x, labels, settings)`` are the
     model's two gradients; ``forwards`` = (sequential logits, MGRIT logits(settings)) for
-    evaluation; ``n_layers`` prices a serial backprop at 2N step applications.
+    evaluation; ``n_layers`` prices a serial backprop at 2N step applications, and the
+    ``serial_steps`` a layer-parallel gradient runs outside MGRIT (buffer layers) add 2 each.
     """
 
     def __init__(self, backprop, layer_parallel, forwards, settings: LayerParallelSettings,
-                 control: BiasControl, n_layers: int, bk: Backend, say=print):
+                 control: BiasControl, n_layers: int, bk: Backend, say=print,
+                 serial_steps: int = 0):
         self.backprop, self.layer_parallel = backprop, layer_parallel
         self.sequential_logits, self.mgrit_logits = forwards
         self.settings, self.control, self.n_layers, self.bk = settings, control, n_layers, bk
-        self.say = say
+        self.say, self.serial_steps = say, serial_steps
         self.serial = False
         self.calls = 0
         self.step_applications = 0.0
@@ -134,6 +136,7 @@ class ControlledGradient:
         else:
             loss, grads, info = self.layer_parallel(params, x, labels, self.settings)
             stats = {**info.stats(), "serial": 0.0}
+            stats["phi_calls"] += 2.0 * self.serial_steps
         self.step_applications += stats["phi_calls"]
         if not self.serial and self.control.mode != "off" \
                 and self.calls % self.control.every == 0:

@@ -91,6 +91,8 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
     _add(g, "width", int, "width C: features (resnet) or channels (conv)", metavar="C")
     _add(g, "T", float, "final time; step size h = T/N", metavar="T")
     _add(g, "activation", str, f"activation: {' | '.join(ACTIVATIONS)}", metavar="NAME")
+    _add(g, "buffer", int, "gpt: serial buffer layers at each end, outside the MGRIT block",
+         metavar="B")
     g = p.add_argument_group("optimisation")
     _add(g, "epochs", int, "total number of epochs", metavar="E")
     _add(g, "batch_size", int, "mini-batch size", metavar="B")

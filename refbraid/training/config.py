@@ -42,7 +42,7 @@ from ..backends import BACKENDS
 from ..backends.reference import ACTIVATIONS
 from ..data import DATASETS
 from .bias_control import BIAS_MODES
-from .models import MODEL_DEFAULTS, MODELS
+from .models import BUFFERED_MODELS, MODEL_DEFAULTS, MODELS
 from .optim import OPTIMIZERS
 from .run_folder import resume_folder
 
@@ -51,7 +51,7 @@ DTYPES = ("float64", "float32")
 #: Fields a checkpoint must agree on to be resumed (they fix the data, the network and the
 #: optimizer's meaning); the rest (epochs, out, backend, quiet, …) may change on resume.
 RESUME_MUST_MATCH = ("data", "samples", "val_fraction", "model", "layers", "width", "T",
-                     "activation", "dtype", "optimizer", "seed", "batch_size")
+                     "activation", "dtype", "optimizer", "seed", "batch_size", "buffer")
 
 
 def flag(field_name: str) -> str:
@@ -143,6 +143,7 @@ class TrainConfig:
     model: str = "resnet"
     layers: int | None = None
     width: int | None = None
+    buffer: int = 0  # gpt: serial buffer steps at each end, outside the MGRIT block
     T: float | None = None
     activation: str = "tanh"
     epochs: int | None = None
@@ -192,11 +193,14 @@ class TrainConfig:
         _choice("dtype", self.dtype, DTYPES)
         _choice("cycle", self.cycle, ("V", "F"))
         _choice("bias_control", self.bias_control, BIAS_MODES)
+        if self.buffer and self.model not in BUFFERED_MODELS:
+            raise ValueError(f"`--buffer` applies to the models {BUFFERED_MODELS}, not "
+                             f"{self.model!r}.")
         for name in ("layers", "width", "epochs", "batch_size", "levels", "cfactor",
                      "data_parallel", "bias_every", "bias_max_iters"):
             _positive_int(self, name)
         for name in ("checkpoint_every", "seed", "fwd_iters", "bwd_iters",
-                     "check_gradient_every", "bias_micro"):
+                     "check_gradient_every", "bias_micro", "buffer"):
             _positive_int(self, name, allow_zero=True)
         if self.samples is not None:
             _positive_int(self, "samples")

@@ -167,5 +167,7 @@ def controlled_gradient(net, settings: LayerParallelSettings, bk: Backend,
         return net.mgrit_logits(params, x, s, bk)
 
     say = (lambda *a, **k: None) if config.quiet else print
+    layers = getattr(net, "layers", net.n_layers)  # all steps (a GPT's buffers included)
     return ControlledGradient(backprop_fn, layer_parallel_fn, (sequential_logits, mgrit_logits),
-                              settings, control, net.n_layers, bk, say=say)
+                              settings, control, layers, bk, say=say,
+                              serial_steps=layers - net.n_layers)

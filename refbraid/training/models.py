@@ -79,17 +79,18 @@ def _transformer_decoder(data_shape, n_classes, layers, width, T, activation, in
     return transformer_model(data_shape, n_classes, layers, width, T, info, decoder=True)
 
 
-def _gpt(data_shape, n_classes, layers, width, T, activation, info=None):
-    from ..sequence import transformer_model
-
-    return transformer_model(data_shape, n_classes, layers, width, T, info, causal_lm=True)
-
-
-def _gpt_untied(data_shape, n_classes, layers, width, T, activation, info=None):
+def _gpt(data_shape, n_classes, layers, width, T, activation, info=None, buffer=0):
     from ..sequence import transformer_model
 
     return transformer_model(data_shape, n_classes, layers, width, T, info, causal_lm=True,
-                             tied=False)
+                             buffer=buffer)
+
+
+def _gpt_untied(data_shape, n_classes, layers, width, T, activation, info=None, buffer=0):
+    from ..sequence import transformer_model
+
+    return transformer_model(data_shape, n_classes, layers, width, T, info, causal_lm=True,
+                             tied=False, buffer=buffer)
 
 
 def _gru(data_shape, n_classes, layers, width, T, activation, info=None):
@@ -111,6 +112,9 @@ MODELS: dict[str, Callable[..., Network]] = {
     "transformer-decoder": _transformer_decoder, "gpt": _gpt, "gpt-untied": _gpt_untied,
     "gru": _gru, "implicit-gru": _implicit_gru,
 }
+
+#: the models with buffer layers (refbraid.sequence.buffer_layers)
+BUFFERED_MODELS = ("gpt", "gpt-untied")
 
 _RESNET_DEFAULTS = dict(data="peaks", layers=64, width=16, T=3.0, epochs=40, lr=5e-3,
                         cfactor=4, fwd_iters=1, bwd_iters=0, relax="F,FCF")
@@ -141,18 +145,26 @@ MODEL_DEFAULTS: dict[str, dict] = {
 
 
 def build_network(model: str, data_shape: tuple[int, ...], n_classes: int, layers: int,
-                  width: int, T: float, activation: str = "tanh", info: dict | None = None):
+                  width: int, T: float, activation: str = "tanh", info: dict | None = None,
+                  buffer: int = 0):
     """The network ``model`` for samples of shape ``data_shape`` and ``n_classes`` classes.
 
-    ``info`` is the data set's ``info`` (the sequence models read the vocabulary from it)."""
+    ``info`` is the data set's ``info`` (the sequence models read the vocabulary from it);
+    ``buffer``: serial buffer steps at each end of a ``gpt`` model."""
     if model not in MODELS:
         raise ValueError(f"`model` must be one of {tuple(MODELS)}, got {model!r}.")
     data_shape = tuple(data_shape)
     if not data_shape or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1
                              for s in data_shape):
         raise ValueError(f"`data_shape` must be a tuple of positive sizes, got {data_shape!r}.")
+    extra = {}
+    if buffer:
+        if model not in BUFFERED_MODELS:
+            raise ValueError(f"`--buffer` applies to the models {BUFFERED_MODELS}, not "
+                             f"{model!r}.")
+        extra["buffer"] = buffer
     return MODELS[model](tuple(int(s) for s in data_shape), n_classes, layers, width, T,
-                         activation, info)
+                         activation, info, **extra)
 
 
 def as_network_input(net: Network, x: np.ndarray) -> np.ndarray:
