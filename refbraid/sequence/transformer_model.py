@@ -115,7 +115,8 @@ def default_heads(dim: int) -> int:
 
 def transformer_model(data_shape: tuple[int, ...], n_classes: int, layers: int, width: int,
                       T: float, info: dict[str, Any] | None, decoder: bool = False,
-                      causal_lm: bool = False, tied: bool = True, buffer: int = 0):
+                      causal_lm: bool = False, tied: bool = True, buffer: int = 0,
+                      teacher_forcing: bool = False):
     """An encoder-only, encoder–decoder (``decoder``) or decoder-only causal language model
     (``causal_lm``) for a token data set described by ``info``."""
     info = info or {}
@@ -134,6 +135,7 @@ def transformer_model(data_shape: tuple[int, ...], n_classes: int, layers: int, 
         if not info.get("per_token"):
             raise ValueError("model 'transformer-decoder' needs per-token labels (e.g. "
                              "seq-reverse, seq-duplicates).")
-        return Seq2SeqModel(V, L, n_classes, layers, width, heads, hidden, T)
+        return Seq2SeqModel(V, L, n_classes, layers, width, heads, hidden, T,
+                            teacher_forcing=teacher_forcing)
     return TransformerModel(V, L, n_classes, layers, width, heads, hidden, T,
                             per_token=bool(info.get("per_token")))

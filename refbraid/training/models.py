@@ -13,6 +13,9 @@ conv     ConvLift(C_in→C) → N × ConvStep(C, 3×3) → Classifier           
 ===================  =========================================================  ==============
 transformer          TokenEmbedding → N × EncoderStep → pooled / per-token head   token data
 transformer-decoder  encoder (N steps) → memory → decoder (N steps) → per token   token data
+                     (non-autoregressive: learned queries, no causal mask)
+transformer-seq2seq  the same with a causal decoder on the shifted target: teacher    token data
+                     forcing in training, token-by-token decoding at evaluation
 gpt                  embedding → N causal steps → LM head tied to the embedding     lm-* data
 gpt-untied           the same with the LM head's own matrix                         lm-* data
 gru                  GRU over the L positions (MGRIT over the sequence), coarse    (L, I),
@@ -79,6 +82,13 @@ def _transformer_decoder(data_shape, n_classes, layers, width, T, activation, in
     return transformer_model(data_shape, n_classes, layers, width, T, info, decoder=True)
 
 
+def _transformer_seq2seq(data_shape, n_classes, layers, width, T, activation, info=None):
+    from ..sequence import transformer_model
+
+    return transformer_model(data_shape, n_classes, layers, width, T, info, decoder=True,
+                             teacher_forcing=True)
+
+
 def _gpt(data_shape, n_classes, layers, width, T, activation, info=None, buffer=0):
     from ..sequence import transformer_model
 
@@ -109,7 +119,8 @@ def _implicit_gru(data_shape, n_classes, layers, width, T, activation, info=None
 #: Network, or a sequence model with the same duck type (refbraid.sequence).
 MODELS: dict[str, Callable[..., Network]] = {
     "resnet": _resnet, "conv": _conv, "transformer": _transformer,
-    "transformer-decoder": _transformer_decoder, "gpt": _gpt, "gpt-untied": _gpt_untied,
+    "transformer-decoder": _transformer_decoder, "transformer-seq2seq": _transformer_seq2seq,
+    "gpt": _gpt, "gpt-untied": _gpt_untied,
     "gru": _gru, "implicit-gru": _implicit_gru,
 }
 
@@ -134,6 +145,8 @@ MODEL_DEFAULTS: dict[str, dict] = {
     "transformer": dict(data="seq-match", layers=8, width=16, T=2.0, epochs=20, lr=5e-3,
                         cfactor=2, fwd_iters=3, bwd_iters=2, relax="F,FCF"),
     "transformer-decoder": dict(data="seq-reverse", layers=4, width=16, T=2.0, epochs=10,
+                                lr=1e-2, cfactor=2, fwd_iters=2, bwd_iters=1, relax="F,FCF"),
+    "transformer-seq2seq": dict(data="seq-reverse", layers=4, width=16, T=2.0, epochs=10,
                                 lr=1e-2, cfactor=2, fwd_iters=2, bwd_iters=1, relax="F,FCF"),
     "gpt": _GPT_DEFAULTS,
     "gpt-untied": _GPT_DEFAULTS,
