@@ -97,6 +97,12 @@ class GPTModel(LayeredModel):
         return self.T / self.layers
 
     @property
+    def mpi_network(self) -> Network | None:
+        """The Network the MPI gradient distributes: the model's parameters are its own
+        (None with a tied head: its one matrix would live on the first and last rank)."""
+        return None if self.tied else self.net
+
+    @property
     def first_block(self) -> Network:
         return self.net
 

@@ -62,6 +62,11 @@ class TransformerModel(LayeredModel):
                        n_layers=self.layers, T=self.T)
 
     @property
+    def mpi_network(self) -> Network | None:
+        """The Network the MPI gradient distributes: the model's parameters are its own."""
+        return self.net
+
+    @property
     def first_block(self) -> Network:
         return self.net
 

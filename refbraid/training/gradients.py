@@ -112,14 +112,16 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend) -> tuple[str
             raise CollectiveError("`--bias-control` runs in one process only (it compares with "
                                   "sequential backprop on the whole batch); drop it under "
                                   "mpiexec.")
-        if not isinstance(net, Network):  # every rank sees the same model: say it once
+        block = net if isinstance(net, Network) else getattr(net, "mpi_network", None)
+        if block is None:  # every rank sees the same model: say it once
             raise CollectiveError(f"`--model {config.model}`: training over MPI supports the "
-                                  "resnet and conv models; train sequence models in one "
-                                  "process.")
+                                  "resnet, conv, transformer, gpt-untied models (one block "
+                                  "whose parameters are the network's); train this model in "
+                                  "one process.")
         settings = LayerParallelSettings.exact() if config.serial else \
             layer_parallel_settings(config)
         return "layer-parallel-mpi", ShardedGradient(distributed_gradient(
-            net, settings, bk, config.data_parallel))  # each rank steps its own layers
+            block, settings, bk, config.data_parallel))  # each rank steps its own layers
     if config.serial:
         return "sequential", sequential_gradient(net, bk)
     settings = layer_parallel_settings(config)
