@@ -125,3 +125,26 @@ def test_cli_run_writes_measurements_and_decisions(tmp_path):
     assert summary["decisions"][0]["action"].endswith("2/1 -> 3/2")
     assert summary["final_iters"][0] >= 3
     assert (tmp_path / "run" / "language.json").exists()
+
+
+def test_the_residual_proxy_acts_without_a_serial_pass():
+    m, p, x, y = _case()
+    calls = []
+
+    def counting_backprop(p_, x_, y_):
+        calls.append(1)
+        return m.backprop(p_, x_, y_, BK)
+
+    g = ControlledGradient(
+        counting_backprop, lambda p_, x_, y_, s: m.layer_parallel_gradient(p_, x_, y_, s, BK),
+        (None, None), LayerParallelSettings.with_iterations(1, 0, levels=2, cfactor=2),
+        BiasControl("iterations", every=1, signal="residual", residual=1e-12), 4, BK,
+        say=lambda *a: None)
+    g(p, x, y)
+    assert not calls and not g.measurements  # no backprop, nothing measured
+    assert len(g.decisions) == 1 and g.decisions[0]["fwd_res"] > 1e-12
+    assert g.settings.forward.max_iter == 2
+    with pytest.raises(ValueError, match="--bias-signal"):
+        TrainConfig(model="gpt", bias_signal="residual", bias_control="measure")
+    with pytest.raises(ValueError, match="--bias-residual"):
+        BiasControl("serial", signal="residual", residual=-1.0)

@@ -133,6 +133,10 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
     _add(g, "bias_micro", int, "micro-batches of the mini-batch noise estimate", metavar="M")
     _add(g, "bias_max_iters", int, "cap on forward/adjoint MGRIT cycles (mode iterations)",
          metavar="K")
+    _add(g, "bias_signal", str, "what the controller acts on: measured (bias/noise, with "
+         "backprop) | residual (the forward MGRIT residual, no serial pass)", metavar="S")
+    _add(g, "bias_residual", float, "with --bias-signal residual: act when the final forward "
+         "residual norm exceeds this", metavar="R")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -41,7 +41,7 @@ import numpy as np
 from ..backends import BACKENDS
 from ..backends.reference import ACTIVATIONS
 from ..data import DATASETS
-from .bias_control import BIAS_MODES
+from .bias_control import BIAS_MODES, BIAS_SIGNALS
 from .models import BUFFERED_MODELS, MODEL_DEFAULTS, MODELS
 from .optim import OPTIMIZERS
 from .run_folder import resume_folder
@@ -179,6 +179,8 @@ class TrainConfig:
     bias_threshold: float = 1.0  # act when bias / noise exceeds it
     bias_micro: int = 4  # micro-batches of the noise estimate
     bias_max_iters: int = 8  # cap on MGRIT cycles in mode 'iterations'
+    bias_signal: str = "measured"  # measured | residual (the proxy, no serial pass)
+    bias_residual: float = 10.0  # proxy threshold on the final forward residual
 
     def __post_init__(self):
         _choice("model", self.model, tuple(MODELS))
@@ -193,6 +195,10 @@ class TrainConfig:
         _choice("dtype", self.dtype, DTYPES)
         _choice("cycle", self.cycle, ("V", "F"))
         _choice("bias_control", self.bias_control, BIAS_MODES)
+        _choice("bias_signal", self.bias_signal, BIAS_SIGNALS)
+        if self.bias_signal == "residual" and self.bias_control not in ("iterations", "serial"):
+            raise ValueError("`--bias-signal residual` needs `--bias-control iterations` or "
+                             f"`serial`, got `--bias-control {self.bias_control}`.")
         if self.buffer and self.model not in BUFFERED_MODELS:
             raise ValueError(f"`--buffer` applies to the models {BUFFERED_MODELS}, not "
                              f"{self.model!r}.")
@@ -211,7 +217,7 @@ class TrainConfig:
         if self.bias_micro < 2 or self.bias_micro > self.batch_size:
             raise ValueError(f"`--bias-micro` must be an integer in [2, --batch-size "
                              f"{self.batch_size}], got {self.bias_micro!r}.")
-        for name in ("T", "lr", "fwd_tol", "bwd_tol", "bias_threshold"):
+        for name in ("T", "lr", "fwd_tol", "bwd_tol", "bias_threshold", "bias_residual"):
             _positive_float(self, name)
         _real(self, "momentum", lambda v: 0.0 <= v < 1.0, "a number in [0, 1)")
         _real(self, "val_fraction", lambda v: 0.0 < v < 1.0, "a number in (0, 1)")

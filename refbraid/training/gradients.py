@@ -148,7 +148,8 @@ def controlled_gradient(net, settings: LayerParallelSettings, bk: Backend,
     from .bias_control import BiasControl, ControlledGradient
 
     control = BiasControl(config.bias_control, config.bias_every, config.bias_threshold,
-                          config.bias_micro, config.bias_max_iters)
+                          config.bias_micro, config.bias_max_iters, config.bias_signal,
+                          config.bias_residual)
 
     def backprop_fn(params, x, labels):
         return _backprop(net, params, x, labels, bk)
