@@ -30,7 +30,7 @@ SYMBOLS = 14
 SEP, BOS = SYMBOLS, SYMBOLS + 1
 VOCAB = SYMBOLS + 2
 ANSWER_LENGTH = 5  # k
-N_SAMPLES = 4000
+N_SAMPLES = 2000
 
 
 def reverse_sequences(n: int, rng: np.random.Generator, k: int = ANSWER_LENGTH) -> np.ndarray:
