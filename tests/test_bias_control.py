@@ -113,6 +113,10 @@ def test_bad_settings_raise_naming_the_flag():
         TrainConfig(model="gpt", bias_threshold=0.0)
     with pytest.raises(ValueError, match="--bias-every"):
         BiasControl("measure", every=0)
+    with pytest.raises(ValueError, match="--buffer` must be at most 3"):
+        TrainConfig(model="gpt", buffer=4)
+    with pytest.raises(ValueError, match="--buffer` applies"):
+        TrainConfig(model="resnet", buffer=1)
 
 
 def test_cli_run_writes_measurements_and_decisions(tmp_path):

@@ -138,7 +138,7 @@ def transformer_model(data_shape: tuple[int, ...], n_classes: int, layers: int, 
         return GPTModel(V, L, layers, width, heads, hidden, T, tied=tied, buffer=buffer)
     if decoder:
         if not info.get("per_token"):
-            raise ValueError("model 'transformer-decoder' needs per-token labels (e.g. "
+            raise ValueError("an encoder-decoder model needs per-token labels (e.g. "
                              "seq-reverse, seq-duplicates).")
         return Seq2SeqModel(V, L, n_classes, layers, width, heads, hidden, T,
                             teacher_forcing=teacher_forcing)

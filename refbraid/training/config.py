@@ -199,15 +199,19 @@ class TrainConfig:
         if self.bias_signal == "residual" and self.bias_control not in ("iterations", "serial"):
             raise ValueError("`--bias-signal residual` needs `--bias-control iterations` or "
                              f"`serial`, got `--bias-control {self.bias_control}`.")
-        if self.buffer and self.model not in BUFFERED_MODELS:
-            raise ValueError(f"`--buffer` applies to the models {BUFFERED_MODELS}, not "
-                             f"{self.model!r}.")
         for name in ("layers", "width", "epochs", "batch_size", "levels", "cfactor",
                      "data_parallel", "bias_every", "bias_max_iters"):
             _positive_int(self, name)
         for name in ("checkpoint_every", "seed", "fwd_iters", "bwd_iters",
                      "check_gradient_every", "bias_micro", "buffer"):
             _positive_int(self, name, allow_zero=True)
+        if self.buffer and self.model not in BUFFERED_MODELS:
+            raise ValueError(f"`--buffer` applies to the models {BUFFERED_MODELS}, not "
+                             f"{self.model!r}.")
+        if self.buffer and self.layers - 2 * self.buffer < 1:
+            raise ValueError(f"`--buffer` must be at most {(self.layers - 1) // 2} with "
+                             f"`--layers {self.layers}` (buffer steps at each end must leave "
+                             f"at least one layer for MGRIT), got {self.buffer}.")
         if self.samples is not None:
             _positive_int(self, "samples")
             if self.samples < 2:
