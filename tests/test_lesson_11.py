@@ -11,7 +11,7 @@ import pytest
 LESSON = Path(__file__).resolve().parent.parent / "lessons" / "11_gradient_bias.py"
 
 
-@pytest.mark.slow  # ~30 s on 2 shared cores: four short training runs
+@pytest.mark.slow  # four short training runs: ~5 s idle, ~40 s on 2 busy shared cores
 def test_lesson_11_runs_in_small_mode_and_saves_its_figure(tmp_path, monkeypatch):
     monkeypatch.setenv("REFBRAID_LESSON_SMALL", "1")
     monkeypatch.setenv("REFBRAID_LESSON_FIGURES", str(tmp_path))
