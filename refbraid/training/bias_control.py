@@ -23,8 +23,8 @@ The controller (``--bias-control``):
 
 With ``signal = 'residual'`` the controllers act on the proxy instead, with no serial pass and
 no measurement: when the step's final forward residual norm exceeds ``residual``. (Over the
-161 measurements of the lm-reverse runs in docs/transformers_bias.md, log fwd_res and log
-bias/noise correlate at +0.86, log bwd_res at +0.63.)
+201 measurements of the lm-reverse runs in docs/transformers_bias.md, log fwd_res and log
+bias/noise correlate at +0.84, log bwd_res at +0.48.)
 
 Every decision is logged with its numbers (step, ratio, bias, noise, residuals, the settings
 before and after). Cost: one measurement is M + 1 sequential backprops; ``step_applications``
