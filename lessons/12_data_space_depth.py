@@ -219,7 +219,7 @@ ax.legend()
 show(fig, "12_data_space_depth")
 
 # %% [markdown]
-# ## Exercises
+# ## Things to try
 #
 # 1. Make the images 64×64 (`H = 64`): where does space overtake data? Why does the halo
 #    cost not grow with H?
@@ -228,3 +228,28 @@ show(fig, "12_data_space_depth")
 # 3. Run `mpiexec -n 4 python -m mpi4py -m refbraid train --model conv --data digits
 #    --layers 16 --levels 2 --cfactor 2 --space-parallel 2` and compare its log with one
 #    process.
+
+
+# %% [markdown]
+# ## Exercise: the adjoint of the halo exchange
+#
+# The halo exchange of section 1 gives rank p (owning `n_p` rows) the array
+# `ỹ_p = [last row of rank p−1; y_p; first row of rank p+1]` (zeros beyond the image). Write
+# its adjoint `halo_adjoint(dy_halo, counts)`: `dy_halo[p]` is (B, C, n_p + 2, W), the
+# result a list of (B, C, n_p, W), one per rank. Each rank keeps its own rows
+# `dy_halo[p][:, :, 1:-1]`, and every ghost row goes back to the rank it was copied from and
+# is *added* to the row it copied. The check runs the dot-product test
+# `Σ_p <(H y)_p, w_p> = Σ_p <y_p, (Hᵀ w)_p>` against refbraid's `SpatialHalo` on simulated
+# ranks (threads of this process, no MPI), on even and uneven splits, one-row blocks included.
+
+# %%
+from refbraid.lessons import exercises, solutions
+
+
+def halo_adjoint(dy_halo, counts):
+    """Adjoint of the two-sided halo exchange: per-rank (B, C, n_p+2, W) → (B, C, n_p, W)."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_halo_adjoint(halo_adjoint)
+assert exercises.check_halo_adjoint(solutions.halo_adjoint)

@@ -187,3 +187,29 @@ import shutil  # noqa: E402
 
 show(work / "buggy" / "compare.png", "13_check_your_layer_parallel_code")
 shutil.rmtree(work)  # the lesson's scratch files (keep them: comment this line out)
+
+
+# %% [markdown]
+# ## Exercise: the number `refbraid compare` prints
+#
+# Write `gradient_errors(g, ref)`: two dicts of gradients by parameter name (refbraid's
+# names: `opening.W`, `steps.W`, `closing.b`, ...). Return a dict with, for every parameter p,
+# `‖g_p − ref_p‖₂ / ‖ref_p‖₂`; for every group (`opening`, `steps`, `closing`: the name
+# before the first ".") and for `"total"`, the same with the squared differences and the
+# squared reference summed over the group's (all) parameters before dividing; and
+# `‖g_p − ref_p‖₂` alone where the reference is all zeros. The check compares with
+# `refbraid.interop.compare.gradient_errors` on refbraid's layer-parallel gradient (two
+# levels, one cycle each way) against exact backprop, and again with a zero reference
+# parameter.
+
+# %%
+from refbraid.lessons import exercises, solutions
+
+
+def gradient_errors(g, ref):
+    """Relative 2-norm errors of g against ref: per parameter, per group and "total"."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_gradient_errors(gradient_errors)
+assert exercises.check_gradient_errors(solutions.gradient_errors)
