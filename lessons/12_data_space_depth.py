@@ -231,7 +231,9 @@ show(fig, "12_data_space_depth")
 
 
 # %% [markdown]
-# ## Exercise: the adjoint of the halo exchange
+# ## Exercises
+#
+# ### 1. The adjoint of the halo exchange
 #
 # The halo exchange of section 1 gives rank p (owning `n_p` rows) the array
 # `ỹ_p = [last row of rank p−1; y_p; first row of rank p+1]` (zeros beyond the image). Write
@@ -253,3 +255,24 @@ def halo_adjoint(dy_halo, counts):
 
 exercises.check_halo_adjoint(halo_adjoint)
 assert exercises.check_halo_adjoint(solutions.halo_adjoint)
+
+
+# %% [markdown]
+# ### 2. DASO's stale merge
+#
+# With DASO a node sends its parameters for the global average and gets the sum
+# `Σ_h θ_h` of all G nodes' (as sent) back w batches later, by when its own model `θ_now`
+# has moved on. Heat's rule weighs the local model as 2w stale copies:
+# `θ ← (2w·θ_now + Σ_h θ_h) / (G + 2w)`. Write `stale_merge(theta_now, sent_sum, n_nodes,
+# wait)`; what does it give for w = 0 (blocking), and why does a larger w trust the local
+# model more? The check compares with `refbraid.training.daso.stale_merge`, the merge that
+# `refbraid train --dp-groups` applies.
+
+# %%
+def stale_merge(theta_now, sent_sum, n_nodes, wait):
+    """θ after merging a global sum of G nodes' parameters that arrived `wait` batches late."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_stale_merge(stale_merge)
+assert exercises.check_stale_merge(solutions.stale_merge)

@@ -1,6 +1,6 @@
 """The exercises of the second-wave lessons (10 coarsening, 12 data × space × depth, 13 check
 your layer-parallel code) FAIL on typical wrong answers with a message that says where
-(cell, rank and row, parameter) and how large the error is. Their PASS on the reference
+(cell, rank and row, case, parameter) and how large the error is. Their PASS on the reference
 solutions is in tests/test_lessons_exercises.py (every check in ``exercises.EXERCISES``)."""
 
 from __future__ import annotations
@@ -52,6 +52,14 @@ def _halos_kept(dy_halo, counts):
     return list(dy_halo)
 
 
+def _plain_average(theta_now, sent_sum, n_nodes, wait):
+    return sent_sum / n_nodes
+
+
+def _local_weight_w(theta_now, sent_sum, n_nodes, wait):
+    return (wait * theta_now + sent_sum) / (n_nodes + wait)
+
+
 def _group_as_mean_of_errors(g, ref):
     out = solutions.gradient_errors(g, ref)
     for group in ("opening", "steps", "closing"):
@@ -95,6 +103,10 @@ WRONG = [
      ["split [2, 3, 1]", "first wrong: rank 0, row 0 of its 2 (no neighbour reads this row)"]),
     (exercises.check_halo_adjoint, _halos_kept,
      ["`dy[0]` has shape (2, 2, 5, 3), expected (2, 2, 3, 3)"]),
+    (exercises.check_stale_merge, _plain_average,
+     ["G = 2 nodes, w = 2", "rel err", "yours is the plain average"]),
+    (exercises.check_stale_merge, _local_weight_w,
+     ["G = 2 nodes, w = 2", "must weigh as 2w stale copies, not w"]),
     (exercises.check_gradient_errors, _group_as_mean_of_errors,
      ["`opening`: yours", "not the mean of their errors"]),
     (exercises.check_gradient_errors, _max_abs_not_two_norm, ["`opening.W`: yours", "rel err"]),

@@ -22,6 +22,7 @@ lesson  check                                     oracle
 10      :func:`check_restrict_average`            refbraid.mgrit.spatial.restrict
 10      :func:`check_restrict_average_transpose`  dot-product test + spatial.restrict_adjoint
 12      :func:`check_halo_adjoint`                dot-product test + SpatialHalo on simulated ranks
+12      :func:`check_stale_merge`                 refbraid.training.daso.stale_merge
 13      :func:`check_gradient_errors`             refbraid.interop.compare.gradient_errors
 ======  ========================================  =================================================
 """
@@ -40,7 +41,7 @@ from .exercises_layers import (
     check_resnet_forward,
 )
 from .exercises_mgrit import check_f_relaxation, check_gradient_settings, check_two_level_factor
-from .exercises_parallel import check_allreduce_time, check_block_starts
+from .exercises_parallel import check_allreduce_time, check_block_starts, check_stale_merge
 from .exercises_space import (
     check_halo_adjoint,
     check_restrict_average,
@@ -59,7 +60,7 @@ EXERCISES: dict[str, tuple[Callable[..., Verdict], ...]] = {
     "08": (check_implicit_gru_step,),
     "09": (check_allreduce_time,),
     "10": (check_restrict_average, check_restrict_average_transpose),
-    "12": (check_halo_adjoint,),
+    "12": (check_halo_adjoint, check_stale_merge),
     "13": (check_gradient_errors,),
 }
 

@@ -143,6 +143,13 @@ def halo_adjoint(dy_halo: list[np.ndarray], counts: tuple[int, ...]) -> list[np.
     return dy
 
 
+def stale_merge(theta_now: np.ndarray, sent_sum: np.ndarray, n_nodes: int,
+                wait: int) -> np.ndarray:
+    """Lesson 12: the local model counts as 2w copies beside the G sent ones:
+    θ ← (2w·θ_now + Σ_h θ_h) / (G + 2w); w = 0 gives the plain average Σ_h θ_h / G."""
+    return (2 * wait * theta_now + sent_sum) / (n_nodes + 2 * wait)
+
+
 def gradient_errors(g: dict, ref: dict) -> dict[str, float]:
     """Lesson 13: e = ‖g − ref‖₂ / ‖ref‖₂ (‖g − ref‖₂ where ‖ref‖ = 0) per parameter, per
     group (the name before the first ".") and over all ("total"), summing squares first."""
