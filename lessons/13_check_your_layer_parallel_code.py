@@ -190,7 +190,9 @@ shutil.rmtree(work)  # the lesson's scratch files (keep them: comment this line 
 
 
 # %% [markdown]
-# ## Exercise: the number `refbraid compare` prints
+# ## Exercises
+#
+# ### 1. The number `refbraid compare` prints
 #
 # Write `gradient_errors(g, ref)`: two dicts of gradients by parameter name (refbraid's
 # names: `opening.W`, `steps.W`, `closing.b`, ...). Return a dict with, for every parameter p,
@@ -213,3 +215,27 @@ def gradient_errors(g, ref):
 
 exercises.check_gradient_errors(gradient_errors)
 assert exercises.check_gradient_errors(solutions.gradient_errors)
+
+
+# %% [markdown]
+# ### 2. What XBraid prints for a solve refbraid recorded
+#
+# refbraid records a residual norm at the start of every cycle and one more after the final
+# relaxation that makes the returned F-points; XBraid (and so TorchBraid) measures the same
+# thing at the same points but reports them differently (docs/xbraid_mapping.md): it counts
+# the skipped first down-cycle as iteration 0, numbers refbraid's measurement j as j + skip,
+# and when it stops on `max_iters` it never reports that last measurement; a solve stopped by
+# the tolerance reports all of them. TorchBraid's `getFwdStats()` returns the iteration count
+# and the last printed norm, −1 when nothing was printed. Write `xbraid_report(norms,
+# iterations, status, skipped)` → `(num_iter, iteration_numbers, printed_norms, last)`. The
+# check compares with `refbraid.interop.xbraid.xbraid_stats` on five two-level MGRIT solves.
+# Which of them is TorchBraid's default adjoint solve, the one that prints nothing?
+
+# %%
+def xbraid_report(norms, iterations, status, skipped):
+    """(braid_GetNumIter, XBraid's iteration numbers, the norms it prints, the last or -1)."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_xbraid_report(xbraid_report)
+assert exercises.check_xbraid_report(solutions.xbraid_report)

@@ -86,6 +86,26 @@ def _parameters_only(g, ref):
     return {k: float(np.linalg.norm(g[k] - ref[k]) / np.linalg.norm(ref[k])) for k in ref}
 
 
+def _skipped_cycle_not_counted(norms, iterations, status, skipped):
+    _, numbers, printed, last = solutions.xbraid_report(norms, iterations, status, skipped)
+    return iterations, numbers, printed, last
+
+
+def _every_measurement_printed(norms, iterations, status, skipped):
+    skip = int(skipped)
+    return iterations + skip, [j + skip for j in range(len(norms))], list(norms), norms[-1]
+
+
+def _numbered_from_zero(norms, iterations, status, skipped):
+    num_iter, _, printed, last = solutions.xbraid_report(norms, iterations, status, skipped)
+    return num_iter, list(range(len(printed))), printed, last
+
+
+def _zero_when_nothing_printed(norms, iterations, status, skipped):
+    num_iter, numbers, printed, _ = solutions.xbraid_report(norms, iterations, status, skipped)
+    return num_iter, numbers, printed, printed[-1] if printed else 0.0
+
+
 WRONG = [
     (exercises.check_restrict_average, _sum_not_average,
      ["`R x`[", "coarse cell (", "rel err", "yours is 4 × the 2×2 average everywhere"]),
@@ -107,6 +127,15 @@ WRONG = [
      ["G = 2 nodes, w = 2", "rel err", "yours is the plain average"]),
     (exercises.check_stale_merge, _local_weight_w,
      ["G = 2 nodes, w = 2", "must weigh as 2w stale copies, not w"]),
+    (exercises.check_xbraid_report, _skipped_cycle_not_counted,
+     ["skipped first cycle, max_iter 2", "braid_GetNumIter: yours 2, XBraid's 3",
+      "does the skipped first cycle count?"]),
+    (exercises.check_xbraid_report, _every_measurement_printed,
+     ["status 'max_iter' after 2 cycle(s)", "yours prints 3 norm(s), XBraid 2"]),
+    (exercises.check_xbraid_report, _numbered_from_zero,
+     ["iteration numbers: yours [0, 1], XBraid's [1, 2]"]),
+    (exercises.check_xbraid_report, _zero_when_nothing_printed,
+     ["max_iter 0", "getFwdStats()[1]: yours 0, TorchBraid's -1", "nothing was printed"]),
     (exercises.check_gradient_errors, _group_as_mean_of_errors,
      ["`opening`: yours", "not the mean of their errors"]),
     (exercises.check_gradient_errors, _max_abs_not_two_norm, ["`opening.W`: yours", "rel err"]),

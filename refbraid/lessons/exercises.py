@@ -24,6 +24,7 @@ lesson  check                                     oracle
 12      :func:`check_halo_adjoint`                dot-product test + SpatialHalo on simulated ranks
 12      :func:`check_stale_merge`                 refbraid.training.daso.stale_merge
 13      :func:`check_gradient_errors`             refbraid.interop.compare.gradient_errors
+13      :func:`check_xbraid_report`               refbraid.interop.xbraid.xbraid_stats
 ======  ========================================  =================================================
 """
 
@@ -33,7 +34,7 @@ from collections.abc import Callable
 
 from . import solutions
 from .checking import Verdict
-from .exercises_interop import check_gradient_errors
+from .exercises_interop import check_gradient_errors, check_xbraid_report
 from .exercises_layers import (
     check_dense_step_adjoint,
     check_implicit_gru_step,
@@ -61,7 +62,7 @@ EXERCISES: dict[str, tuple[Callable[..., Verdict], ...]] = {
     "09": (check_allreduce_time,),
     "10": (check_restrict_average, check_restrict_average_transpose),
     "12": (check_halo_adjoint, check_stale_merge),
-    "13": (check_gradient_errors,),
+    "13": (check_gradient_errors, check_xbraid_report),
 }
 
 

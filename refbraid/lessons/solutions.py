@@ -165,3 +165,14 @@ def gradient_errors(g: dict, ref: dict) -> dict[str, float]:
     for key, (num, den) in sums.items():
         out[key] = np.sqrt(num / den) if den > 0 else np.sqrt(num)
     return {k: float(v) for k, v in out.items()}
+
+
+def xbraid_report(norms: list[float], iterations: int, status: str,
+                  skipped: bool) -> tuple[int, list[int], list[float], float]:
+    """Lesson 13: XBraid counts the skipped first cycle (num_iter = iterations + skip),
+    numbers measurement j as j + skip, and on max_iter does not report the last measurement
+    (the final relaxation's); TorchBraid's last norm is the last printed one, −1 if none."""
+    skip = 1 if skipped else 0
+    printed = list(norms) if status == "converged" else list(norms[:-1])
+    numbers = [j + skip for j in range(len(printed))]
+    return iterations + skip, numbers, printed, printed[-1] if printed else -1.0
