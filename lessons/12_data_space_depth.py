@@ -92,14 +92,17 @@ else:
 sd_loss, sd_grads, _ = sd(params, xb, labels)
 sd_err = max(float(np.abs(sd_grads[k] - lp_grads[k]).max() / np.abs(lp_grads[k]).max())
              for k in lp_grads)
-print("RESULT " + json.dumps({"rank": world.rank, "rows": [lo, hi],
-      "halo_mismatch": halo_mismatch, "loss_err": relative_error(s_loss, loss),
-      "space_grad_err": space_err, "space_depth_grad_err": sd_err}), flush=True)
+mine = {"rank": world.rank, "rows": [lo, hi], "halo_mismatch": halo_mismatch,
+        "loss_err": relative_error(s_loss, loss), "space_grad_err": space_err,
+        "space_depth_grad_err": sd_err}
+every = world.gather(mine)  # one line from rank 0: ranks printing at once can share a line
+if world.rank == 0:
+    print("RESULT " + json.dumps(every), flush=True)
 """
 
 run = run_mpi(P, ["-c", DEMO], timeout=300).check()
-results = sorted((json.loads(line[7:]) for line in run.output.splitlines()
-                  if line.startswith("RESULT ")), key=lambda r: r["rank"])
+line = next(ln for ln in run.output.splitlines() if ln.startswith("RESULT "))
+results = sorted(json.loads(line[len("RESULT "):]), key=lambda r: r["rank"])
 for r in results:
     print(f"rank {r['rank']}: rows {r['rows']}, halo ⟨Ax,y⟩ vs ⟨x,Aᵀy⟩: "
           f"{r['halo_mismatch']:.1e}; split network vs backprop: loss {r['loss_err']:.1e}, "
