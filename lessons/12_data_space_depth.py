@@ -92,14 +92,17 @@ else:
 sd_loss, sd_grads, _ = sd(params, xb, labels)
 sd_err = max(float(np.abs(sd_grads[k] - lp_grads[k]).max() / np.abs(lp_grads[k]).max())
              for k in lp_grads)
-print("RESULT " + json.dumps({"rank": world.rank, "rows": [lo, hi],
-      "halo_mismatch": halo_mismatch, "loss_err": relative_error(s_loss, loss),
-      "space_grad_err": space_err, "space_depth_grad_err": sd_err}), flush=True)
+mine = {"rank": world.rank, "rows": [lo, hi], "halo_mismatch": halo_mismatch,
+        "loss_err": relative_error(s_loss, loss), "space_grad_err": space_err,
+        "space_depth_grad_err": sd_err}
+every = world.gather(mine)  # one line from rank 0: ranks printing at once can share a line
+if world.rank == 0:
+    print("RESULT " + json.dumps(every), flush=True)
 """
 
 run = run_mpi(P, ["-c", DEMO], timeout=300).check()
-results = sorted((json.loads(line[7:]) for line in run.output.splitlines()
-                  if line.startswith("RESULT ")), key=lambda r: r["rank"])
+line = next(ln for ln in run.output.splitlines() if ln.startswith("RESULT "))
+results = sorted(json.loads(line[len("RESULT "):]), key=lambda r: r["rank"])
 for r in results:
     print(f"rank {r['rank']}: rows {r['rows']}, halo ⟨Ax,y⟩ vs ⟨x,Aᵀy⟩: "
           f"{r['halo_mismatch']:.1e}; split network vs backprop: loss {r['loss_err']:.1e}, "
@@ -219,7 +222,7 @@ ax.legend()
 show(fig, "12_data_space_depth")
 
 # %% [markdown]
-# ## Exercises
+# ## Things to try
 #
 # 1. Make the images 64×64 (`H = 64`): where does space overtake data? Why does the halo
 #    cost not grow with H?
@@ -228,3 +231,51 @@ show(fig, "12_data_space_depth")
 # 3. Run `mpiexec -n 4 python -m mpi4py -m refbraid train --model conv --data digits
 #    --layers 16 --levels 2 --cfactor 2 --space-parallel 2` and compare its log with one
 #    process.
+
+
+# %% [markdown]
+# ## Exercises
+#
+# ### 1. The adjoint of the halo exchange
+#
+# The halo exchange of section 1 gives rank p (owning `n_p` rows) the array
+# `ỹ_p = [last row of rank p−1; y_p; first row of rank p+1]` (zeros beyond the image). Write
+# its adjoint `halo_adjoint(dy_halo, counts)`: `dy_halo[p]` is (B, C, n_p + 2, W), the
+# result a list of (B, C, n_p, W), one per rank. Each rank keeps its own rows
+# `dy_halo[p][:, :, 1:-1]`, and every ghost row goes back to the rank it was copied from and
+# is *added* to the row it copied. The check runs the dot-product test
+# `Σ_p <(H y)_p, w_p> = Σ_p <y_p, (Hᵀ w)_p>` against refbraid's `SpatialHalo` on simulated
+# ranks (threads of this process, no MPI), on even and uneven splits, one-row blocks included.
+
+# %%
+from refbraid.lessons import exercises, solutions
+
+
+def halo_adjoint(dy_halo, counts):
+    """Adjoint of the two-sided halo exchange: per-rank (B, C, n_p+2, W) → (B, C, n_p, W)."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_halo_adjoint(halo_adjoint)
+assert exercises.check_halo_adjoint(solutions.halo_adjoint)
+
+
+# %% [markdown]
+# ### 2. DASO's stale merge
+#
+# With DASO a node sends its parameters for the global average and gets the sum
+# `Σ_h θ_h` of all G nodes' (as sent) back w batches later, by when its own model `θ_now`
+# has moved on. Heat's rule weighs the local model as 2w stale copies:
+# `θ ← (2w·θ_now + Σ_h θ_h) / (G + 2w)`. Write `stale_merge(theta_now, sent_sum, n_nodes,
+# wait)`; what does it give for w = 0 (blocking), and why does a larger w trust the local
+# model more? The check compares with `refbraid.training.daso.stale_merge`, the merge that
+# `refbraid train --dp-groups` applies.
+
+# %%
+def stale_merge(theta_now, sent_sum, n_nodes, wait):
+    """θ after merging a global sum of G nodes' parameters that arrived `wait` batches late."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_stale_merge(stale_merge)
+assert exercises.check_stale_merge(solutions.stale_merge)
