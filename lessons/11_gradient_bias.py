@@ -151,3 +151,28 @@ axes[1].set_title("bias / noise")
 axes[1].legend()
 fig.tight_layout()
 show(fig, "11_gradient_bias")
+
+# %% [markdown]
+# ## Exercise
+#
+# The controllers act on one number: the bias of the layer-parallel gradient against the noise
+# of the mini-batch gradient. Given flat gradients — `g_lp` (layer-parallel) and `g`
+# (sequential backprop, same batch), both of P parameters, and `micro`, the M gradients of the
+# batch's micro-batches (M, P) — write `bias_noise_ratio(g_lp, g, micro)` returning
+# `(bias, noise, ratio)`: bias = ‖g_lp − g‖₂, noise = the standard error of the *mean* of the
+# micro-batch gradients, √(Σ_i ‖g_i − ḡ‖² / (M(M − 1))), and ratio = bias / noise. Why does
+# the noise shrink near a minimum while the bias of a fixed number of MGRIT cycles does not?
+# The check compares with `refbraid.training.bias_control.bias_and_noise`, the measurement
+# `--bias-control` makes.
+
+# %%
+from refbraid.lessons import exercises, solutions  # noqa: E402
+
+
+def bias_noise_ratio(g_lp, g, micro):
+    """(‖g_lp − g‖, standard error of the mean of the micro-batch gradients, their ratio)."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_bias_noise_ratio(bias_noise_ratio)
+assert exercises.check_bias_noise_ratio(solutions.bias_noise_ratio)

@@ -182,3 +182,29 @@ def test_the_checks_do_not_need_the_reference_answers_to_be_the_solutions():
     assert exercises.check_restrict_average(
         lambda x: x.reshape(*x.shape[:2], x.shape[2] // 2, 2, x.shape[3] // 2, 2)
         .mean(axis=(3, 5)), quiet=True)
+
+
+# ----------------------------------------------------------------------------- lesson 11
+def _noise_of_one_micro_batch(g_lp, g, micro):
+    bias, _, _ = solutions.bias_noise_ratio(g_lp, g, micro)
+    M = micro.shape[0]
+    spread = float(np.sqrt(((micro - micro.mean(axis=0)) ** 2).sum() / (M - 1)))
+    return bias, spread, bias / spread
+
+
+def _relative_bias(g_lp, g, micro):
+    bias, noise, _ = solutions.bias_noise_ratio(g_lp, g, micro)
+    bias /= float(np.linalg.norm(g))
+    return bias, noise, bias / noise
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (_noise_of_one_micro_batch, ["noise", "smaller by √M", "M = 4 micro-batches"]),
+    (_relative_bias, ["bias", "expected", "P = 7 parameters"]),
+    (lambda g_lp, g, micro: 1.0, ["return three numbers"]),
+])
+def test_bias_noise_ratio_fails_on_wrong_answers(wrong, words, capsys):
+    verdict = exercises.check_bias_noise_ratio(wrong)
+    assert verdict.status == "FAIL"
+    for word in words:
+        assert word in verdict.message, (word, verdict.message)

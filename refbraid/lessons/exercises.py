@@ -21,6 +21,7 @@ lesson  check                                     oracle
 09      :func:`check_allreduce_time`              refbraid.scaling.predict.ring_allreduce
 10      :func:`check_restrict_average`            refbraid.mgrit.spatial.restrict
 10      :func:`check_restrict_average_transpose`  dot-product test + spatial.restrict_adjoint
+11      :func:`check_bias_noise_ratio`            refbraid.training.bias_control.bias_and_noise
 12      :func:`check_halo_adjoint`                dot-product test + SpatialHalo on simulated ranks
 12      :func:`check_stale_merge`                 refbraid.training.daso.stale_merge
 13      :func:`check_gradient_errors`             refbraid.interop.compare.gradient_errors
@@ -34,6 +35,7 @@ from collections.abc import Callable
 
 from . import solutions
 from .checking import Verdict
+from .exercises_bias import check_bias_noise_ratio
 from .exercises_interop import check_gradient_errors, check_xbraid_report
 from .exercises_layers import (
     check_dense_step_adjoint,
@@ -61,6 +63,7 @@ EXERCISES: dict[str, tuple[Callable[..., Verdict], ...]] = {
     "08": (check_implicit_gru_step,),
     "09": (check_allreduce_time,),
     "10": (check_restrict_average, check_restrict_average_transpose),
+    "11": (check_bias_noise_ratio,),
     "12": (check_halo_adjoint, check_stale_merge),
     "13": (check_gradient_errors, check_xbraid_report),
 }

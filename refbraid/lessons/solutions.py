@@ -176,3 +176,13 @@ def xbraid_report(norms: list[float], iterations: int, status: str,
     printed = list(norms) if status == "converged" else list(norms[:-1])
     numbers = [j + skip for j in range(len(printed))]
     return iterations + skip, numbers, printed, printed[-1] if printed else -1.0
+
+
+def bias_noise_ratio(g_lp: np.ndarray, g: np.ndarray,
+                     micro: np.ndarray) -> tuple[float, float, float]:
+    """Lesson 11: bias = ‖g_LP − g‖, noise = √(Σ_i ‖g_i − ḡ‖² / (M(M − 1))) (the standard
+    error of the mean of the M micro-batch gradients g_i), and bias / noise."""
+    bias = float(np.linalg.norm(g_lp - g))
+    M = micro.shape[0]
+    noise = float(np.sqrt(((micro - micro.mean(axis=0)) ** 2).sum() / (M * (M - 1))))
+    return bias, noise, bias / noise
