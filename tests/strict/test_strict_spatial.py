@@ -117,3 +117,23 @@ def test_a_batched_problem_runs_per_step_on_the_strict_device(strict):
     assert calls["numpy"] > 0 and calls["strict"] == 0
     _close(got.solution, want.solution, 1e-12, "solution")
     assert got.step_counts == want.step_counts
+
+
+def test_dense_step_batched_kernels_equal_numpy(strict):
+    """DenseStep.forward_batched / adjoint_batched (k steps at once) run on the device too;
+    only MGRIT's row gathering needs NumPy or CuPy."""
+    from refbraid.layers import DenseStep
+
+    layer, rng = DenseStep(3, "tanh"), np.random.default_rng(8)
+    params = {"W": rng.standard_normal((4, 3, 3)), "b": rng.standard_normal((4, 3))}
+    Y, dY, h = rng.standard_normal((4, 2, 3)), rng.standard_normal((4, 2, 3)), np.full(4, 0.25)
+
+    def run(bk, params, Y, dY):
+        Y_next, Z = layer.forward_batched(params, Y, h, bk)
+        dY_prev, d = layer.adjoint_batched(params, Y, Z, dY, h, bk)
+        return {"Y_next": Y_next, "dY": dY_prev, **d}
+
+    want = run(NUMPY, params, Y, dY)
+    got = run(strict, to_backend(params, strict), strict.asarray(Y), strict.asarray(dY))
+    for k in want:
+        _close(got[k], want[k], 1e-13, k)
