@@ -16,12 +16,12 @@
 # synchronises "nodes" only every k steps; (3) ask which split wins, measured here and
 # predicted up to 1,024 ranks.
 #
-# Run it: `python lessons/12_data_space_depth.py` (`REFBRAID_LESSON_SMALL=1` for a quick run,
-# `REFBRAID_LESSON_FIGURES=<folder>` to save the figure).
+# Run it: `python lessons/12_data_space_depth.py` (`REFBRAID_LESSON_SMALL=1` for a quick run).
+# In Jupyter the figure appears in its cell; as a script it goes to `lesson_figures/12/`
+# (`REFBRAID_LESSON_FIGURES` picks another folder).
 
 # %%
 import json
-import os
 import tempfile
 from pathlib import Path
 
@@ -30,6 +30,7 @@ from matplotlib.figure import Figure
 
 from refbraid.backends import get_backend
 from refbraid.layer_parallel import LayerParallelSettings
+from refbraid.lessons import show, small
 from refbraid.network import init_params
 from refbraid.parallel.costs import StepCosts
 from refbraid.parallel.launch import run_mpi
@@ -39,8 +40,7 @@ from refbraid.training.daso import DasoSchedule, SyncRate, next_rate
 from refbraid.training.models import build_network
 from refbraid.training.optim import make_optimizer
 
-SMALL = os.environ.get("REFBRAID_LESSON_SMALL") == "1"
-FIGURES = os.environ.get("REFBRAID_LESSON_FIGURES")
+SMALL = small()
 P = 3  # ranks for the exactness checks: 7 rows split 3 / 2 / 2, an uneven split
 
 # %% [markdown]
@@ -216,8 +216,7 @@ ax.axhline(1.0, color="black", lw=0.8)
 ax.set(xscale="log", yscale="log", xlabel="ranks P", ylabel="predicted speedup over serial",
        title=f"conv net, {N} layers, {H}×{H}, batch {B}")
 ax.legend()
-if FIGURES:
-    fig.savefig(Path(FIGURES) / "12_data_space_depth.png", dpi=120)
+show(fig, "12_data_space_depth")
 
 # %% [markdown]
 # ## Exercises

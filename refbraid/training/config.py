@@ -41,7 +41,8 @@ import numpy as np
 from ..backends import BACKENDS
 from ..backends.reference import ACTIVATIONS
 from ..data import DATASETS
-from .models import MODEL_DEFAULTS, MODELS
+from .bias_control import BIAS_MODES, BIAS_SIGNALS
+from .models import BUFFERED_MODELS, MODEL_DEFAULTS, MODELS
 from .optim import OPTIMIZERS
 from .run_folder import resume_folder
 
@@ -52,7 +53,7 @@ DTYPES = ("float64", "float32")
 #: models whose states are feature maps (``--spatial-levels`` applies)
 SPATIAL_MODELS = ("conv", "conv-stages")
 RESUME_MUST_MATCH = ("data", "samples", "val_fraction", "model", "layers", "width", "T",
-                     "activation", "dtype", "optimizer", "seed", "batch_size")
+                     "activation", "dtype", "optimizer", "seed", "batch_size", "buffer")
 
 
 def flag(field_name: str) -> str:
@@ -144,6 +145,7 @@ class TrainConfig:
     model: str = "resnet"
     layers: int | None = None
     width: int | None = None
+    buffer: int = 0  # gpt: serial buffer steps at each end, outside the MGRIT block
     T: float | None = None
     activation: str = "tanh"
     epochs: int | None = None
@@ -177,6 +179,14 @@ class TrainConfig:
     dp_groups: int = 1  # DASO: the D data-parallel ranks form G nodes (training/daso.py)
     global_sync_every: int = 1  # DASO: nodes average parameters every k batches (1: plain DP)
     space_parallel: int = 1  # S ranks split every feature map by rows (conv; refbraid/space)
+    # gradient-bias control (refbraid.training.bias_control)
+    bias_control: str = "off"  # off | measure | iterations | serial
+    bias_every: int = 10  # steps between bias/noise measurements
+    bias_threshold: float = 1.0  # act when bias / noise exceeds it
+    bias_micro: int = 4  # micro-batches of the noise estimate
+    bias_max_iters: int = 8  # cap on MGRIT cycles in mode 'iterations'
+    bias_signal: str = "measured"  # measured | residual (the proxy, no serial pass)
+    bias_residual: float = 10.0  # proxy threshold on the final forward residual
 
     def __post_init__(self):
         _choice("model", self.model, tuple(MODELS))
@@ -190,19 +200,35 @@ class TrainConfig:
         _choice("backend", self.backend, BACKENDS)
         _choice("dtype", self.dtype, DTYPES)
         _choice("cycle", self.cycle, ("V", "F"))
+        _choice("bias_control", self.bias_control, BIAS_MODES)
+        _choice("bias_signal", self.bias_signal, BIAS_SIGNALS)
+        if self.bias_signal == "residual" and self.bias_control not in ("iterations", "serial"):
+            raise ValueError("`--bias-signal residual` needs `--bias-control iterations` or "
+                             f"`serial`, got `--bias-control {self.bias_control}`.")
         for name in ("layers", "width", "epochs", "batch_size", "levels", "cfactor",
-                     "data_parallel", "dp_groups", "global_sync_every", "space_parallel"):
+                     "data_parallel", "dp_groups", "global_sync_every", "space_parallel",
+                     "bias_every", "bias_max_iters"):
             _positive_int(self, name)
         for name in ("checkpoint_every", "seed", "fwd_iters", "bwd_iters",
-                     "check_gradient_every"):
+                     "check_gradient_every", "bias_micro", "buffer"):
             _positive_int(self, name, allow_zero=True)
+        if self.buffer and self.model not in BUFFERED_MODELS:
+            raise ValueError(f"`--buffer` applies to the models {BUFFERED_MODELS}, not "
+                             f"{self.model!r}.")
+        if self.buffer and self.layers - 2 * self.buffer < 1:
+            raise ValueError(f"`--buffer` must be at most {(self.layers - 1) // 2} with "
+                             f"`--layers {self.layers}` (buffer steps at each end must leave "
+                             f"at least one layer for MGRIT), got {self.buffer}.")
         if self.samples is not None:
             _positive_int(self, "samples")
             if self.samples < 2:
                 raise ValueError(f"`--samples` must be at least 2, got {self.samples!r}.")
         if self.cfactor < 2:
             raise ValueError(f"`--cfactor` must be an integer >= 2, got {self.cfactor!r}.")
-        for name in ("T", "lr", "fwd_tol", "bwd_tol"):
+        if self.bias_micro < 2 or self.bias_micro > self.batch_size:
+            raise ValueError(f"`--bias-micro` must be an integer in [2, --batch-size "
+                             f"{self.batch_size}], got {self.bias_micro!r}.")
+        for name in ("T", "lr", "fwd_tol", "bwd_tol", "bias_threshold", "bias_residual"):
             _positive_float(self, name)
         _real(self, "momentum", lambda v: 0.0 <= v < 1.0, "a number in [0, 1)")
         _real(self, "val_fraction", lambda v: 0.0 < v < 1.0, "a number in (0, 1)")

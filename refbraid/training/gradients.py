@@ -26,7 +26,7 @@ from ..layer_parallel import (
 )
 from ..mgrit import MGRITSettings, build_hierarchy
 from ..mgrit.transfer import SpatialCoarsening
-from ..network import Network, backprop
+from ..network import Network, backprop, forward
 from .config import TrainConfig
 
 Params = dict[str, Any]
@@ -139,14 +139,20 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend) -> tuple[str
         from .distributed import distributed_gradient
         from .sharded import ShardedGradient
 
-        if not isinstance(net, Network):  # every rank sees the same model: say it once
+        if config.bias_control != "off":
+            raise CollectiveError("`--bias-control` runs in one process only (it compares with "
+                                  "sequential backprop on the whole batch); drop it under "
+                                  "mpiexec.")
+        block = net if isinstance(net, Network) else getattr(net, "mpi_network", None)
+        if block is None:  # every rank sees the same model: say it once
             raise CollectiveError(f"`--model {config.model}`: training over MPI supports the "
-                                  "resnet and conv models; train sequence models in one "
-                                  "process.")
+                                  "resnet, conv, transformer, gpt-untied models (one block "
+                                  "whose parameters are the network's); train this model in "
+                                  "one process.")
         settings = LayerParallelSettings.exact() if config.serial else \
             layer_parallel_settings(config)
         return "layer-parallel-mpi", ShardedGradient(distributed_gradient(
-            net, settings, bk, config.data_parallel))  # each rank steps its own layers
+            block, settings, bk, config.data_parallel))  # each rank steps its own layers
     if config.serial:
         return "sequential", sequential_gradient(net, bk)
     settings = layer_parallel_settings(config)
@@ -162,4 +168,40 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend) -> tuple[str
         raise ValueError(f"`--levels {config.levels}` with `--cfactor {config.cfactor}` does not "
                          f"fit {grid}: {err} Use fewer levels, a smaller cfactor, {longer}, "
                          f"or --serial.") from None
+    if config.bias_control != "off":
+        return "layer-parallel-bias-control", controlled_gradient(net, settings, bk, config)
     return "layer-parallel", mgrit_gradient(net, settings, bk, config.check_gradient_every)
+
+
+def controlled_gradient(net, settings: LayerParallelSettings, bk: Backend,
+                        config: TrainConfig):
+    """The layer-parallel gradient under ``--bias-control`` (refbraid.training.bias_control)."""
+    from .bias_control import BiasControl, ControlledGradient
+
+    control = BiasControl(config.bias_control, config.bias_every, config.bias_threshold,
+                          config.bias_micro, config.bias_max_iters, config.bias_signal,
+                          config.bias_residual)
+
+    def backprop_fn(params, x, labels):
+        return _backprop(net, params, x, labels, bk)
+
+    def layer_parallel_fn(params, x, labels, s):
+        if isinstance(net, Network):
+            return layer_parallel_gradient(net, params, x, labels, s, bk)
+        return net.layer_parallel_gradient(params, x, labels, s, bk)
+
+    def sequential_logits(params, x):
+        if isinstance(net, Network):
+            return forward(net, params, x, bk, keep=False)[0]
+        return net.logits(params, x, bk)
+
+    def mgrit_logits(params, x, s):
+        if isinstance(net, Network):
+            return mgrit_forward(net, params, x, s, bk)[0]
+        return net.mgrit_logits(params, x, s, bk)
+
+    say = (lambda *a, **k: None) if config.quiet else print
+    layers = getattr(net, "layers", net.n_layers)  # all steps (a GPT's buffers included)
+    return ControlledGradient(backprop_fn, layer_parallel_fn, (sequential_logits, mgrit_logits),
+                              settings, control, layers, bk, say=say,
+                              serial_steps=layers - net.n_layers)
