@@ -6,8 +6,8 @@ The reference kernels and the layers are written against the standard
 *current* device and have C-contiguous copies, which the Numba kernels want. These helpers
 say each once, so a kernel line reads the same on every backend:
 
-* :func:`zeros_on`, :func:`empty_on`, :func:`arange_on`, :func:`asarray_on` — new arrays
-  where ``like`` lives;
+* :func:`zeros_on`, :func:`empty_on`, :func:`full_on`, :func:`arange_on`, :func:`asarray_on`
+  — new arrays where ``like`` lives;
 * :func:`indexes_with_integer_arrays` — whether ``a[int_array, ...]`` works (NumPy, CuPy;
   the standard leaves it out, so array-api-strict refuses it);
 * :func:`contiguous` — a C-contiguous array where layout exists (NumPy, CuPy), else a
@@ -51,6 +51,16 @@ def empty_on(like, shape, dtype=None):
     if _current_device_library(like):
         return xp.empty(shape, dtype=dtype)
     return xp.empty(shape, dtype=dtype, device=like.device)
+
+
+def full_on(like, shape, value, dtype=None):
+    """An array of ``shape`` filled with ``value`` (``like``'s dtype by default) where ``like``
+    lives."""
+    xp = _namespace(like)
+    dtype = like.dtype if dtype is None else dtype
+    if _current_device_library(like):
+        return xp.full(shape, value, dtype=dtype)
+    return xp.full(shape, value, dtype=dtype, device=like.device)
 
 
 def arange_on(like, n: int):
