@@ -6,7 +6,10 @@ The reference kernels and the layers are written against the standard
 *current* device and have C-contiguous copies, which the Numba kernels want. These helpers
 say each once, so a kernel line reads the same on every backend:
 
-* :func:`zeros_on`, :func:`arange_on`, :func:`asarray_on` — new arrays where ``like`` lives;
+* :func:`zeros_on`, :func:`empty_on`, :func:`full_on`, :func:`arange_on`, :func:`asarray_on`
+  — new arrays where ``like`` lives;
+* :func:`indexes_with_integer_arrays` — whether ``a[int_array, ...]`` works (NumPy, CuPy;
+  the standard leaves it out, so array-api-strict refuses it);
 * :func:`contiguous` — a C-contiguous array where layout exists (NumPy, CuPy), else a
   fresh copy (a broadcast view becomes a writable array either way).
 """
@@ -26,6 +29,12 @@ def _current_device_library(a) -> bool:
     return isinstance(a, np.ndarray) or type(a).__module__.startswith("cupy")
 
 
+def indexes_with_integer_arrays(a) -> bool:
+    """True for NumPy and CuPy arrays, which take (and assign through) integer-array indices
+    ``a[idx, ...]``; other array API arrays (array-api-strict) may refuse them."""
+    return _current_device_library(a)
+
+
 def zeros_on(like, shape, dtype=None):
     """Zeros of ``shape`` (``like``'s dtype by default) on the device ``like`` lives on."""
     xp = _namespace(like)
@@ -33,6 +42,25 @@ def zeros_on(like, shape, dtype=None):
     if _current_device_library(like):
         return xp.zeros(shape, dtype=dtype)
     return xp.zeros(shape, dtype=dtype, device=like.device)
+
+
+def empty_on(like, shape, dtype=None):
+    """An uninitialised array of ``shape`` (``like``'s dtype by default) where ``like`` lives."""
+    xp = _namespace(like)
+    dtype = like.dtype if dtype is None else dtype
+    if _current_device_library(like):
+        return xp.empty(shape, dtype=dtype)
+    return xp.empty(shape, dtype=dtype, device=like.device)
+
+
+def full_on(like, shape, value, dtype=None):
+    """An array of ``shape`` filled with ``value`` (``like``'s dtype by default) where ``like``
+    lives."""
+    xp = _namespace(like)
+    dtype = like.dtype if dtype is None else dtype
+    if _current_device_library(like):
+        return xp.full(shape, value, dtype=dtype)
+    return xp.full(shape, value, dtype=dtype, device=like.device)
 
 
 def arange_on(like, n: int):

@@ -12,14 +12,28 @@ height and width, ``S…`` the spatial axes (2 or 3 of them), ``k`` odd kernel s
 
 from __future__ import annotations
 
+from .portable import arange_on, contiguous, zeros_on
 from .reference import array_namespace
 
 POOL = 2  # pooling windows are 2 wide along every spatial axis (stride 2, as nn.AvgPool2d(2))
 
 
 # ----------------------------------------------------------------------------- conv3d
-def _pad_dhw(xp, x, p: int):
-    return xp.pad(x, ((0, 0), (0, 0), (p, p), (p, p), (p, p)))
+def _zero_pad(x, p: int):
+    """x zero-padded by p on both sides of every spatial axis: (B, C, S + 2p …)."""
+    xpad = zeros_on(x, (*x.shape[:2], *(n + 2 * p for n in x.shape[2:])))
+    xpad[(slice(None), slice(None), *(slice(p, p + n) for n in x.shape[2:]))] = x
+    return xpad
+
+
+def _mix_channels(xp, a, M, axis: int):
+    """Σ_c M[…c…] a[n,c,S…] with M's ``axis`` contracted: (B, C, S…) -> (B, O, S…).
+
+    ``axis=1``: M is (O, C), the forward map; ``axis=0``: M is (C, O) read as Mᵀ (adjoint).
+    """
+    s = a.ndim - 2
+    mixed = xp.tensordot(a, M, axes=([1], [axis]))  # B, S…, O
+    return xp.permute_dims(mixed, (0, s + 1, *range(1, s + 1)))
 
 
 def conv3d(x, W, b):
@@ -31,13 +45,13 @@ def conv3d(x, W, b):
     xp = array_namespace(x)
     k = W.shape[-1]
     D, H, Wd = x.shape[2:]
-    xpad = _pad_dhw(xp, x, k // 2)
-    z = xp.zeros((x.shape[0], W.shape[0], D, H, Wd), dtype=x.dtype)
+    xpad = _zero_pad(x, k // 2)
+    z = zeros_on(x, (x.shape[0], W.shape[0], D, H, Wd))
     for p in range(k):
         for q in range(k):
             for u in range(k):
                 window = xpad[:, :, p : p + D, q : q + H, u : u + Wd]
-                z += xp.einsum("oc,ncdhw->nodhw", W[:, :, p, q, u], window)
+                z += _mix_channels(xp, window, W[:, :, p, q, u], axis=1)
     if b is not None:
         z += b[None, :, None, None, None]
     return z
@@ -54,17 +68,17 @@ def conv3d_adjoint(x, W, dz):
     k = W.shape[-1]
     r = k // 2
     D, H, Wd = x.shape[2:]
-    xpad = _pad_dhw(xp, x, r)
+    xpad = _zero_pad(x, r)
     dxpad = xp.zeros_like(xpad)
     dW = xp.zeros_like(W)
     for p in range(k):
         for q in range(k):
             for u in range(k):
                 sl = (slice(None), slice(None), slice(p, p + D), slice(q, q + H), slice(u, u + Wd))
-                dxpad[sl] += xp.einsum("oc,nodhw->ncdhw", W[:, :, p, q, u], dz)
-                dW[:, :, p, q, u] = xp.einsum("nodhw,ncdhw->oc", dz, xpad[sl])
+                dxpad[sl] += _mix_channels(xp, dz, W[:, :, p, q, u], axis=0)
+                dW[:, :, p, q, u] = xp.tensordot(dz, xpad[sl], axes=([0, 2, 3, 4], [0, 2, 3, 4]))
     dx = dxpad[:, :, r : r + D, r : r + H, r : r + Wd]
-    return xp.ascontiguousarray(dx), dW, dz.sum(axis=(0, 2, 3, 4))
+    return contiguous(dx), dW, xp.sum(dz, axis=(0, 2, 3, 4))
 
 
 # ----------------------------------------------------------------------------- stride 2
@@ -92,13 +106,13 @@ def conv_stride2(x, W, b):
     xp = array_namespace(x)
     k, s = W.shape[-1], x.ndim - 2
     out_size = tuple(-(-n // 2) for n in x.shape[2:])
-    xpad = xp.pad(x, ((0, 0), (0, 0), *((k // 2, k // 2),) * s))
-    z = xp.zeros((x.shape[0], W.shape[0], *out_size), dtype=x.dtype)
+    xpad = _zero_pad(x, k // 2)
+    z = zeros_on(x, (x.shape[0], W.shape[0], *out_size))
     for tap in _taps(k, s):
-        z += xp.einsum("oc,nc...->no...", W[(slice(None), slice(None), *tap)],
-                       _stride2_window(xpad, tap, out_size))
+        z += _mix_channels(xp, _stride2_window(xpad, tap, out_size),
+                           W[(slice(None), slice(None), *tap)], axis=1)
     if b is not None:
-        z += b.reshape((1, -1) + (1,) * s)
+        z += xp.reshape(b, (1, -1) + (1,) * s)
     return z
 
 
@@ -110,18 +124,18 @@ def conv_stride2_adjoint(x, W, dz):
     k, s = W.shape[-1], x.ndim - 2
     r = k // 2
     out_size = dz.shape[2:]
-    xpad = xp.pad(x, ((0, 0), (0, 0), *((r, r),) * s))
+    xpad = _zero_pad(x, r)
     dxpad = xp.zeros_like(xpad)
     dW = xp.zeros_like(W)
     for tap in _taps(k, s):
         w_index = (slice(None), slice(None), *tap)
         window = (slice(None), slice(None),
                   *(slice(t, t + 2 * (m - 1) + 1, 2) for t, m in zip(tap, out_size, strict=True)))
-        dxpad[window] += xp.einsum("oc,no...->nc...", W[w_index], dz)
+        dxpad[window] += _mix_channels(xp, dz, W[w_index], axis=0)
         summed = [0, *range(2, dz.ndim)]  # batch and output positions
         dW[w_index] = xp.tensordot(dz, xpad[window], axes=(summed, summed))  # O,C
     dx = dxpad[(slice(None), slice(None), *(slice(r, r + n) for n in x.shape[2:]))]
-    return xp.ascontiguousarray(dx), dW, dz.sum(axis=(0, *range(2, dz.ndim)))
+    return contiguous(dx), dW, xp.sum(dz, axis=(0, *range(2, dz.ndim)))
 
 
 # ----------------------------------------------------------------------------- pooling
@@ -135,21 +149,22 @@ def _windows(xp, x):
     out = pooled_shape(x.shape)
     s = x.ndim - 2
     crop = x[(slice(None), slice(None), *(slice(0, POOL * m) for m in out[2:]))]
-    split = crop.reshape(*out[:2], *(d for m in out[2:] for d in (m, POOL)))  # B,C,S1,2,S2,2…
+    split = xp.reshape(crop, (*out[:2], *(d for m in out[2:] for d in (m, POOL))))  # B,C,S1,2,S2,2…
     order = (0, 1, *range(2, 2 + 2 * s, 2), *range(3, 3 + 2 * s, 2))
-    return split.transpose(order).reshape(*out, POOL**s)
+    return xp.reshape(xp.permute_dims(split, order), (*out, POOL**s))
 
 
 def _unwindows(xp, win, in_shape):
     """Adjoint of _windows: (B, C, ⌊S/2⌋…, P) -> (B, C, S…), zeros in dropped odd rows."""
     out = win.shape[:-1]
     s = len(in_shape) - 2
-    split = win.reshape(*out, *(POOL,) * s)  # B,C,S1,S2…,2,2…
+    split = xp.reshape(win, (*out, *(POOL,) * s))  # B,C,S1,S2…,2,2…
     order = [0, 1]
     for a in range(s):
         order += [2 + a, 2 + s + a]
-    crop = split.transpose(order).reshape(*out[:2], *(POOL * m for m in out[2:]))
-    dx = xp.zeros(tuple(in_shape), dtype=win.dtype)
+    crop = xp.reshape(xp.permute_dims(split, tuple(order)),
+                      (*out[:2], *(POOL * m for m in out[2:])))
+    dx = zeros_on(win, tuple(in_shape))
     dx[(slice(None), slice(None), *(slice(0, POOL * m) for m in out[2:]))] = crop
     return dx
 
@@ -166,7 +181,7 @@ def avgpool_adjoint(dout, in_shape):
     xp = array_namespace(dout)
     P = POOL ** (len(in_shape) - 2)
     win = xp.broadcast_to(dout[..., None] / P, (*dout.shape, P))
-    return _unwindows(xp, xp.ascontiguousarray(win), in_shape)
+    return _unwindows(xp, contiguous(win), in_shape)
 
 
 def maxpool(x):
@@ -185,7 +200,7 @@ def maxpool_adjoint(dout, index, in_shape):
     """dx = dout routed to the arg-max entry of each window, 0 elsewhere."""
     xp = array_namespace(dout)
     P = POOL ** (len(in_shape) - 2)
-    win = (index[..., None] == xp.arange(P)).astype(dout.dtype) * dout[..., None]
+    win = xp.astype(index[..., None] == arange_on(dout, P), dout.dtype) * dout[..., None]
     return _unwindows(xp, win, in_shape)
 
 
@@ -196,7 +211,7 @@ def _channel_axes(x) -> tuple[int, ...]:
 
 def _per_channel(a, ndim: int):
     """(C,) -> (1, C, 1…) for broadcasting against a (B, C, S…) array."""
-    return a.reshape((1, a.shape[0]) + (1,) * (ndim - 2))
+    return array_namespace(a).reshape(a, (1, a.shape[0]) + (1,) * (ndim - 2))
 
 
 def batchnorm_stats(x, eps: float):

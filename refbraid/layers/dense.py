@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backends.portable import asarray_on
 from ..backends.reference import check_activation
 from .init import (
     check_adjoint,
@@ -76,20 +77,20 @@ class DenseStep:
         returns (Y_next, Z). The same floating-point operations per row as :meth:`forward` on
         the NumPy backend (``np.matmul`` runs the 2-D product per row): bit-identical there."""
         xp = bk.xp
-        h = xp.asarray(h, dtype=Y.dtype)[:, None, None]  # as a Python float h is: Y's dtype
-        Z = xp.matmul(Y, xp.swapaxes(params["W"], 1, 2)) + params["b"][:, None, :]  # k,B,C
+        h = asarray_on(Y, h, dtype=Y.dtype)[:, None, None]  # as a Python float h is: Y's dtype
+        Z = xp.matmul(Y, xp.permute_dims(params["W"], (0, 2, 1))) + params["b"][:, None, :]  # k,B,C
         return Y + h * bk.activation(Z, self.activation), Z
 
     def adjoint_batched(self, params, Y, Z, dY_next, h, bk, grads: bool = True):
         """:meth:`adjoint` of k steps at once: ``S = h σ'(Z) ⊙ dY_next``, ``dY = dY_next + S W``,
         with grads ``dW = Sᵀ Y``, ``db = Σ_B S`` per row. Returns (dY, dparams stacked or None)."""
         xp = bk.xp
-        h = xp.asarray(h, dtype=dY_next.dtype)[:, None, None]
+        h = asarray_on(dY_next, h, dtype=dY_next.dtype)[:, None, None]
         S = h * bk.activation_adjoint(Z, dY_next, self.activation)  # k,B,C
         dY = dY_next + xp.matmul(S, params["W"])
         if not grads:
             return dY, None
-        return dY, {"W": xp.matmul(xp.swapaxes(S, 1, 2), Y), "b": S.sum(axis=1)}
+        return dY, {"W": xp.matmul(xp.permute_dims(S, (0, 2, 1)), Y), "b": xp.sum(S, axis=1)}
 
 
 @dataclass(frozen=True)

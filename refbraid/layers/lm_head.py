@@ -64,16 +64,18 @@ class LMHead:
                              f"got {getattr(x, 'shape', type(x).__name__)}.")
         check_dtype("x", x, params)
         z, c_ln = self.norm.forward(subparams(params, "ln"), x, bk)  # B,T,E
-        rows = z.reshape(-1, self.dim)  # BT,E
+        xp = bk.xp
+        rows = xp.reshape(z, (-1, self.dim))  # BT,E
         logits = bk.linear(rows, params["W"], params["b"])  # BT,V
-        return logits.reshape(x.shape[0], self.seq_len, self.vocab_size), (c_ln, rows)
+        return xp.reshape(logits, (x.shape[0], self.seq_len, self.vocab_size)), (c_ln, rows)
 
     def adjoint(self, params, cache, dlogits, bk):
         """dZ = dlogits W, dW = dlogitsᵀ Z, db = Σ dlogits, dX = LN_f'ᵀ dZ."""
         c_ln, rows = cache
         check_adjoint("dlogits", dlogits, (rows.shape[0] // self.seq_len, *self.out_shape))
+        xp = bk.xp
         drows, dW, db = bk.linear_adjoint(rows, params["W"],
-                                          dlogits.reshape(rows.shape[0], self.vocab_size))
+                                          xp.reshape(dlogits, (rows.shape[0], self.vocab_size)))
         dx, d_ln = self.norm.adjoint(subparams(params, "ln"), c_ln,
-                                     drows.reshape(-1, self.seq_len, self.dim), bk)
+                                     xp.reshape(drows, (-1, self.seq_len, self.dim)), bk)
         return dx, {**prefixed(d_ln, "ln"), "W": dW, "b": db}

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backends.portable import zeros_on
 from ..backends.reference import check_activation
 from ..backends.reference_spatial import pooled_shape
 from .conv import KERNEL_SIZE
@@ -168,14 +169,14 @@ class ChannelWiden:
         check_dtype("x", x, params)
         if self.mode == "conv1x1":
             return conv_same(bk, x, params["W"], params["b"]), x
-        out = bk.xp.zeros((x.shape[0], *self.out_shape), dtype=x.dtype)  # B,C_out,S…
-        out[:, : self.in_channels] = x
+        out = zeros_on(x, (x.shape[0], *self.out_shape))  # B,C_out,S…
+        out[:, : self.in_channels, ...] = x
         return out, x
 
     def adjoint(self, params, cache, dout, bk):
         x = cache
         check_adjoint("dout", dout, (x.shape[0], *self.out_shape))
         if self.mode == "zeros":
-            return dout[:, : self.in_channels].copy(), {}
+            return bk.xp.asarray(dout[:, : self.in_channels, ...], copy=True), {}
         dx, dW, db = conv_same_adjoint(bk, x, params["W"], dout)
         return dx, {"W": dW, "b": db}

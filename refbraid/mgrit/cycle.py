@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.host import host_float
+from ..backends.portable import indexes_with_integer_arrays
 from ..parallel.comm import Comm, exchange_ghost, pipeline
 from ..parallel.layout import Layout
 from . import batched
@@ -116,6 +117,8 @@ class Cycler:
     When the problem has a ``batched_step`` the sweeps and residual rows use the batched
     functions of :mod:`refbraid.mgrit.batched` (one step call per sweep); otherwise the
     per-point functions of :mod:`refbraid.mgrit.relax`, the reference. Same math either way.
+    The batched functions index rows with integer arrays, which the array API standard
+    leaves out: on other arrays (the strict device stand-in) the per-point path runs instead.
     """
 
     def __init__(self, states: list[LevelState], settings: MGRITSettings, comm: Comm):
@@ -123,7 +126,8 @@ class Cycler:
         self.settings = settings
         self.comm = comm
         self.visits: list[LevelVisit] = []
-        self.batched = bool(states) and states[0].step.batched
+        self.batched = (bool(states) and states[0].step.batched
+                        and indexes_with_integer_arrays(states[0].step.problem.u0))
         self._propagate = batched.propagate_at if self.batched else propagate_at
         # level 0's right-hand side is u0 at s = 0 and the problem's forcing elsewhere: with
         # no forcing, F-sweeps there add nothing (g None), a saving of one add per fine step

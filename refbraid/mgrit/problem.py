@@ -42,6 +42,7 @@ import numpy as np
 
 from ..backends.dtypes import dtype_kind
 from ..backends.host import all_finite
+from ..backends.portable import empty_on, zeros_on
 from ..parallel.trace import active_recorder
 from .arrays import namespace
 from .coarse import forward_substitution
@@ -282,7 +283,7 @@ def stacked(xp, value, n: int):
     value = xp.asarray(value)
     # a fresh C-ordered array (a copy of a broadcast view may keep the zero stride innermost,
     # which makes every later row access slow)
-    out = xp.empty((n, *value.shape), dtype=value.dtype)
+    out = empty_on(value, (n, *value.shape))
     out[...] = value
     return out
 
@@ -292,7 +293,7 @@ def rhs_solver_order(problem: Problem):
     xp = namespace(problem.u0)
     u0 = xp.asarray(problem.u0)
     if problem.g is None:
-        g = xp.zeros((problem.n_steps + 1, *u0.shape), dtype=u0.dtype)  # lazily zeroed pages
+        g = zeros_on(u0, (problem.n_steps + 1, *u0.shape))  # lazily zeroed pages
     else:
         g = xp.asarray(problem.g, dtype=u0.dtype, copy=True)
         if problem.direction == "backward":

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..backends.portable import asarray_on
 from .arrays import namespace
 
 RESTRICTIONS = ("average", "full_weighting")
@@ -53,8 +54,8 @@ def _pairs(x, axis: int):
     """Views of the even and odd cells along ``axis``: x[..., 2j, ...], x[..., 2j+1, ...]."""
     xp = namespace(x)
     n = x.shape[axis]
-    return (xp.take(x, xp.asarray(np.arange(0, n, 2)), axis=axis),
-            xp.take(x, xp.asarray(np.arange(1, n, 2)), axis=axis))
+    return (xp.take(x, asarray_on(x, np.arange(0, n, 2)), axis=axis),
+            xp.take(x, asarray_on(x, np.arange(1, n, 2)), axis=axis))
 
 
 def _interleave(even, odd, axis: int):
@@ -71,7 +72,7 @@ def _shift(v, axis: int, by: int):
     xp = namespace(v)
     n = v.shape[axis]
     idx = np.clip(np.arange(n) - by, 0, n - 1)
-    return xp.take(v, xp.asarray(idx), axis=axis)
+    return xp.take(v, asarray_on(v, idx), axis=axis)
 
 
 def _shift_adjoint(w, axis: int, by: int):
@@ -82,7 +83,7 @@ def _shift_adjoint(w, axis: int, by: int):
         return w
 
     def rows(lo, hi):
-        return xp.take(w, xp.asarray(np.arange(lo, hi)), axis=axis)
+        return xp.take(w, asarray_on(w, np.arange(lo, hi)), axis=axis)
 
     zero = xp.zeros_like(rows(0, 1))
     if by == 1:  # out[0] = w[0] + w[1], out[i] = w[i+1], out[n-1] = 0

@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..network import layer_params
+from ..network import layer_params, set_row
 
 PREFIX = "buffer."
 
@@ -62,7 +62,7 @@ def _adjoint_steps(step, steps: dict, caches, lam, h: float, bk):
     for i in reversed(range(len(caches))):
         lam, dtheta = step.adjoint(layer_params(steps, i), caches[i], lam, h, bk)
         for k, v in dtheta.items():
-            dsteps[k][i] = v
+            set_row(dsteps[k], i, v)
     return lam, {PREFIX + k: v for k, v in dsteps.items()}
 
 

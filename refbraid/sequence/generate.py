@@ -25,6 +25,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..backends import Backend, get_backend
+from ..backends.dtypes import numpy_dtype
 
 
 def generate(model, params, prompt: np.ndarray, n_new: int, bk: Backend | str = "numpy",
@@ -52,7 +53,7 @@ def generate(model, params, prompt: np.ndarray, n_new: int, bk: Backend | str = 
     if temperature > 0 and rng is None:
         raise ValueError("`rng` is required to sample with `temperature` > 0.")
     forward = logits_fn or (lambda p, w: model.logits(p, w, bk))
-    dtype = np.dtype(params["opening.W"].dtype).type
+    dtype = numpy_dtype(params["opening.W"].dtype).type
     out = np.zeros((B, P + n_new), dtype=np.int64)
     out[:, :P] = prompt
     for j in range(n_new):

@@ -53,14 +53,21 @@ def cross_entropy(logits, labels, bk):
 
 
 def _scored_cross_entropy(logits, labels, bk):
-    """Mean cross-entropy over the scored tokens S = {labels ≠ IGNORE}; dlogits 0 elsewhere."""
+    """Mean cross-entropy over the scored tokens S = {labels ≠ IGNORE}; dlogits 0 elsewhere.
+
+    Array API only (no integer-array indexing, so it runs on device arrays): the scored rows
+    are gathered with ``take``; dlogits row r is row ``slot[r]`` of [dS; 0] — its place in S,
+    or the appended zero row for an unscored token."""
     xp = bk.xp
     K = logits.shape[-1]
-    rows = logits.reshape(-1, K)  # BT,K
-    flat = labels.reshape(-1)
-    scored = xp.nonzero(flat != IGNORE)[0]  # |S|
-    y = xp.ascontiguousarray(flat[scored])
-    loss, probs = bk.softmax_cross_entropy(xp.ascontiguousarray(rows[scored]), y)
-    drows = xp.zeros_like(rows)
-    drows[scored] = bk.softmax_cross_entropy_adjoint(probs, y, 1.0)
-    return host_float(loss), drows.reshape(logits.shape)
+    rows = xp.reshape(logits, (-1, K))  # BT,K
+    flat = xp.reshape(labels, (-1,))
+    is_scored = flat != IGNORE
+    scored = xp.nonzero(is_scored)[0]  # |S|
+    y = xp.take(flat, scored)
+    loss, probs = bk.softmax_cross_entropy(xp.take(rows, scored, axis=0), y)
+    d_scored = bk.softmax_cross_entropy_adjoint(probs, y, 1.0)  # |S|,K
+    place = xp.cumulative_sum(xp.astype(is_scored, scored.dtype)) - 1  # BT: index in S
+    slot = xp.where(is_scored, place, scored.shape[0])
+    padded = xp.concat([d_scored, xp.zeros_like(d_scored[:1, :])], axis=0)  # |S|+1,K
+    return host_float(loss), xp.reshape(xp.take(padded, slot, axis=0), logits.shape)

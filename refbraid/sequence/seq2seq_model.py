@@ -44,6 +44,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..backends import Backend, get_backend
+from ..backends.portable import full_on
 from ..layer_parallel import LayerParallelInfo, LayerParallelSettings, mgrit_forward
 from ..layers import DecoderStep, EncoderStep, TokenClassifier, TokenEmbedding
 from ..mgrit import MGRITSettings
@@ -145,7 +146,7 @@ class Seq2SeqModel(LayeredModel):
         batch size)."""
         if not self.teacher_forcing:
             return x
-        shifted = bk.xp.full(labels.shape, self.bos, dtype=labels.dtype)
+        shifted = full_on(labels, labels.shape, self.bos)
         shifted[:, 1:] = labels[:, :-1]
         return shifted
 
@@ -156,7 +157,7 @@ class Seq2SeqModel(LayeredModel):
         for t in range(self.seq_len):
             z = solve(bk.asarray(ids))
             if t + 1 < self.seq_len:
-                ids[:, t + 1] = bk.to_numpy(z[:, t]).argmax(axis=1)
+                ids[:, t + 1] = bk.to_numpy(z[:, t, :]).argmax(axis=1)
         return z
 
     @staticmethod

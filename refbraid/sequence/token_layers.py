@@ -54,7 +54,7 @@ class TokenInput:
         """X = W[tok] + P with tok = x as integers (x must hold whole numbers)."""
         if dtype_kind(x.dtype) == "f":
             tok = bk.xp.astype(x, bk.xp.int64)
-            if not bool(to_host(bk.xp.all(tok == x))):
+            if not bool(to_host(bk.xp.all(bk.xp.astype(tok, x.dtype) == x))):
                 raise ValueError("`x` must hold integer token ids; got non-integral values.")
             x = tok
         return self.embedding.forward(params, x, bk)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends import Backend, get_backend
+from ..backends.host import host_float
 from ..layer_parallel import LayerParallelSettings, as_settings
 from ..mgrit import MGRITResult, Problem, solve
 from ..mgrit.transfer import restrict_to_shape
@@ -72,7 +73,7 @@ class StagedAdjoint:
         if fine and a in self.caches:
             caches = [self.caches[a]]
         else:
-            y = pk.unpack(self.states[a], 0, a)
+            y = pk.unpack(self.states[a, ...], 0, a)
             if tuple(y.shape) != pk.shape(level, a):
                 y = restrict_to_shape(y, pk.shape(level, a), self.restriction)
             caches = []
@@ -151,7 +152,7 @@ def staged_layer_parallel_gradient(net: StagedNetwork, params: Params, x, labels
                         guess=lambda i: pk.pack(y_guess(i), 0)), settings.forward)
     states = fwd.solution  # (N + 1, L_0)
     logits, close_cache = net.closing.forward(group(params, "closing"),
-                                              pk.unpack(states[N], 0, N), bk)
+                                              pk.unpack(states[N, ...], 0, N), bk)
     loss, probs = bk.softmax_cross_entropy(logits, labels)
     dlogits = bk.softmax_cross_entropy_adjoint(probs, labels, 1.0)
     lam_N, dclose = net.closing.adjoint(group(params, "closing"), close_cache, dlogits, bk)
@@ -166,6 +167,6 @@ def staged_layer_parallel_gradient(net: StagedNetwork, params: Params, x, labels
         accumulate(grads, adjoint.grads[a])
     grads.update({f"closing.{k}": v for k, v in dclose.items()})
     _, dopen = net.opening.adjoint(group(params, "opening"), open_cache,
-                                   pk.unpack(bwd.solution[0], 0, 0), bk)
+                                   pk.unpack(bwd.solution[0, ...], 0, 0), bk)
     grads.update({f"opening.{k}": v for k, v in dopen.items()})
-    return float(loss), grads, StagedInfo(fwd, bwd, pk)
+    return host_float(loss), grads, StagedInfo(fwd, bwd, pk)

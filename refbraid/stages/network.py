@@ -31,8 +31,10 @@ from typing import Any
 import numpy as np
 
 from ..backends import Backend, get_backend
+from ..backends.host import host_float
 from ..layers.init import check_positive_int
-from ..network import Params, group, layer_params
+from ..network import Params, group, layer_params, set_row
+from ..network import row as row_of
 
 
 def transition_out_shape(transition, shape: tuple[int, ...], stage: int) -> tuple[int, ...]:
@@ -192,7 +194,7 @@ def accumulate(grads: Params, parts: dict) -> None:
         if row is None:
             grads[name] = grads[name] + v
         else:
-            grads[name][row] = grads[name][row] + v
+            set_row(grads[name], row, row_of(grads[name], row) + v)
 
 
 # ----------------------------------------------------------------------------- sequential
@@ -227,4 +229,4 @@ def backprop(net: StagedNetwork, params: Params, x, labels, bk: Backend | str = 
         adjoints[i] = lam
     _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, lam, bk)
     grads.update({f"opening.{k}": v for k, v in dopen.items()})
-    return float(loss), grads, {"logits": logits, "states": states, "adjoints": adjoints}
+    return host_float(loss), grads, {"logits": logits, "states": states, "adjoints": adjoints}

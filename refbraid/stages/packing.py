@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
+from ..backends.portable import zeros_on
 from ..mgrit.arrays import namespace
 
 
@@ -65,7 +66,7 @@ class Packing:
         xp = namespace(y)
         flat = xp.reshape(y, (-1,))
         pad = self.length(level) - flat.shape[0]
-        return xp.concat([flat, xp.zeros((pad,), dtype=flat.dtype)]) if pad else flat
+        return xp.concat([flat, zeros_on(flat, (pad,))]) if pad else flat
 
     def unpack(self, u, level: int, index: int):
         shape = self.shape(level, index)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backends.portable import zeros_on
 from ..mgrit import spatial
 
 
@@ -64,7 +65,7 @@ class WidenChannels:
 
     def forward(self, params, y, bk):
         xp = bk.xp
-        pad = xp.zeros((y.shape[0], self.channels - y.shape[1], *y.shape[2:]), dtype=y.dtype)
+        pad = zeros_on(y, (y.shape[0], self.channels - y.shape[1], *y.shape[2:]))
         return xp.concat([y, pad], axis=1), y.shape[1]  # B,C',...
 
     def adjoint(self, params, cache, dy_next, bk):

@@ -16,6 +16,7 @@ from refbraid.backends import get_backend
 from refbraid.backends.host import to_host
 from refbraid.backends.strict_device import DEVICE, forbid_host_conversions
 from refbraid.mgrit import MGRITSettings, Problem, gather_solution, solve
+from refbraid.mgrit.transfer import SpatialCoarsening
 from refbraid.parallel.mpi import MPIComm
 
 BK = get_backend("strict")
@@ -86,6 +87,40 @@ def test_mgrit_on_device_arrays_across_ranks_equals_the_serial_numpy_solve(devic
     np.testing.assert_allclose(res.norms, serial.norms, rtol=1e-12, atol=1e-300)
     if device_world.rank == 0:
         np.testing.assert_allclose(to_host(full), serial.solution, rtol=1e-13, atol=1e-15)
+
+
+def _diffusion_problem(bk, n_steps=16):
+    """A 2-D diffusion-reaction step ``u + h tanh(Δu + u)`` on (2, 8, 8) maps, coarsened in
+    space on level 1, with a ``batched_step`` (which the strict arrays must not take)."""
+    xp = bk.xp
+
+    def rhs(u, axes):
+        lap = sum(xp.roll(u, s, axis=a) for s in (1, -1) for a in axes) - 4 * u
+        return xp.tanh(lap + u)
+
+    def step(u, start, stop):
+        return u + 0.1 * abs(stop - start) * rhs(u, (-1, -2))
+
+    def batched_step(U, starts, stops):
+        h = bk.asarray(0.1 * np.abs(np.asarray(stops) - np.asarray(starts)))[:, None, None, None]
+        return U + h * rhs(U, (-1, -2))
+
+    u0 = bk.asarray(np.random.default_rng(0).standard_normal((2, 8, 8)))
+    return Problem(step, u0, n_steps, transfer=SpatialCoarsening((1,)),
+                   batched_step=batched_step)
+
+
+def test_spatially_coarsened_mgrit_on_device_arrays_across_ranks(device_world):
+    """R/P transfers and the per-step fallback of the batched sweeps, split over ranks."""
+    settings = MGRITSettings(levels=3, cfactor=2, relax="FCF", abs_tol=None, max_iter=3,
+                             min_coarse=1)
+    serial = solve(_diffusion_problem(get_backend("numpy")), settings)
+    with forbid_host_conversions():
+        res = solve(_diffusion_problem(BK), settings, comm=device_world)
+        full = gather_solution(res, device_world)
+    np.testing.assert_allclose(res.norms, serial.norms, rtol=1e-11, atol=1e-300)
+    if device_world.rank == 0:
+        np.testing.assert_allclose(to_host(full), serial.solution, rtol=1e-12, atol=1e-14)
 
 
 def test_alltoall_scatter_and_allgather_stage_device_arrays(device_world):
