@@ -28,12 +28,12 @@ from refbraid.layer_parallel import (
     layer_parallel_gradient,
     relative_gradient_error,
 )
-from refbraid.layers import Classifier, ConvLift, ConvStep
+from refbraid.layers import Classifier, ConvLift, ConvStep, Pool
 from refbraid.lessons import show, small
 from refbraid.mgrit import MGRITSettings, spatial
 from refbraid.mgrit.transfer import SpatialCoarsening
 from refbraid.network import backprop, init_params
-from refbraid.stages import AveragePool, Stage, StagedNetwork, staged_layer_parallel_gradient
+from refbraid.stages import Stage, StagedNetwork, staged_layer_parallel_gradient
 from refbraid.stages import backprop as staged_backprop
 from refbraid.stages import init_params as staged_init
 from refbraid.training.evaluate import evaluate
@@ -141,7 +141,7 @@ except ValueError as err:
 staged = StagedNetwork(ConvLift(1, 2, 16, 16, "tanh"),
                        (Stage(ConvStep(2, 16, 16, "tanh"), N // 2),
                         Stage(ConvStep(2, 8, 8, "tanh"), N // 2)),
-                       (AveragePool(),), Classifier((2, 8, 8), 10))
+                       (Pool(2, (16, 16)),), Classifier((2, 8, 8), 10))
 sp = staged_init(staged, 1)
 _, sref, _ = staged_backprop(staged, sp, xb, labels)
 _, sgrad, sinfo = staged_layer_parallel_gradient(

@@ -174,6 +174,8 @@ class TrainConfig:
     check_gradient_every: int = 0  # steps between comparisons with sequential backprop
     data_parallel: int = 1  # under mpiexec -n P: D groups of P/D layer-parallel ranks
     spatial_levels: str | None = None  # e.g. "1,2": coarse levels on half-size feature maps
+    batch_norm: bool = False  # conv-stages: BN conv steps and a BN transition
+    transition: str = "pool"  # conv-stages: "pool" (avg pool + zero channels) | "strided"
 
     def __post_init__(self):
         _choice("model", self.model, tuple(MODELS))
@@ -203,13 +205,14 @@ class TrainConfig:
             _positive_float(self, name)
         _real(self, "momentum", lambda v: 0.0 <= v < 1.0, "a number in [0, 1)")
         _real(self, "val_fraction", lambda v: 0.0 < v < 1.0, "a number in (0, 1)")
-        for name in ("quiet", "serial", "skip_down", "overwrite", "trace"):
+        for name in ("quiet", "serial", "skip_down", "overwrite", "trace", "batch_norm"):
             _flag_bool(self, name)
         _folder(self, "out", "a folder name")
         _folder(self, "data_dir", "a folder name")
         _folder(self, "resume", "a checkpoint file or a run folder")
         self._check_relax(relax_given)
         self._check_spatial()
+        self._check_stage_options()
         if self.data == "mnist" and not self.data_dir:
             raise ValueError("`--data-dir` is required with `--data mnist` (a folder holding "
                              "train-images-idx3-ubyte and train-labels-idx1-ubyte, or .gz).")
@@ -232,6 +235,20 @@ class TrainConfig:
                 f"most {relaxing} entr{'ies' if relaxing > 1 else 'y'}, finest first (the last "
                 f"one repeats on the levels below).")
         _store(self, "relax", ",".join(entries[:relaxing]))
+
+    def _check_stage_options(self) -> None:
+        """``--batch-norm`` and ``--transition`` shape the conv-stages model only."""
+        _choice("transition", self.transition, ("pool", "strided"))
+        if self.model != "conv-stages" and (self.batch_norm or self.transition != "pool"):
+            flag = "--batch-norm" if self.batch_norm else "--transition"
+            raise ValueError(f"`{flag}` applies to `--model conv-stages` only, got "
+                             f"`--model {self.model}`.")
+
+    def model_options(self) -> dict:
+        """Keyword arguments of the model builder beyond the common ones (conv-stages)."""
+        if self.model != "conv-stages":
+            return {}
+        return {"batch_norm": self.batch_norm, "transition": self.transition}
 
     def _check_spatial(self) -> None:
         """``--spatial-levels``: coarse levels 1..levels-1, conv models only, and FCF on every

@@ -44,7 +44,8 @@ def setup(config: TrainConfig) -> tuple[Network, Dataset, TrainState, Backend]:
                         seed=config.seed, val_fraction=config.val_fraction).astype(config.dtype)
     try:
         net = build_network(config.model, data.input_shape, data.n_classes, config.layers,
-                            config.width, config.T, config.activation, data.info)
+                            config.width, config.T, config.activation, data.info,
+                            **config.model_options())
     except ValueError as err:
         raise ValueError(f"`--model {config.model}` does not fit `--data {config.data}`: "
                          f"{err}") from err
