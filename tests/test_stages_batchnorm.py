@@ -121,3 +121,44 @@ def test_inexact_mgrit_updates_once_per_step_from_the_final_fine_sweep(monkeypat
     exact = stage_bn.final_sweep_stats(net, model.backprop(params, x, labels)[2]["caches"], bk)
     assert max(float(np.abs(a[2].mean - b[2].mean).max())
                for a, b in zip(info.batch_stats, exact, strict=True)) > 1e-8
+
+
+def test_sequential_bn_network_and_running_statistics_against_torch():
+    """The BN staged network (pool + zero channels + BN transition) and one running-statistics
+    update against torch autograd and torch's BN buffers."""
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    model, (x, labels) = _model(layers=4), _batch()
+    params = model.init_params(np.random.default_rng(4))
+    params = {k: v + (0.1 if k.endswith(("gamma", "beta")) else 0.0) for k, v in params.items()}
+    loss, grads, info = model.backprop(params, x, labels)
+    model.record_batch_stats(info)
+    tp = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
+    buffers = {k: torch.tensor(v) for k, v in stage_bn.init_running(model.net).items()}
+
+    def bn(z, prefix, gamma, beta, row=None):
+        mean, var = buffers[f"{prefix}running_mean"], buffers[f"{prefix}running_var"]
+        if row is not None:
+            mean, var = mean[row], var[row]  # views: torch updates the rows in place
+        return F.batch_norm(z, mean, var, gamma, beta, training=True, momentum=0.1, eps=1e-5)
+
+    y = torch.tanh(F.conv2d(torch.tensor(x), tp["opening.W"], tp["opening.b"], padding=1))
+    for s, stage in enumerate(model.net.stages):
+        h = model.net.h(s)
+        for j in range(stage.n_layers):
+            z = F.conv2d(y, tp[f"stage{s}.W"][j], None, padding=1)
+            y = y + h * torch.tanh(bn(z, f"stage{s}.", tp[f"stage{s}.gamma"][j],
+                                      tp[f"stage{s}.beta"][j], j))
+        if s == 0:
+            y = F.avg_pool2d(y, 2)
+            y = torch.cat([y, torch.zeros_like(y)], 1)
+            y = bn(y, "transition0.2_", tp["transition0.2_gamma"], tp["transition0.2_beta"])
+    logits = y.reshape(y.shape[0], -1) @ tp["closing.W"].T + tp["closing.b"]
+    tloss = F.cross_entropy(logits, torch.tensor(labels))
+    tloss.backward()
+    assert abs(float(tloss.detach()) - loss) <= 1e-12
+    for k in params:
+        np.testing.assert_allclose(grads[k], tp[k].grad.numpy(), rtol=1e-9, atol=1e-12,
+                                   err_msg=k)
+    for k, v in buffers.items():
+        np.testing.assert_allclose(model.running[k], v.numpy(), rtol=0, atol=1e-14, err_msg=k)
