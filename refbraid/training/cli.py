@@ -126,6 +126,12 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
                    "transition (running statistics from the final fine sweep)")
     _add(g, "transition", str, "conv-stages: the down-sampling transition, pool (2×2 average "
          "pool + zero channels) or strided (stride-2 conv)", metavar="KIND")
+    _add(g, "nested_init", int, "nested initialisation: first train N/2^K, …, N/2 layers "
+         "(resnet, conv), interpolating the weights in t to the next depth", metavar="K")
+    _add(g, "nested_epochs", int, "epochs at each shallower depth of --nested-init",
+         metavar="E")
+    _add(g, "nested_interp", str, "--nested-init weights in t: constant or linear",
+         metavar="KIND")
     _add(g, "spatial_levels", str, "coarse levels that also halve the feature maps (spatial "
          "coarsening, TorchBraid's levels_to_coarsen), comma-separated, e.g. 1 or 1,2; conv "
          "models only; the levels above them need FCF relaxation", metavar="LIST")

@@ -176,6 +176,9 @@ class TrainConfig:
     spatial_levels: str | None = None  # e.g. "1,2": coarse levels on half-size feature maps
     batch_norm: bool = False  # conv-stages: BN conv steps and a BN transition
     transition: str = "pool"  # conv-stages: "pool" (avg pool + zero channels) | "strided"
+    nested_init: int = 0  # train N/2^K, …, N/2 layers first, interpolating weights in t
+    nested_epochs: int = 1  # epochs at each shallower depth
+    nested_interp: str = "constant"  # weights in t: "constant" | "linear"
 
     def __post_init__(self):
         _choice("model", self.model, tuple(MODELS))
@@ -213,6 +216,7 @@ class TrainConfig:
         self._check_relax(relax_given)
         self._check_spatial()
         self._check_stage_options()
+        self._check_nested()
         if self.data == "mnist" and not self.data_dir:
             raise ValueError("`--data-dir` is required with `--data mnist` (a folder holding "
                              "train-images-idx3-ubyte and train-labels-idx1-ubyte, or .gz).")
@@ -243,6 +247,24 @@ class TrainConfig:
             flag = "--batch-norm" if self.batch_norm else "--transition"
             raise ValueError(f"`{flag}` applies to `--model conv-stages` only, got "
                              f"`--model {self.model}`.")
+
+    def _check_nested(self) -> None:
+        """``--nested-init K``: resnet/conv models, N divisible by 2^K, no resume."""
+        _positive_int(self, "nested_init", allow_zero=True)
+        _positive_int(self, "nested_epochs")
+        _choice("nested_interp", self.nested_interp, ("constant", "linear"))
+        if not self.nested_init:
+            return
+        if self.model not in ("resnet", "conv"):
+            raise ValueError(f"`--nested-init` needs `--model resnet` or `conv`, got "
+                             f"`--model {self.model}`.")
+        if self.layers % 2**self.nested_init:
+            raise ValueError(f"`--nested-init {self.nested_init}` halves `--layers "
+                             f"{self.layers}` {self.nested_init} times: the layers must be "
+                             f"divisible by {2**self.nested_init}.")
+        if self.resume:
+            raise ValueError("`--nested-init` starts a run from nested training; it cannot "
+                             "be combined with `--resume`.")
 
     def model_options(self) -> dict:
         """Keyword arguments of the model builder beyond the common ones (conv-stages)."""
