@@ -180,3 +180,59 @@ def test_bad_nested_flags_name_the_flag(flags, match, capsys, tmp_path):
 
     assert main(["train", *flags, "--out", str(tmp_path / "r")]) == 2
     assert match in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- CLI: MG/Opt
+def test_mgopt_step_through_sgd_is_one_mgopt_cycle():
+    from refbraid.training.mgopt_step import mgopt_gradient
+    from refbraid.training.optim import make_optimizer
+    from refbraid.training.run import setup
+
+    config = _nested_config(nested_init=0, mgopt_levels=3, optimizer="sgd", momentum=0.0,
+                            lr=0.2, layers=16)
+    net, data, state, bk = setup(config)
+    x, y = data.x_train[:32], data.y_train[:32]
+    gradient = mgopt_gradient(config, net, bk)
+    # 16, 8 and 4 layers all fit 2 MGRIT levels with cfactor 4: layer-parallel everywhere
+    mg = MGOpt.build(net, lambda n: mgrit_gradient(n, _settings_of(config)),
+                     MGOptSettings(3, 2, 0.2))
+    expected, info = mg.cycle(state.params, x, y)
+    params = {k: v.copy() for k, v in state.params.items()}
+    _, d, stats = gradient(params, x, y)
+    make_optimizer("sgd", 0.2).step(params, d)
+    for k in params:
+        np.testing.assert_allclose(params[k], expected[k], rtol=0, atol=1e-12, err_msg=k)
+    assert stats["gradient_calls"] == info["gradient_calls"] + 1
+
+
+def _settings_of(config):
+    from refbraid.training.gradients import layer_parallel_settings
+
+    return layer_parallel_settings(config)
+
+
+def test_mgopt_from_the_command_line(tmp_path):
+    import json
+
+    from refbraid.cli import main
+
+    out = tmp_path / "r"
+    assert main(["train", "--data", "peaks", "--samples", "200", "--layers", "16", "--width",
+                 "4", "--epochs", "1", "--mgopt-levels", "2", "--optimizer", "sgd",
+                 "--momentum", "0", "--lr", "0.2", "--quiet", "--out", str(out)]) == 0
+    log = json.loads((out / "log.json").read_text())
+    assert log["history"][-1]["stats"]["gradient_calls"] >= 5
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--mgopt-levels", "2"], "use `--optimizer sgd --momentum 0`"),
+    (["--mgopt-levels", "1"], "at least 2"),
+    (["--layers", "6", "--mgopt-levels", "3", "--optimizer", "sgd", "--momentum", "0"],
+     "divisible by 4"),
+    (["--model", "conv-stages", "--mgopt-levels", "2"], "`--mgopt-levels` needs"),
+])
+def test_bad_mgopt_flags_name_the_flag(flags, match, capsys, tmp_path):
+    from refbraid.cli import main
+
+    assert main(["train", *flags, "--out", str(tmp_path / "r")]) == 2
+    assert match in capsys.readouterr().err

@@ -132,6 +132,8 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
          metavar="E")
     _add(g, "nested_interp", str, "--nested-init weights in t: constant or linear",
          metavar="KIND")
+    _add(g, "mgopt_levels", int, "one MG/Opt cycle in depth per step over L levels (N, "
+         "N/2, …; resnet, conv; needs --optimizer sgd --momentum 0)", metavar="L")
     _add(g, "spatial_levels", str, "coarse levels that also halve the feature maps (spatial "
          "coarsening, TorchBraid's levels_to_coarsen), comma-separated, e.g. 1 or 1,2; conv "
          "models only; the levels above them need FCF relaxation", metavar="LIST")

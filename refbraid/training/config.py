@@ -178,7 +178,8 @@ class TrainConfig:
     transition: str = "pool"  # conv-stages: "pool" (avg pool + zero channels) | "strided"
     nested_init: int = 0  # train N/2^K, …, N/2 layers first, interpolating weights in t
     nested_epochs: int = 1  # epochs at each shallower depth
-    nested_interp: str = "constant"  # weights in t: "constant" | "linear"
+    nested_interp: str = "constant"  # weights in t: "constant" | "linear" (also MG/Opt's)
+    mgopt_levels: int = 0  # one MG/Opt cycle over this many depth levels per step (0: off)
 
     def __post_init__(self):
         _choice("model", self.model, tuple(MODELS))
@@ -253,6 +254,7 @@ class TrainConfig:
         _positive_int(self, "nested_init", allow_zero=True)
         _positive_int(self, "nested_epochs")
         _choice("nested_interp", self.nested_interp, ("constant", "linear"))
+        self._check_mgopt()
         if not self.nested_init:
             return
         if self.model not in ("resnet", "conv"):
@@ -265,6 +267,25 @@ class TrainConfig:
         if self.resume:
             raise ValueError("`--nested-init` starts a run from nested training; it cannot "
                              "be combined with `--resume`.")
+
+    def _check_mgopt(self) -> None:
+        """``--mgopt-levels L``: resnet/conv, N divisible by 2^(L-1), SGD without momentum."""
+        _positive_int(self, "mgopt_levels", allow_zero=True)
+        if not self.mgopt_levels:
+            return
+        if self.mgopt_levels < 2:
+            raise ValueError(f"`--mgopt-levels` must be 0 (off) or at least 2, got "
+                             f"{self.mgopt_levels}.")
+        if self.model not in ("resnet", "conv"):
+            raise ValueError(f"`--mgopt-levels` needs `--model resnet` or `conv`, got "
+                             f"`--model {self.model}`.")
+        if self.layers % 2 ** (self.mgopt_levels - 1):
+            raise ValueError(f"`--mgopt-levels {self.mgopt_levels}` halves `--layers "
+                             f"{self.layers}` {self.mgopt_levels - 1} times: the layers must "
+                             f"be divisible by {2 ** (self.mgopt_levels - 1)}.")
+        if self.optimizer != "sgd" or self.momentum != 0:
+            raise ValueError("`--mgopt-levels` steps the weights with MG/Opt's own gradient "
+                             "descent (step --lr): use `--optimizer sgd --momentum 0`.")
 
     def model_options(self) -> dict:
         """Keyword arguments of the model builder beyond the common ones (conv-stages)."""

@@ -113,12 +113,19 @@ def mgrit_gradient(net: Network, settings: LayerParallelSettings, bk: Backend | 
     return gradient
 
 
-def select_gradient(config: TrainConfig, net: Network, bk: Backend) -> tuple[str, GradientFn]:
+def select_gradient(config: TrainConfig, net: Network, bk: Backend, multilevel: bool = True
+                    ) -> tuple[str, GradientFn]:
     """The one place that chooses how gradients are computed: (name, gradient).
 
     ``--serial``: sequential backprop; otherwise layer-parallel MGRIT with the settings of
     :func:`layer_parallel_settings` (checked against the network depth here, before training).
+    ``--mgopt-levels``: one MG/Opt cycle per step (:mod:`refbraid.training.mgopt_step`), whose
+    levels use the choice above (``multilevel=False``).
     """
+    if multilevel and config.mgopt_levels:  # one MG/Opt cycle in depth per step
+        from .mgopt_step import mgopt_gradient
+
+        return "mgopt", mgopt_gradient(config, net, bk)
     from ..parallel.mpi import world_size
 
     if config.data_parallel > 1 or world_size() > 1:  # under mpiexec: ranks share the work

@@ -24,7 +24,8 @@ from ..backends import Backend
 from ..data import Dataset
 from ..network import Network, init_params, to_backend
 from .config import TrainConfig
-from .gradients import select_gradient, sequential_gradient
+from .gradients import select_gradient
+from .mgopt_step import depth_gradient
 from .multilevel import coarser_network, prolong_weights
 from .optim import make_optimizer
 from .trainer import TrainState, fit
@@ -39,15 +40,12 @@ def nested_initial_weights(config: TrainConfig, net: Network, data: Dataset, bk:
         raise ValueError(f"`--nested-init` needs model resnet or conv, got `--model "
                          f"{config.model}`.")
     stream = stream or sys.stdout
-    select_gradient(config, net, bk)  # the full-depth run's settings fail before, not after
+    select_gradient(config, net, bk, multilevel=False)  # an unfit full-depth run fails first
     depths = [coarser_network(net, 2**k) for k in range(config.nested_init, 0, -1)]
     rng = np.random.default_rng(np.random.SeedSequence([config.seed, NESTED_SEED]))
     params = init_params(depths[0], rng, np.dtype(config.dtype))
     for i, shallow in enumerate(depths):
-        try:
-            name, gradient = select_gradient(config, shallow, bk)
-        except ValueError:  # the MGRIT hierarchy does not fit this depth
-            name, gradient = "sequential", sequential_gradient(shallow, bk)
+        name, gradient = depth_gradient(config, shallow, bk)
         if not config.quiet:
             print(f"nested init: {shallow.n_layers} layers, {config.nested_epochs} epoch(s), "
                   f"{name} gradient", file=stream, flush=True)
