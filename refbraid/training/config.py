@@ -248,6 +248,10 @@ class TrainConfig:
             flag = "--batch-norm" if self.batch_norm else "--transition"
             raise ValueError(f"`{flag}` applies to `--model conv-stages` only, got "
                              f"`--model {self.model}`.")
+        if self.batch_norm and self.resume:
+            raise ValueError("`--batch-norm` cannot be combined with `--resume` yet: the BN "
+                             "running statistics are not stored in checkpoints, so a resumed "
+                             "run would evaluate with reset ones.")
 
     def _check_nested(self) -> None:
         """``--nested-init K``: resnet/conv models, N divisible by 2^K, no resume."""
