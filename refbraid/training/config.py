@@ -41,6 +41,7 @@ import numpy as np
 from ..backends import BACKENDS
 from ..backends.reference import ACTIVATIONS
 from ..data import DATASETS
+from .config_depth import check_depth_options
 from .models import MODEL_DEFAULTS, MODELS
 from .optim import OPTIMIZERS
 from .run_folder import resume_folder
@@ -216,8 +217,7 @@ class TrainConfig:
         _folder(self, "resume", "a checkpoint file or a run folder")
         self._check_relax(relax_given)
         self._check_spatial()
-        self._check_stage_options()
-        self._check_nested()
+        check_depth_options(self)  # conv-stages, nested init, MG/Opt (config_depth.py)
         if self.data == "mnist" and not self.data_dir:
             raise ValueError("`--data-dir` is required with `--data mnist` (a folder holding "
                              "train-images-idx3-ubyte and train-labels-idx1-ubyte, or .gz).")
@@ -240,56 +240,6 @@ class TrainConfig:
                 f"most {relaxing} entr{'ies' if relaxing > 1 else 'y'}, finest first (the last "
                 f"one repeats on the levels below).")
         _store(self, "relax", ",".join(entries[:relaxing]))
-
-    def _check_stage_options(self) -> None:
-        """``--batch-norm`` and ``--transition`` shape the conv-stages model only."""
-        _choice("transition", self.transition, ("pool", "strided"))
-        if self.model != "conv-stages" and (self.batch_norm or self.transition != "pool"):
-            flag = "--batch-norm" if self.batch_norm else "--transition"
-            raise ValueError(f"`{flag}` applies to `--model conv-stages` only, got "
-                             f"`--model {self.model}`.")
-        if self.batch_norm and self.resume:
-            raise ValueError("`--batch-norm` cannot be combined with `--resume` yet: the BN "
-                             "running statistics are not stored in checkpoints, so a resumed "
-                             "run would evaluate with reset ones.")
-
-    def _check_nested(self) -> None:
-        """``--nested-init K``: resnet/conv models, N divisible by 2^K, no resume."""
-        _positive_int(self, "nested_init", allow_zero=True)
-        _positive_int(self, "nested_epochs")
-        _choice("nested_interp", self.nested_interp, ("constant", "linear"))
-        self._check_mgopt()
-        if not self.nested_init:
-            return
-        if self.model not in ("resnet", "conv"):
-            raise ValueError(f"`--nested-init` needs `--model resnet` or `conv`, got "
-                             f"`--model {self.model}`.")
-        if self.layers % 2**self.nested_init:
-            raise ValueError(f"`--nested-init {self.nested_init}` halves `--layers "
-                             f"{self.layers}` {self.nested_init} times: the layers must be "
-                             f"divisible by {2**self.nested_init}.")
-        if self.resume:
-            raise ValueError("`--nested-init` starts a run from nested training; it cannot "
-                             "be combined with `--resume`.")
-
-    def _check_mgopt(self) -> None:
-        """``--mgopt-levels L``: resnet/conv, N divisible by 2^(L-1), SGD without momentum."""
-        _positive_int(self, "mgopt_levels", allow_zero=True)
-        if not self.mgopt_levels:
-            return
-        if self.mgopt_levels < 2:
-            raise ValueError(f"`--mgopt-levels` must be 0 (off) or at least 2, got "
-                             f"{self.mgopt_levels}.")
-        if self.model not in ("resnet", "conv"):
-            raise ValueError(f"`--mgopt-levels` needs `--model resnet` or `conv`, got "
-                             f"`--model {self.model}`.")
-        if self.layers % 2 ** (self.mgopt_levels - 1):
-            raise ValueError(f"`--mgopt-levels {self.mgopt_levels}` halves `--layers "
-                             f"{self.layers}` {self.mgopt_levels - 1} times: the layers must "
-                             f"be divisible by {2 ** (self.mgopt_levels - 1)}.")
-        if self.optimizer != "sgd" or self.momentum != 0:
-            raise ValueError("`--mgopt-levels` steps the weights with MG/Opt's own gradient "
-                             "descent (step --lr): use `--optimizer sgd --momentum 0`.")
 
     def model_options(self) -> dict:
         """Keyword arguments of the model builder beyond the common ones (conv-stages)."""
