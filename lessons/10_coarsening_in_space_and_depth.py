@@ -247,3 +247,37 @@ for label in ("converged MGRIT", "one MGRIT F-cycle"):
     print(f"{label} vs serial running statistics: max difference {gap:.1e}")
     assert label != "converged MGRIT" or gap < 1e-10
 assert all(m.updates == 3 for m in bn_runs.values())
+
+
+# %% [markdown]
+# ## Exercises: the restriction R and its transpose
+#
+# 1. Write `restrict_average(x)`: (B, C, H, W) feature maps, H and W even, to (B, C, H/2, W/2),
+#    each coarse cell the mean of its 2×2 block,
+#    `(R x)[i, j] = (x[2i, 2j] + x[2i+1, 2j] + x[2i, 2j+1] + x[2i+1, 2j+1]) / 4`.
+#    The check compares with `refbraid.mgrit.spatial.restrict` (what the coarse levels use).
+# 2. Write its transpose `restrict_average_transpose(v)`: (B, C, h, w) to (B, C, 2h, 2w).
+#    Hint: which fine cells does `v[i, j]` appear with in `<R x, v>`, and with what weight?
+#    The check runs the dot-product test `<R x, v> = <x, Rᵀ v>` with the package's R (no
+#    reference needed), then compares with `spatial.restrict_adjoint`. Compare your answer
+#    with `spatial.interpolate(v, "constant")`: why is that not Rᵀ, and why can the adjoint
+#    MGRIT solve not use it in its place?
+
+# %%
+from refbraid.lessons import exercises, solutions
+
+
+def restrict_average(x):
+    """2×2 average pooling of (B, C, H, W) feature maps: (B, C, H/2, W/2)."""
+    raise NotImplementedError  # your code here
+
+
+def restrict_average_transpose(v):
+    """Rᵀ of the 2×2 average: (B, C, h, w) → (B, C, 2h, 2w), <R x, v> = <x, Rᵀ v>."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_restrict_average(restrict_average)
+exercises.check_restrict_average_transpose(restrict_average_transpose)
+assert exercises.check_restrict_average(solutions.restrict_average)
+assert exercises.check_restrict_average_transpose(solutions.restrict_average_transpose)

@@ -187,3 +187,55 @@ import shutil  # noqa: E402
 
 show(work / "buggy" / "compare.png", "13_check_your_layer_parallel_code")
 shutil.rmtree(work)  # the lesson's scratch files (keep them: comment this line out)
+
+
+# %% [markdown]
+# ## Exercises
+#
+# ### 1. The number `refbraid compare` prints
+#
+# Write `gradient_errors(g, ref)`: two dicts of gradients by parameter name (refbraid's
+# names: `opening.W`, `steps.W`, `closing.b`, ...). Return a dict with, for every parameter p,
+# `‖g_p − ref_p‖₂ / ‖ref_p‖₂`; for every group (`opening`, `steps`, `closing`: the name
+# before the first ".") and for `"total"`, the same with the squared differences and the
+# squared reference summed over the group's (all) parameters before dividing; and
+# `‖g_p − ref_p‖₂` alone where the reference is all zeros. The check compares with
+# `refbraid.interop.compare.gradient_errors` on refbraid's layer-parallel gradient (two
+# levels, one cycle each way) against exact backprop, and again with a zero reference
+# parameter.
+
+# %%
+from refbraid.lessons import exercises, solutions
+
+
+def gradient_errors(g, ref):
+    """Relative 2-norm errors of g against ref: per parameter, per group and "total"."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_gradient_errors(gradient_errors)
+assert exercises.check_gradient_errors(solutions.gradient_errors)
+
+
+# %% [markdown]
+# ### 2. What XBraid prints for a solve refbraid recorded
+#
+# refbraid records a residual norm at the start of every cycle and one more after the final
+# relaxation that makes the returned F-points; XBraid (and so TorchBraid) measures the same
+# thing at the same points but reports them differently (docs/xbraid_mapping.md): it counts
+# the skipped first down-cycle as iteration 0, numbers refbraid's measurement j as j + skip,
+# and when it stops on `max_iters` it never reports that last measurement; a solve stopped by
+# the tolerance reports all of them. TorchBraid's `getFwdStats()` returns the iteration count
+# and the last printed norm, −1 when nothing was printed. Write `xbraid_report(norms,
+# iterations, status, skipped)` → `(num_iter, iteration_numbers, printed_norms, last)`. The
+# check compares with `refbraid.interop.xbraid.xbraid_stats` on five two-level MGRIT solves.
+# Which of them is TorchBraid's default adjoint solve, the one that prints nothing?
+
+# %%
+def xbraid_report(norms, iterations, status, skipped):
+    """(braid_GetNumIter, XBraid's iteration numbers, the norms it prints, the last or -1)."""
+    raise NotImplementedError  # your code here
+
+
+exercises.check_xbraid_report(xbraid_report)
+assert exercises.check_xbraid_report(solutions.xbraid_report)

@@ -37,9 +37,10 @@ from typing import Any
 import numpy as np
 
 from .backends import Backend, get_backend
+from .backends.host import host_float
 from .mgrit import MGRITResult, MGRITSettings, Problem, solve
 from .mgrit.transfer import SpatialCoarsening, restrict_to_shape
-from .network import Network, Params, check_inputs, group, layer_params
+from .network import Network, Params, check_inputs, group, layer_params, row, set_row
 
 
 def _default_forward() -> MGRITSettings:
@@ -99,9 +100,34 @@ class LayerParallelSettings:
 
 
 # ----------------------------------------------------------------------------- the two problems
+def batchable(net: Network, bk: Backend) -> bool:
+    """Whether the propagators offer MGRIT batched steps (one call per sweep,
+    :mod:`refbraid.mgrit.batched`): for a step layer with ``forward_batched`` /
+    ``adjoint_batched`` on the NumPy backend, where they are bit-identical to per-step calls
+    (docs/batched.md has the measurements)."""
+    layer = getattr(net, "step", None)
+    return bk.name == "numpy" and callable(getattr(layer, "forward_batched", None))
+
+
+def take_rows(rows, idx: np.ndarray, bk: Backend):
+    """Rows ``idx`` of stacked layer data (an array (N, ...), or a ``{row: array}`` mapping as
+    the distributed trainer's) as one array (len(idx), ...)."""
+    if hasattr(rows, "shape"):
+        return rows[idx]
+    return bk.xp.stack([rows[i] for i in idx.tolist()])
+
+
+def rows_of(steps: dict[str, Any], idx: np.ndarray, bk: Backend) -> dict[str, Any]:
+    """The stacked weights of layers ``idx``: ``{name: (len(idx), ...)}``."""
+    return {k: take_rows(v, idx, bk) for k, v in steps.items()}
+
+
 @dataclass(frozen=True, eq=False)
 class ForwardPropagator:
-    """Φ(y; a → b) = the network's step from layer a with step size (b − a)·h."""
+    """Φ(y; a → b) = the network's step from layer a with step size (b − a)·h.
+
+    ``batched_step`` (MGRIT's one call per sweep): Φ on k intervals at once, rows
+    ``starts[j] → stops[j]`` with layer ``starts[j]``'s weights, where :func:`batchable`."""
 
     net: Network
     steps: dict[str, Any]
@@ -111,6 +137,16 @@ class ForwardPropagator:
         theta = layer_params(self.steps, start)
         y_next, _ = self.net.step.forward(theta, y, (stop - start) * self.net.h, self.bk)
         return y_next
+
+    @property
+    def batched_step(self):
+        return self._steps_at_once if batchable(self.net, self.bk) else None
+
+    def _steps_at_once(self, Y, starts, stops):
+        theta = rows_of(self.steps, starts, self.bk)  # k rows of stacked weights
+        Y_next, _ = self.net.step.forward_batched(theta, Y, (stops - starts) * self.net.h,
+                                                  self.bk)
+        return Y_next
 
 
 @dataclass(frozen=True, eq=False)
@@ -130,12 +166,25 @@ class AdjointPropagator:
     def step(self, lam, start: int, stop: int):
         theta = layer_params(self.steps, stop)
         hc = (start - stop) * self.net.h
-        y = self.states[stop]
+        y = row(self.states, stop)
         if tuple(lam.shape) != tuple(y.shape):
             y = restrict_to_shape(y, tuple(lam.shape), self.restriction)
         _, cache = self.net.step.forward(theta, y, hc, self.bk)
         lam_prev, _ = self.net.step.adjoint(theta, cache, lam, hc, self.bk, grads=False)
         return lam_prev
+
+    @property
+    def batched_step(self):
+        """Ψ on k intervals at once (as :class:`ForwardPropagator`'s), where :func:`batchable`."""
+        return self._steps_at_once if batchable(self.net, self.bk) else None
+
+    def _steps_at_once(self, L, starts, stops):
+        theta = rows_of(self.steps, stops, self.bk)
+        hc = (starts - stops) * self.net.h
+        Y = take_rows(self.states, stops, self.bk)  # k,*S
+        _, Z = self.net.step.forward_batched(theta, Y, hc, self.bk)
+        L_prev, _ = self.net.step.adjoint_batched(theta, Y, Z, L, hc, self.bk, grads=False)
+        return L_prev
 
 
 class CachingForward(ForwardPropagator):
@@ -157,6 +206,16 @@ class CachingForward(ForwardPropagator):
                                               self.bk)
         self.caches[start] = cache
         return y_next
+
+    def _steps_at_once(self, Y, starts, stops):
+        if not np.all(stops - starts == 1):
+            return super()._steps_at_once(Y, starts, stops)
+        theta = rows_of(self.steps, starts, self.bk)
+        h = np.full(len(starts), self.net.h)
+        Y_next, Z = self.net.step.forward_batched(theta, Y, h, self.bk)
+        for j, a in enumerate(starts.tolist()):
+            self.caches[a] = (Y[j], Z[j])  # the cache step.forward(θ_a, y[a], h) returns
+        return Y_next
 
 
 class CapturingAdjoint(AdjointPropagator):
@@ -184,7 +243,7 @@ class CapturingAdjoint(AdjointPropagator):
         theta = layer_params(self.steps, stop)
         cache = self.caches.get(stop)
         if cache is None:  # a step that started on another rank (MPI): recompute its cache
-            _, cache = self.net.step.forward(theta, self.states[stop], self.net.h, self.bk)
+            _, cache = self.net.step.forward(theta, row(self.states, stop), self.net.h, self.bk)
             self.counts["recomputed"] += 1
         else:
             self.counts["cache_hits"] += 1
@@ -192,6 +251,22 @@ class CapturingAdjoint(AdjointPropagator):
                                                  grads=True)
         self.grads[stop] = dtheta
         return lam_prev
+
+    def _steps_at_once(self, L, starts, stops):
+        if not np.all(starts - stops == 1):
+            return super()._steps_at_once(L, starts, stops)
+        layers = stops.tolist()
+        if any(a not in self.caches for a in layers):  # a block's first step (MPI): per step
+            return self.bk.xp.stack([self.step(L[j], a + 1, a) for j, a in enumerate(layers)])
+        theta = rows_of(self.steps, stops, self.bk)
+        Y = self.bk.xp.stack([self.caches[a][0] for a in layers])  # k,*S
+        Z = self.bk.xp.stack([self.caches[a][1] for a in layers])
+        h = np.full(len(layers), self.net.h)
+        L_prev, d = self.net.step.adjoint_batched(theta, Y, Z, L, h, self.bk, grads=True)
+        for j, a in enumerate(layers):
+            self.grads[a] = {k: v[j] for k, v in d.items()}
+        self.counts["cache_hits"] += len(layers)
+        return L_prev
 
 
 def forward_problem(net: Network, steps: dict[str, Any], y0, bk: Backend) -> Problem:
@@ -246,7 +321,7 @@ def captured_gradient(adjoint: CapturingAdjoint, steps: dict[str, Any], layers) 
     dsteps = {k: adjoint.bk.xp.zeros_like(v) for k, v in steps.items()}
     for a in layers:
         for k, v in adjoint.grads[int(a)].items():
-            dsteps[k][int(a)] = v
+            set_row(dsteps[k], int(a), v)
     return dsteps
 
 
@@ -273,7 +348,7 @@ def _mgrit_forward(net: Network, params: Params, x, settings: MGRITSettings, bk:
     y0, open_cache = net.opening.forward(group(params, "opening"), x, bk)
     prop = propagator or ForwardPropagator(net, group(params, "steps"), bk)
     fwd = solve(Problem(step=prop, u0=y0, n_steps=net.n_layers, transfer=transfer), settings)
-    logits, close_cache = net.closing.forward(group(params, "closing"), fwd.solution[-1], bk)
+    logits, close_cache = net.closing.forward(group(params, "closing"), fwd.solution[-1, ...], bk)
     return logits, fwd, (open_cache, close_cache)
 
 
@@ -309,12 +384,12 @@ def layer_parallel_gradient(
                         transfer=settings.backward_transfer), settings.backward)
     adjoints = bwd.solution  # (N + 1, *S), fine order
     dsteps = captured_gradient(adjoint, steps, range(net.n_layers))
-    _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, adjoints[0], bk)
+    _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, adjoints[0, ...], bk)
     grads = {f"opening.{k}": v for k, v in dopen.items()}
     grads.update({f"steps.{k}": v for k, v in dsteps.items()})
     grads.update({f"closing.{k}": v for k, v in dclose.items()})
     info = LayerParallelInfo(fwd, bwd, states, adjoints, logits)
-    return float(loss), {k: grads[k] for k in params}, info
+    return host_float(loss), {k: grads[k] for k in params}, info
 
 
 def relative_gradient_error(grads: Params, reference: Params, bk: Backend | str = "numpy") -> float:

@@ -37,7 +37,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .backends import Backend, get_backend
-from .backends.reference import array_namespace
+from .backends.dtypes import dtype_kind
+from .backends.host import all_finite, host_float, to_host
 from .layers.init import NonFiniteError, check_positive_int
 
 Params = dict[str, Any]
@@ -99,9 +100,23 @@ def group(params: Params, prefix: str) -> dict[str, Any]:
     return {k[len(head) :]: v for k, v in params.items() if k.startswith(head)}
 
 
+def row(a, n: int):
+    """Row ``n`` of a stacked array (``a[n, ...]``: the array API has no NumPy-style partial
+    index ``a[n]``), or entry ``n`` of a dict of rows (MPI shards, the virtual cluster)."""
+    return a[n] if isinstance(a, Mapping) else a[n, ...]
+
+
+def set_row(a, n: int, value) -> None:
+    """``a[n, ...] = value`` for a stacked array, ``a[n] = value`` for a dict of rows."""
+    if isinstance(a, Mapping):
+        a[n] = value
+    else:
+        a[n, ...] = value
+
+
 def layer_params(steps: dict[str, Any], n: int) -> dict[str, Any]:
     """Layer n's weights as views into the stacked step parameters."""
-    return {k: v[n] for k, v in steps.items()}
+    return {k: row(v, n) for k, v in steps.items()}
 
 
 def to_backend(params: Params, bk: Backend | str) -> Params:
@@ -213,7 +228,7 @@ def check_param_dict(spec: dict[str, Expected], params, rows_hint: str = "") -> 
             raise ValueError(f"`{key}` must have shape {_show(want.shape)}{hint}, got {shape}.")
         if want.kind == "optional":
             continue
-        if value.dtype.kind not in "fc":
+        if dtype_kind(value.dtype) not in "fc":
             raise TypeError(f"`{key}` must be a floating array, got dtype {value.dtype}.")
         if dtype is None:
             dtype, first = value.dtype, key
@@ -221,7 +236,7 @@ def check_param_dict(spec: dict[str, Expected], params, rows_hint: str = "") -> 
             raise TypeError(f"`{key}` has dtype {value.dtype} but `{first}` has {dtype}: all "
                             f"parameters (and the input) must share one floating dtype; cast "
                             f"them with .astype(...).")
-        if want.kind == "weight" and not bool(array_namespace(value).isfinite(value).all()):
+        if want.kind == "weight" and not all_finite(value):
             raise NonFiniteError(f"`{key}` must be finite, got NaN or infinite values.")
     return dtype
 
@@ -244,7 +259,7 @@ def check_input_dtype(name: str, x, dtype, discrete: bool = False) -> None:
     reads token ids, ``discrete``, takes any dtype)."""
     if discrete or dtype is None or getattr(x, "dtype", None) is None:
         return
-    if x.dtype.kind in "fc" and x.dtype != dtype:
+    if dtype_kind(x.dtype) in "fc" and x.dtype != dtype:
         raise TypeError(f"`{name}` has dtype {x.dtype} but the parameters have {dtype}: one call "
                         f"must use one floating dtype; cast with .astype(...).")
 
@@ -266,18 +281,19 @@ def check_batch(net: Network, x, labels=None) -> None:
                          f"got {getattr(x, 'shape', type(x).__name__)}.")
     if x.shape[0] < 1:
         raise ValueError("`x` must hold at least one sample.")
-    if x.dtype.kind in "fc" and not bool(array_namespace(x).isfinite(x).all()):
+    if dtype_kind(x.dtype) in "fc" and not all_finite(x):
         raise NonFiniteError("`x` must be finite, got NaN or infinite values.")
     if labels is not None:
         if getattr(labels, "shape", None) != (x.shape[0],):
             raise ValueError(f"`labels` must have shape ({x.shape[0]},), "
                              f"got {getattr(labels, 'shape', None)}.")
-        if labels.dtype.kind not in "iu":
+        if dtype_kind(labels.dtype) not in "iu":
             raise TypeError(f"`labels` must be integer class indices, got dtype {labels.dtype}.")
         n_classes = net.closing.out_shape[0]
-        if int(labels.min()) < 0 or int(labels.max()) >= n_classes:
+        host_labels = to_host(labels)  # B integers: checked on the host
+        if int(host_labels.min()) < 0 or int(host_labels.max()) >= n_classes:
             raise ValueError(f"`labels` must lie in [0, {n_classes}), got range "
-                             f"[{int(labels.min())}, {int(labels.max())}].")
+                             f"[{int(host_labels.min())}, {int(host_labels.max())}].")
 
 
 # ----------------------------------------------------------------------------- sequential
@@ -313,7 +329,7 @@ def loss_and_logits(net: Network, params: Params, x, labels, bk: Backend | str =
     bk = get_backend(bk)
     logits, _, _ = forward(net, params, x, bk, keep=False)
     loss, _ = bk.softmax_cross_entropy(logits, labels)
-    return float(loss), logits
+    return host_float(loss), logits
 
 
 def backprop(net: Network, params: Params, x, labels, bk: Backend | str = "numpy"):
@@ -338,9 +354,9 @@ def backprop(net: Network, params: Params, x, labels, bk: Backend | str = "numpy
         lam, dtheta = net.step.adjoint(theta, step_caches[n], lam, net.h, bk)
         adjoints[n] = lam
         for k, v in dtheta.items():
-            dsteps[k][n] = v
+            dsteps[k][n, ...] = v
     grads.update({f"steps.{k}": v for k, v in dsteps.items()})
     _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, lam, bk)
     grads.update({f"opening.{k}": v for k, v in dopen.items()})
     info = {"logits": logits, "states": states, "adjoints": adjoints}
-    return float(loss), {k: grads[k] for k in params}, info
+    return host_float(loss), {k: grads[k] for k in params}, info

@@ -10,7 +10,9 @@ Runs before any test module imports Numba, so the environment set here takes eff
 Backends: :data:`BACKEND_PARAMS` lists numpy, numba, cuda (test id ``cudasim`` when
 simulated) and cupy; use ``@pytest.mark.parametrize("backend_name", BACKEND_PARAMS)`` with
 :func:`backend_or_skip`, or the ``backend`` fixture (a :class:`refbraid.backends.Backend`).
-Only cupy may skip, and only when no GPU is present.
+Only cupy may skip, and only when no GPU is present. On a GPU machine,
+``NUMBA_ENABLE_CUDASIM=0 pytest -m gpu`` runs every test of the cupy and cuda backends and
+tests/test_gpu.py (README, "GPU").
 """
 
 import os
@@ -30,11 +32,14 @@ from refbraid.backends import Backend, get_backend
 #: True when the ``cuda`` backend runs in Numba's CUDA simulator.
 CUDA_SIMULATED = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 
+#: The backends that need a real GPU carry the ``gpu`` marker: ``pytest -m gpu`` selects them
+#: (cupy always; cuda unless simulated) together with tests/test_gpu.py.
 BACKEND_PARAMS = [
     pytest.param("numpy", id="numpy"),
     pytest.param("numba", id="numba"),
-    pytest.param("cuda", id="cudasim" if CUDA_SIMULATED else "cuda"),
-    pytest.param("cupy", id="cupy"),
+    pytest.param("cuda", id="cudasim" if CUDA_SIMULATED else "cuda",
+                 marks=() if CUDA_SIMULATED else pytest.mark.gpu),
+    pytest.param("cupy", id="cupy", marks=pytest.mark.gpu),
 ]
 
 

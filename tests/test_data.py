@@ -75,7 +75,7 @@ def test_peaks_shapes_split_and_normalisation():
 
 def test_load_dataset_by_name_and_errors():
     assert DATASETS[:4] == ("peaks", "digits", "mnist", "voxels")
-    assert all(name.startswith("seq-") for name in DATASETS[4:])
+    assert all(name.startswith(("seq-", "lm-")) for name in DATASETS[4:])
     assert load_dataset("peaks", n_samples=50).n_train == 40
     with pytest.raises(ValueError, match="`data` must be one of"):
         load_dataset("cifar")

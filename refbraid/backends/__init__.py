@@ -15,6 +15,8 @@ numba      Numba ``njit`` CPU kernels for the fused element-wise and stencil wor
 cuda       Numba CUDA kernels (tiled shared-memory matmul, fused activation, conv);
            runs under the CUDA simulator when ``NUMBA_ENABLE_CUDASIM=1``
 cupy       the reference kernels on CuPy arrays (needs a GPU)
+strict     tests only: the cupy code path on ``array_api_strict`` arrays on a
+           non-default device (:mod:`refbraid.backends.strict_device`)
 =========  =====================================================================
 """
 
@@ -29,8 +31,11 @@ from typing import Any
 import numpy as np
 
 from . import reference, reference_spatial
+from .host import to_host
 
 BACKENDS = ("numpy", "numba", "cuda", "cupy")
+#: Backends for tests only (not offered by the CLI).
+TEST_BACKENDS = ("strict",)
 
 #: Kernels every backend provides (reference signature in refbraid.backends.reference).
 KERNELS = (
@@ -94,6 +99,7 @@ _MODULES = {
         "refbraid.backends.numba_cuda_batchnorm",  # batch norm
     ),
     "cupy": ("refbraid.backends.cupy_gpu",),
+    "strict": ("refbraid.backends.strict_device",),
 }
 
 
@@ -105,6 +111,7 @@ class Backend:
     xp: ModuleType
     kernels: dict[str, Callable[..., Any]] = field(repr=False)
     overrides: tuple[str, ...] = ()
+    device: Any = None  # where asarray puts arrays; None: the namespace's default device
 
     def __getattr__(self, kernel: str) -> Callable[..., Any]:
         try:
@@ -113,14 +120,17 @@ class Backend:
             raise AttributeError(f"backend {self.name!r} has no kernel {kernel!r}") from None
 
     def asarray(self, a, dtype=None):
-        """Move host data to this backend's array type (no copy when already there)."""
-        return self.xp.asarray(a, dtype=dtype)
+        """Move host data to this backend's array type (on its device), ``dtype`` a NumPy
+        dtype or name; no copy when already there."""
+        if dtype is not None and self.xp is not np:
+            dtype = getattr(self.xp, np.dtype(dtype).name)
+        if self.device is None:
+            return self.xp.asarray(a, dtype=dtype)
+        return self.xp.asarray(a, dtype=dtype, device=self.device)
 
     def to_numpy(self, a) -> np.ndarray:
-        """Bring an array back to the host as a NumPy array."""
-        if isinstance(a, np.ndarray):
-            return a
-        return a.get() if hasattr(a, "get") else np.asarray(a)
+        """Bring an array back to the host as a NumPy array (:func:`host.to_host`)."""
+        return to_host(a)
 
 
 _cache: dict[str, Backend] = {}
@@ -130,13 +140,13 @@ def get_backend(name: str | Backend = "numpy") -> Backend:
     """The backend called ``name`` (one of :data:`BACKENDS`); a Backend passes through."""
     if isinstance(name, Backend):
         return name
-    if name not in BACKENDS:
+    if name not in BACKENDS + TEST_BACKENDS:
         raise ValueError(f"`backend` must be one of {BACKENDS}, got {name!r}.")
     if name in _cache:
         return _cache[name]
     kernels = {k: getattr(m, k) for m in _REFERENCE_MODULES for k in KERNELS if hasattr(m, k)}
     overrides: tuple[str, ...] = ()
-    xp = np
+    xp, device = np, None
     for module_name in _MODULES[name]:
         try:
             module = importlib.import_module(module_name)
@@ -148,7 +158,8 @@ def get_backend(name: str | Backend = "numpy") -> Backend:
         kernels.update({k: getattr(module, k) for k in own})
         overrides += own
         xp = getattr(module, "xp", xp)
-    backend = Backend(name=name, xp=xp, kernels=kernels, overrides=overrides)
+        device = getattr(module, "DEVICE", device)
+    backend = Backend(name=name, xp=xp, kernels=kernels, overrides=overrides, device=device)
     _cache[name] = backend
     return backend
 

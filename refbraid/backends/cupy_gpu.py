@@ -6,6 +6,10 @@ the GPU: ``x @ W.T`` is cuBLAS, the element-wise lines are CuPy kernels, ``einsu
 cuBLAS/cuTENSOR, and exact GELU uses ``cupyx.scipy.special.erf``. Nothing is overridden
 (``OVERRIDES = ()``): this backend *is* the tested reference code on another array type.
 
+The reference kernels use the array API standard's functions (``permute_dims``, ``concat``,
+``astype``, ``take``), which CuPy's main namespace has since it mirrors the NumPy 2 API;
+:func:`is_usable` says no to a CuPy without them.
+
 ``xp`` is the ``cupy`` module, imported on first use so that importing this module (for
 :func:`is_usable`) never fails on a machine without CuPy or without a GPU; asking for
 ``xp`` there raises an ImportError that says so.
@@ -41,6 +45,8 @@ def is_usable() -> bool:
         cupy = _import_cupy()
         if not cupy.cuda.is_available():
             return False
+        if not all(hasattr(cupy, f) for f in ("permute_dims", "concat", "astype")):
+            return False  # an older CuPy: no array API functions in the main namespace
         import cupyx.scipy.special
 
         a = cupy.arange(4, dtype=cupy.float64)

@@ -32,6 +32,17 @@ Kernels, one thread per element::
 The scalar activations are those of :mod:`refbraid.backends.numba_cpu`
 (:func:`~refbraid.backends.numba_cpu.act_scalar`), compiled here as device functions.
 
+Design (what a GPU course reader should take from it): an element-wise kernel is bound by
+memory, not arithmetic, so what counts is that thread ``i`` of a flat 1-D grid touches element
+``i``: the 32 threads of a warp read 32 neighbouring values in one coalesced transaction.
+``_euler_act_kernel`` fuses ``y + h σ(z)`` into one pass (one read of y and z, one write),
+where the reference makes three (σ, scale, add). Blocks of 128 threads and ⌈n/128⌉ blocks fill
+a device once n reaches a few hundred thousand (an H100 holds 132 SMs × 2048 threads); below
+that the launch latency (a few µs) dominates, and a grid-stride loop would not help. The host
+side copies every input in and the output back (the backend's contract: NumPy in, NumPy out),
+so on a GPU these kernels pay PCIe transfers per call; tests/test_cudasim_training_step.py
+counts them.
+
 Without numba-cuda installed this module still imports (``cuda`` is None, ``OVERRIDES`` is
 empty, :func:`cuda_jit` only defines), so the ``cuda`` backend falls back to the reference.
 Inputs the kernels do not cover (complex, integer) go to the reference function on the host.

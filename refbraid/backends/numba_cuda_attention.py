@@ -31,6 +31,15 @@ host); the scatter-add would need atomics.
 Arrays that are not float32/float64 NumPy arrays (complex steps, CuPy arrays) go to the
 reference unchanged, as in the CPU module.
 
+Design (for a GPU course): ``bmm`` maps the batch index to ``blockIdx.z`` so one launch
+covers every head of every sample (launch overhead paid once, not G times); its tiles load
+row-major operands with neighbouring threads on neighbouring addresses (coalesced). The
+one-thread-per-row kernels (softmax, layer norm) read each row serially, so neighbouring
+threads touch addresses a row apart: uncoalesced, acceptable for the short rows here and
+clear to read; a warp per row (32 threads striding the row, a shuffle reduction) is the
+coalesced version. The GRU kernels are one thread per (sample, unit) with the three gates of
+a unit in registers: the gate algebra is fused into one pass after the two matmuls.
+
 Shape legend: G batched matrices (batch·heads), M, K, N matrix sizes, R rows, N row length,
 B batch, H GRU hidden size.
 """

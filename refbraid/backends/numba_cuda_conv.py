@@ -13,6 +13,15 @@ no atomics (deterministic)::
 Shape legend: ``B`` batch, ``C`` input channels, ``O`` output channels, ``H, W`` image size,
 ``k`` odd kernel size, ``r = k // 2``. Index terms outside the image are zero (the zero
 padding of the reference).
+
+Design (for a GPU course): the flat index decomposes with the image column ``j`` fastest, so
+a warp covers neighbouring pixels of one row: the reads of x (and dz) and the write of z are
+coalesced, and every thread of the warp reads the same weight ``W[o, c, p, q]``, which the
+cache broadcasts. A gather (each output sums its own inputs) needs no atomics, so results are
+bit-reproducible. Shared-memory tiling of the input halo would cut the 9 reads per input value
+of a 3×3 kernel to about one; it pays from a few dozen channels on, and is the next step. The
+weight gradient has one thread per weight (O·C·k² threads, each summing B·H·W products): for
+small O·C it under-fills a large GPU, where a block-per-weight tree reduction would fill it.
 """
 
 from __future__ import annotations

@@ -18,6 +18,15 @@ TILE products to its accumulator. Reductions are per output thread (no atomics),
 are deterministic. Accumulators and shared tiles are float64 for both dtypes (exact for
 float64, more accurate for float32, slower on GPUs with weak float64); outputs keep the
 input dtype.
+
+Design (for a GPU course): tiling turns K global loads per output into K/TILE, as every value
+loaded into shared memory is used TILE times. Loads are coalesced for both layouts: when an
+operand is used transposed (``linear``'s Wᵀ, ``linear_adjoint``'s dzᵀ), neighbouring threads
+still read neighbouring addresses of the stored matrix and write the tile's column instead of
+its row; the tiles are padded to TILE + 1 columns so that this column write does not hit one
+shared-memory bank 16 times. Outputs smaller than one tile use one thread per output (no
+shared memory: nothing to share). Not done: register blocking (several outputs per thread)
+and tensor cores, which is where cuBLAS (the ``cupy`` backend's ``@``) gets its last factor.
 """
 
 from __future__ import annotations
@@ -47,26 +56,33 @@ SMALL_BLOCK = 8  # block side of the per-element GEMM used for outputs smaller t
 @cuda_jit
 def _gemm_kernel(A, B, C, trans_a, trans_b, bias, has_bias):
     """C = op(A) op(B) (+ bias[None, :]),  op(A): (M, K), op(B): (K, N), C: (M, N)."""
-    sA = cuda.shared.array((TILE, TILE), numba.float64)
-    sB = cuda.shared.array((TILE, TILE), numba.float64)
+    sA = cuda.shared.array((TILE, TILE + 1), numba.float64)  # +1: no bank conflicts when
+    sB = cuda.shared.array((TILE, TILE + 1), numba.float64)  # a column is written
     tx = cuda.threadIdx.x
     ty = cuda.threadIdx.y
-    row = cuda.blockIdx.y * TILE + ty
-    col = cuda.blockIdx.x * TILE + tx
+    row0 = cuda.blockIdx.y * TILE
+    col0 = cuda.blockIdx.x * TILE
+    row = row0 + ty
+    col = col0 + tx
     M, N = C.shape
     K = A.shape[0] if trans_a else A.shape[1]
     acc = 0.0
     for t0 in range(0, K, TILE):
-        ka = t0 + tx  # this thread loads op(A)[row, ka] and op(B)[kb, col]
-        kb = t0 + ty
-        if row < M and ka < K:
-            sA[ty, tx] = A[ka, row] if trans_a else A[row, ka]
-        else:
-            sA[ty, tx] = 0.0
-        if kb < K and col < N:
-            sB[ty, tx] = B[col, kb] if trans_b else B[kb, col]
-        else:
-            sB[ty, tx] = 0.0
+        # sA[i, k] = op(A)[row0 + i, t0 + k], sB[k, j] = op(B)[t0 + k, col0 + j]. Threads
+        # next to each other in x read neighbouring addresses of the stored (row-major)
+        # matrix, whether op is the identity or the transpose: coalesced loads.
+        if trans_a:  # A is (K, M): thread (ty, tx) reads A[t0 + ty, row0 + tx]
+            k, i = t0 + ty, row0 + tx
+            sA[tx, ty] = A[k, i] if k < K and i < M else 0.0
+        else:  # A is (M, K): thread (ty, tx) reads A[row0 + ty, t0 + tx]
+            i, k = row, t0 + tx
+            sA[ty, tx] = A[i, k] if i < M and k < K else 0.0
+        if trans_b:  # B is (N, K): thread (ty, tx) reads B[col0 + ty, t0 + tx]
+            j, k = col0 + ty, t0 + tx
+            sB[tx, ty] = B[j, k] if j < N and k < K else 0.0
+        else:  # B is (K, N): thread (ty, tx) reads B[t0 + ty, col0 + tx]
+            k, j = t0 + ty, col
+            sB[ty, tx] = B[k, j] if k < K and j < N else 0.0
         cuda.syncthreads()
         for kk in range(TILE):
             acc += sA[ty, kk] * sB[kk, tx]

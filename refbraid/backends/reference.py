@@ -2,7 +2,11 @@
 
 Every function here is written against the array-API namespace of its inputs
 (``x.__array_namespace__()``), so the same code runs on NumPy arrays (the ``numpy``
-backend) and on CuPy arrays (the ``cupy`` backend). The fast backends (``numba``,
+backend) and on CuPy arrays (the ``cupy`` backend). Only the standard's functions are used
+(``xp.sum(x)``, not ``x.sum()``; no ``np.pad`` or ``einsum``), and new arrays are made on
+the device of the inputs (:mod:`refbraid.backends.portable`): the tests run these kernels on
+array-api-strict arrays on a non-default device (:mod:`refbraid.backends.strict_device`),
+which holds the code to exactly that. The fast backends (``numba``,
 ``cuda``) keep these exact signatures and are tested against these functions.
 
 Shape legend: ``B`` batch, ``K`` input features, ``C`` features/channels,
@@ -17,6 +21,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from .dtypes import dtype_kind
+from .portable import arange_on, zeros_on
 
 ACTIVATIONS = ("tanh", "relu", "gelu", "identity")
 
@@ -34,9 +41,14 @@ def array_namespace(*arrays):
 
 
 def _erf(xp, z):
-    # numpy has no erf; use the vectorised math.erf there, cupyx.scipy.special elsewhere.
+    # erf is not in the array API standard: NumPy uses the vectorised math.erf, CuPy
+    # cupyx.scipy.special, the strict test device its own kernel (strict_device.erf)
     if xp is np:
         return np.vectorize(math.erf, otypes=[z.dtype])(z) if z.size else z.copy()
+    if xp.__name__.startswith("array_api_strict"):
+        from .strict_device import erf
+
+        return erf(z)
     import cupyx.scipy.special  # pragma: no cover - needs a GPU
 
     return cupyx.scipy.special.erf(z)  # pragma: no cover
@@ -55,7 +67,7 @@ def activation(z, act: str):
     rule σ(a + ib) := σ(a) + i·b·σ'(a), exact for a complex step and valid for relu and gelu.
     """
     xp = array_namespace(z)
-    if z.dtype.kind == "c":
+    if dtype_kind(z.dtype) == "c":
         a = xp.real(z)
         return activation(a, act) + 1j * xp.imag(z) * activation_adjoint(a, xp.ones_like(a), act)
     if act == "tanh":
@@ -65,14 +77,14 @@ def activation(z, act: str):
     if act == "gelu":  # z Φ(z), Φ the standard normal CDF
         return 0.5 * z * (1.0 + _erf(xp, z / math.sqrt(2.0)))
     if act == "identity":
-        return z.copy()
+        return xp.asarray(z, copy=True)
     check_activation(act)
 
 
 def activation_adjoint(z, dy, act: str):
     """dz = σ'(z) ⊙ dy; complex z uses the dual-number rule σ'(a + ib) := σ'(a) + i·b·σ''(a)."""
     xp = array_namespace(z)
-    if z.dtype.kind == "c":
+    if dtype_kind(z.dtype) == "c":
         a = xp.real(z)
         slope = activation_adjoint(a, xp.ones_like(a), act)
         return (slope + 1j * xp.imag(z) * _activation_curvature(a, act)) * dy
@@ -86,7 +98,7 @@ def activation_adjoint(z, dy, act: str):
         pdf = xp.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
         return (cdf + z * pdf) * dy
     if act == "identity":
-        return dy.copy()
+        return array_namespace(dy).asarray(dy, copy=True)
     check_activation(act)
 
 
@@ -124,12 +136,16 @@ def linear(x, W, b):
 
 def linear_adjoint(x, W, dz):
     """Adjoint of z = x Wᵀ + b:  dx = dz W,  dW = dzᵀ x,  db = Σ_B dz."""
-    return dz @ W, dz.T @ x, dz.sum(axis=0)
+    return dz @ W, dz.T @ x, array_namespace(dz).sum(dz, axis=0)
 
 
 # ----------------------------------------------------------------------------- conv
-def _pad_hw(xp, x, p: int):
-    return xp.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
+def _pad_hw(x, p: int):
+    """x zero-padded by p on both sides of the two spatial axes: (B, C, H + 2p, W + 2p)."""
+    B, C, H, Wd = x.shape
+    xpad = zeros_on(x, (B, C, H + 2 * p, Wd + 2 * p))
+    xpad[:, :, p : p + H, p : p + Wd] = x
+    return xpad
 
 
 def conv2d(x, W, b):
@@ -141,11 +157,13 @@ def conv2d(x, W, b):
     xp = array_namespace(x)
     k = W.shape[-1]
     H, Wd = x.shape[2], x.shape[3]
-    xpad = _pad_hw(xp, x, k // 2)
-    z = xp.zeros((x.shape[0], W.shape[0], H, Wd), dtype=x.dtype)
+    xpad = _pad_hw(x, k // 2)
+    z = zeros_on(x, (x.shape[0], W.shape[0], H, Wd))
     for p in range(k):
-        for q in range(k):
-            z += xp.einsum("oc,nchw->nohw", W[:, :, p, q], xpad[:, :, p : p + H, q : q + Wd])
+        for q in range(k):  # Σ_c W[o,c,p,q] x̃[n,c,i+p,j+q]: contract c, then n,h,w,o -> n,o,h,w
+            window = xpad[:, :, p : p + H, q : q + Wd]
+            z += xp.permute_dims(xp.tensordot(window, W[:, :, p, q], axes=([1], [1])),
+                                 (0, 3, 1, 2))
     if b is not None:
         z += b[None, :, None, None]
     return z
@@ -162,15 +180,19 @@ def conv2d_adjoint(x, W, dz):
     k = W.shape[-1]
     r = k // 2
     H, Wd = x.shape[2], x.shape[3]
-    xpad = _pad_hw(xp, x, r)
+    xpad = _pad_hw(x, r)
     dxpad = xp.zeros_like(xpad)
     dW = xp.zeros_like(W)
     for p in range(k):
         for q in range(k):
-            dxpad[:, :, p : p + H, q : q + Wd] += xp.einsum("oc,nohw->nchw", W[:, :, p, q], dz)
-            dW[:, :, p, q] = xp.einsum("nohw,nchw->oc", dz, xpad[:, :, p : p + H, q : q + Wd])
-    dx = dxpad[:, :, r : r + H, r : r + Wd]
-    return xp.ascontiguousarray(dx), dW, dz.sum(axis=(0, 2, 3))
+            window = (slice(None), slice(None), slice(p, p + H), slice(q, q + Wd))
+            # Σ_o W[o,c,p,q] dz[n,o,i,j]: contract o, then n,h,w,c -> n,c,h,w
+            dxpad[window] += xp.permute_dims(
+                xp.tensordot(dz, W[:, :, p, q], axes=([1], [0])), (0, 3, 1, 2))
+            # Σ_{n,i,j} dz[n,o,i,j] x̃[n,c,i+p,j+q]
+            dW[:, :, p, q] = xp.tensordot(dz, xpad[window], axes=([0, 2, 3], [0, 2, 3]))
+    dx = xp.asarray(dxpad[:, :, r : r + H, r : r + Wd], copy=True)
+    return dx, dW, xp.sum(dz, axis=(0, 2, 3))
 
 
 # ----------------------------------------------------------------------------- loss
@@ -181,21 +203,20 @@ def softmax_cross_entropy(logits, labels):
     """
     xp = array_namespace(logits)
     # shift by the row maximum of the real part, so complex logits (a complex step) work too
-    shifted = logits - xp.real(logits).max(axis=1, keepdims=True)
-    logsum = xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
+    shifted = logits - xp.max(xp.real(logits), axis=1, keepdims=True)
+    logsum = xp.log(xp.sum(xp.exp(shifted), axis=1, keepdims=True))
     logp = shifted - logsum
     B = logits.shape[0]
-    loss = -logp[xp.arange(B), labels].mean()
+    loss = -xp.mean(logp[arange_on(logits, B), labels])
     return loss, xp.exp(logp)
 
 
 def softmax_cross_entropy_adjoint(probs, labels, dloss: float = 1.0):
     """dlogits = dloss · (p − onehot(y)) / B."""
     xp = array_namespace(probs)
-    B = probs.shape[0]
-    dlogits = probs.copy()
-    dlogits[xp.arange(B), labels] -= 1.0
-    return dlogits * (dloss / B)
+    B, K = probs.shape
+    onehot = xp.astype(labels[:, None] == arange_on(probs, K)[None, :], probs.dtype)  # B,K
+    return (probs - onehot) * (dloss / B)
 
 
 # ----------------------------------------------------------------------------- transformer kernels
@@ -273,7 +294,9 @@ def layernorm_adjoint(x, mean, rstd, gamma, dy):
 
 def embedding(tokens, W):
     """Row lookup out[..., :] = W[tokens[...], :].  tokens: int (...), W: (V, E) -> (..., E)."""
-    return W[tokens]
+    xp = array_namespace(W)
+    rows = xp.take(W, xp.reshape(tokens, (-1,)), axis=0)  # R,E
+    return xp.reshape(rows, (*tokens.shape, W.shape[1]))
 
 
 def embedding_adjoint(tokens, dout, n_rows: int):
@@ -282,9 +305,9 @@ def embedding_adjoint(tokens, dout, n_rows: int):
     tokens: int (...), dout: (..., E)  ->  dW: (n_rows, E).
     """
     xp = array_namespace(dout)
-    flat = tokens.reshape(-1)
-    onehot = (flat[:, None] == xp.arange(n_rows)[None, :]).astype(dout.dtype)  # R,V
-    return onehot.T @ dout.reshape(flat.shape[0], -1)
+    flat = xp.reshape(tokens, (-1,))
+    onehot = xp.astype(flat[:, None] == arange_on(dout, n_rows)[None, :], dout.dtype)  # R,V
+    return onehot.T @ xp.reshape(dout, (flat.shape[0], -1))
 
 
 def _sigmoid(xp, a):
@@ -318,7 +341,7 @@ def gru_cell(gx, gh, h, dt: float, implicit: bool):
     n = xp.tanh(gx[:, 2 * H :] + r * gh[:, 2 * H :])
     q = dt * (1.0 - z)
     h_new = (h + q * n) / (1.0 + q) if implicit else h + q * (n - h)
-    return h_new, xp.concatenate([r, z, n], axis=1)
+    return h_new, xp.concat([r, z, n], axis=1)
 
 
 def gru_cell_adjoint(gates, gh, h, dh_new, dt: float, implicit: bool):
@@ -344,6 +367,6 @@ def gru_cell_adjoint(gates, gh, h, dh_new, dt: float, implicit: bool):
     da_n = dn * (1.0 - n * n)
     da_z = dz * z * (1.0 - z)
     da_r = da_n * gh[:, 2 * H :] * r * (1.0 - r)
-    dgx = xp.concatenate([da_r, da_z, da_n], axis=1)
-    dgh = xp.concatenate([da_r, da_z, r * da_n], axis=1)
+    dgx = xp.concat([da_r, da_z, da_n], axis=1)
+    dgh = xp.concat([da_r, da_z, r * da_n], axis=1)
     return dgx, dgh, dh

@@ -11,6 +11,7 @@ digits   1,797               (1, 8, 8)     ``sklearn.datasets.load_digits`` (off
 mnist    60,000              (1, 28, 28)   IDX files in ``data_dir`` (mnist_idx.py)
 voxels   ``n_samples`` 800   (1, 16,16,16) generated 3-D shapes, 4 classes (voxels.py)
 seq-*    ``n_samples`` 2000  (L, I), (T,)  generated sequence tasks (sequences.py)
+lm-*     ``n_samples`` 2000  (T,)          generated language, next-token (language.py)
 =======  ==================  ============  ========================================
 """
 
@@ -20,12 +21,13 @@ import os
 
 from .dataset import VAL_FRACTION, Dataset, make_dataset
 from .digits import load_digits_dataset
+from .language import LANGUAGE_SETS, load_language_task
 from .mnist_idx import load_mnist, read_idx, write_idx
 from .peaks import N_POINTS, load_peaks, peaks, peaks_labels
 from .sequences import SEQUENCE_SETS, TokenDataset, load_sequence_task
 from .voxels import load_voxels
 
-DATASETS = ("peaks", "digits", "mnist", "voxels", *SEQUENCE_SETS)
+DATASETS = ("peaks", "digits", "mnist", "voxels", *SEQUENCE_SETS, *LANGUAGE_SETS)
 
 
 def load_dataset(name: str, *, data_dir: str | os.PathLike | None = None,
@@ -50,6 +52,8 @@ def load_dataset(name: str, *, data_dir: str | os.PathLike | None = None,
         return load_voxels(n_samples, seed, val_fraction)
     if name in SEQUENCE_SETS:
         return load_sequence_task(name, n_samples, seed, val_fraction)
+    if name in LANGUAGE_SETS:
+        return load_language_task(name, n_samples, seed, val_fraction)
     raise ValueError(f"`data` must be one of {DATASETS}, got {name!r}.")
 
 

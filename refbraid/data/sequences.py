@@ -26,7 +26,8 @@ token, but not which one came first). seq-reverse is the small encoder–decoder
 Token sets hold integer ids; :class:`TokenDataset` keeps them unnormalised (``mean`` 0,
 ``std`` 1), and the training casts inputs to the run's float dtype, which holds small integers
 exactly (the transformer's opening casts them back). Per-token tasks have labels of shape
-(n, T): :class:`TokenDataset` accepts (n,) or (n, T) labels.
+(n, T): :class:`TokenDataset` accepts (n,) or (n, T) labels; per-token labels may be IGNORE
+(−1), a token that is not scored (the prompt of a language model, refbraid.data.language).
 
 Shape legend: n samples, L sequence length, I input features, T tokens, V vocabulary size.
 """
@@ -46,6 +47,7 @@ MEMORY_MARK = 2.0  # amplitude of the class marker at position 0
 MATCH_LENGTH, MATCH_VOCAB = 10, 8
 DUP_LENGTH, DUP_VOCAB = 10, 12  # P(a token has a duplicate) = 1 − (11/12)^9 ≈ 0.54
 REVERSE_LENGTH, REVERSE_VOCAB = 8, 8
+IGNORE = -1  # a per-token label that is not scored (refbraid.sequence.losses.IGNORE)
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,8 @@ class TokenDataset(Dataset):
                 raise ValueError(f"data set {self.name!r}: `y_{part}` must have shape "
                                  f"({x.shape[0]},) or {tuple(x.shape)}, got {y.shape}.")
             check_finite(self.name, f"x_{part}", x)
-            check_labels(self.name, f"y_{part}", y, self.n_classes)
+            scored = y[y != IGNORE] if y.ndim == 2 else y  # per token: IGNORE is allowed
+            check_labels(self.name, f"y_{part}", scored, self.n_classes)
 
     @property
     def per_token(self) -> bool:

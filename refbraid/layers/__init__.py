@@ -30,6 +30,7 @@ from .embedding import TokenEmbedding, sinusoidal_positions
 from .gru import GRUCell, GRUSequence
 from .heads import Classifier, softmax_cross_entropy, softmax_cross_entropy_adjoint
 from .layernorm import LayerNorm
+from .lm_head import LMHead
 from .mlp import MLP
 from .transformer import (
     DecoderStep,
@@ -56,6 +57,7 @@ __all__ = [
     "GRUCell",
     "GRUSequence",
     "LayerNorm",
+    "LMHead",
     "MultiheadAttention",
     "PooledClassifier",
     "TokenClassifier",

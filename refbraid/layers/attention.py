@@ -57,24 +57,28 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..backends.portable import arange_on, contiguous
+from ..backends.reference import array_namespace
 from .init import check_adjoint, check_dtype, check_positive_int, uniform_fan_in
 
 
 def _split_heads(a, B: int, L: int, nh: int):
     """(B·L, E) rows → (B·nh, L, d): head j of sample b is the matrix [b·nh + j]."""
     d = a.shape[-1] // nh
-    return a.reshape(B, L, nh, d).transpose(0, 2, 1, 3).reshape(B * nh, L, d)
+    xp = array_namespace(a)
+    return xp.reshape(xp.permute_dims(xp.reshape(a, (B, L, nh, d)), (0, 2, 1, 3)), (B * nh, L, d))
 
 
 def _merge_heads(a, B: int, nh: int):
     """(B·nh, L, d) → (B·L, E): heads concatenated along the features, as torch does."""
     _, L, d = a.shape
-    return a.reshape(B, nh, L, d).transpose(0, 2, 1, 3).reshape(B * L, nh * d)
+    xp = array_namespace(a)
+    return xp.reshape(xp.permute_dims(xp.reshape(a, (B, nh, L, d)), (0, 2, 1, 3)), (B * L, nh * d))
 
 
 def _t(a):
     """Transpose the last two axes of a batch of matrices."""
-    return a.transpose(0, 2, 1)
+    return array_namespace(a).permute_dims(a, (0, 2, 1))
 
 
 @dataclass(frozen=True)
@@ -138,17 +142,20 @@ class MultiheadAttention:
         return params
 
     # ------------------------------------------------------------------------- masks
-    def mask(self, xp, B: int, T: int, S: int, key_padding_mask=None):
-        """Boolean (B·nh, T, S) mask (True = not attended), or None when nothing is masked."""
+    def mask(self, xp, B: int, T: int, S: int, key_padding_mask=None, like=None):
+        """Boolean (B·nh, T, S) mask (True = not attended), or None when nothing is masked;
+        made on the device of ``like`` (an input array) when given."""
         mask = None
-        if self.causal:
-            mask = xp.triu(xp.ones((T, S), dtype=bool), k=1)[None, None]  # 1,1,T,S
+        if self.causal:  # key j after query i: j > i (the strict upper triangle)
+            rows = arange_on(like, T) if like is not None else xp.arange(T)
+            cols = arange_on(like, S) if like is not None else xp.arange(S)
+            mask = (cols[None, :] > rows[:, None])[None, None, ...]  # 1,1,T,S
         if key_padding_mask is not None:
             kpm = key_padding_mask[:, None, None, :]  # B,1,1,S
             mask = kpm if mask is None else (mask | kpm)
         if mask is None:
             return None
-        return xp.broadcast_to(mask, (B, self.heads, T, S)).reshape(B * self.heads, T, S)
+        return xp.reshape(xp.broadcast_to(mask, (B, self.heads, T, S)), (B * self.heads, T, S))
 
     def _check(self, params, x):
         """Validate x, the memory and the padding mask; returns (memory, S, mask or None)."""
@@ -180,13 +187,13 @@ class MultiheadAttention:
         xp = bk.xp
         B, T, E = x.shape
         nh = self.heads
-        x2 = x.reshape(B * T, E)  # BT,E
+        x2 = xp.reshape(x, (B * T, E))  # BT,E
         W_in, b_in = params["W_in"], params["b_in"]
         if self.cross:
             Bm = mem.shape[0]
-            m2 = mem.reshape(Bm * S, E)  # BmS,E
-            q2 = bk.linear(x2, xp.ascontiguousarray(W_in[:E]), b_in[:E])  # BT,E
-            kv2 = bk.linear(m2, xp.ascontiguousarray(W_in[E:]), b_in[E:])  # BmS,2E
+            m2 = xp.reshape(mem, (Bm * S, E))  # BmS,E
+            q2 = bk.linear(x2, contiguous(W_in[:E, :]), b_in[:E])  # BT,E
+            kv2 = bk.linear(m2, contiguous(W_in[E:, :]), b_in[E:])  # BmS,2E
             k2, v2 = kv2[:, :E], kv2[:, E:]
         else:
             Bm, m2 = B, None
@@ -195,24 +202,25 @@ class MultiheadAttention:
         q = _split_heads(q2, B, T, nh)  # G,T,d
         k = self._broadcast(xp, _split_heads(k2, Bm, S, nh), B)  # G,S,d
         v = self._broadcast(xp, _split_heads(v2, Bm, S, nh), B)  # G,S,d
-        s = bk.bmm(q, xp.ascontiguousarray(_t(k))) * self.scale  # G,T,S
-        p = bk.softmax(s, self.mask(xp, B, T, S, kpm))  # G,T,S
+        s = bk.bmm(q, contiguous(_t(k))) * self.scale  # G,T,S
+        p = bk.softmax(s, self.mask(xp, B, T, S, kpm, like=x))  # G,T,S
         o2 = _merge_heads(bk.bmm(p, v), B, nh)  # BT,E
         y = bk.linear(o2, params["W_out"], params["b_out"])  # BT,E
-        return y.reshape(B, T, E), (x2, m2, q, k, v, p, o2, (B, T, S, Bm))
+        return xp.reshape(y, (B, T, E)), (x2, m2, q, k, v, p, o2, (B, T, S, Bm))
 
     def _broadcast(self, xp, a, B: int):
         """(Bm·nh, S, d) keys/values of a batch-1 memory repeated for all B samples."""
         G = B * self.heads
         if a.shape[0] == G:
             return a
-        return xp.broadcast_to(a[None], (B, *a.shape)).reshape(G, *a.shape[1:])
+        return xp.reshape(xp.broadcast_to(a[None, ...], (B, *a.shape)), (G, *a.shape[1:]))
 
     def _unbroadcast(self, a, B: int, Bm: int):
         """Adjoint of _broadcast: sum the per-sample copies back onto the memory's batch."""
         if Bm == B:
             return a
-        return a.reshape(B, self.heads, *a.shape[1:]).sum(axis=0)
+        xp = array_namespace(a)
+        return xp.sum(xp.reshape(a, (B, self.heads, *a.shape[1:])), axis=0)
 
     # ------------------------------------------------------------------------- adjoint
     def adjoint(self, params, cache, dout, bk, grads: bool = True):
@@ -223,35 +231,35 @@ class MultiheadAttention:
         E, nh = self.dim, self.heads
         check_adjoint("dout", dout, (B, T, E))
         W_in = params["W_in"]
-        do2, dW_out, db_out = _linear_adjoint(bk, o2, params["W_out"], dout.reshape(B * T, E),
+        do2, dW_out, db_out = _linear_adjoint(bk, o2, params["W_out"], xp.reshape(dout, (B * T, E)),
                                               grads)
         do = _split_heads(do2, B, T, nh)  # G,T,d
-        dp = bk.bmm(do, xp.ascontiguousarray(_t(v)))  # G,T,S
+        dp = bk.bmm(do, contiguous(_t(v)))  # G,T,S
         ds = bk.softmax_adjoint(p, dp) * self.scale  # G,T,S
         dq2 = _merge_heads(bk.bmm(ds, k), B, nh)  # BT,E
         if self.cross:
-            dx2, dW_q, db_q = _linear_adjoint(bk, x2, xp.ascontiguousarray(W_in[:E]), dq2, grads)
+            dx2, dW_q, db_q = _linear_adjoint(bk, x2, contiguous(W_in[:E, :]), dq2, grads)
             if not grads:  # the keys and values come from the memory, not from x
-                return dx2.reshape(B, T, E), None
-        dv = bk.bmm(xp.ascontiguousarray(_t(p)), do)  # G,S,d
-        dk = bk.bmm(xp.ascontiguousarray(_t(ds)), q)  # G,S,d
+                return xp.reshape(dx2, (B, T, E)), None
+        dv = bk.bmm(contiguous(_t(p)), do)  # G,S,d
+        dk = bk.bmm(contiguous(_t(ds)), q)  # G,S,d
         dk2 = _merge_heads(self._unbroadcast(dk, B, Bm), Bm, nh)  # BmS,E
         dv2 = _merge_heads(self._unbroadcast(dv, B, Bm), Bm, nh)  # BmS,E
         if not self.cross:
-            dqkv = xp.concatenate([dq2, dk2, dv2], axis=1)  # BT,3E
+            dqkv = xp.concat([dq2, dk2, dv2], axis=1)  # BT,3E
             dx2, dW_in, db_in = _linear_adjoint(bk, x2, W_in, dqkv, grads)
             if not grads:
-                return dx2.reshape(B, T, E), None
-            return dx2.reshape(B, T, E), {"W_in": dW_in, "b_in": db_in, "W_out": dW_out,
+                return xp.reshape(dx2, (B, T, E)), None
+            return xp.reshape(dx2, (B, T, E)), {"W_in": dW_in, "b_in": db_in, "W_out": dW_out,
                                           "b_out": db_out}
-        dkv = xp.concatenate([dk2, dv2], axis=1)  # BmS,2E
-        dm2, dW_kv, db_kv = bk.linear_adjoint(m2, xp.ascontiguousarray(W_in[E:]), dkv)
-        return dx2.reshape(B, T, E), {
-            "W_in": xp.concatenate([dW_q, dW_kv], axis=0),
-            "b_in": xp.concatenate([db_q, db_kv], axis=0),
+        dkv = xp.concat([dk2, dv2], axis=1)  # BmS,2E
+        dm2, dW_kv, db_kv = bk.linear_adjoint(m2, contiguous(W_in[E:, :]), dkv)
+        return xp.reshape(dx2, (B, T, E)), {
+            "W_in": xp.concat([dW_q, dW_kv], axis=0),
+            "b_in": xp.concat([db_q, db_kv], axis=0),
             "W_out": dW_out,
             "b_out": db_out,
-            "memory": dm2.reshape(Bm, S, E),
+            "memory": xp.reshape(dm2, (Bm, S, E)),
         }
 
 

@@ -16,6 +16,7 @@ from .dense import DenseLift, DenseStep
 from .gru import GRUCell
 from .heads import Classifier
 from .layernorm import LayerNorm
+from .lm_head import LMHead
 from .mlp import MLP
 from .transformer import DecoderStep, EncoderStep, PooledClassifier, TokenClassifier
 from .transitions import ChannelWiden, Pool, StridedConv
@@ -39,6 +40,7 @@ def verification_catalog() -> list[tuple[str, object]]:
         ("self_attention[causal]", MultiheadAttention(4, 2, 3, causal=True)),
         ("cross_attention", MultiheadAttention(4, 2, 3, memory_len=2)),
         ("encoder_step", EncoderStep(4, 2, 6, 3)),
+        ("causal_step", EncoderStep(4, 2, 6, 3, causal=True)),
         ("decoder_step", DecoderStep(4, 2, 6, 3, 2)),
         ("gru_cell[classic]", GRUCell(3, 4)),
         ("gru_cell[implicit]", GRUCell(3, 4, "implicit")),
@@ -47,6 +49,7 @@ def verification_catalog() -> list[tuple[str, object]]:
         # 3-D conv, batch norm and the shape-changing transitions (sizes ≤ 32 per axis and
         # small volumes: the CUDA simulator runs one Python thread per output)
         *spatial_catalog(),
+        ("lm_head", LMHead(3, 4, 5)),
     ]
 
 

@@ -24,6 +24,8 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..backends.dtypes import dtype_kind, numpy_dtype
+from ..backends.host import to_host
 from .init import check_adjoint, check_positive_int
 
 POSITIONAL = ("sinusoidal", "learned")
@@ -80,11 +82,12 @@ class TokenEmbedding:
 
     def _check_tokens(self, x) -> None:
         dtype = getattr(x, "dtype", None)
-        if dtype is None or not np.issubdtype(np.dtype(dtype), np.integer):
+        if dtype is None or dtype_kind(dtype) not in "iu":
             raise TypeError(f"`x` must be an integer array of token ids, got dtype {dtype}.")
         if x.ndim != 2 or x.shape[1] != self.seq_len:
             raise ValueError(f"`x` must have shape (batch, {self.seq_len}), got {tuple(x.shape)}.")
-        lo, hi = int(x.min()), int(x.max())
+        tokens = to_host(x)  # the ids are checked on the host
+        lo, hi = int(tokens.min()), int(tokens.max())
         if lo < 0 or hi >= self.vocab_size:
             raise ValueError(f"`x` token ids must lie in [0, {self.vocab_size}), got range "
                              f"[{lo}, {hi}].")
@@ -93,7 +96,7 @@ class TokenEmbedding:
         """P (T, E): the learned ``pos`` or the fixed sinusoidal table in W's real dtype."""
         if self.positional == "learned":
             return params["pos"]
-        real = np.dtype(params["W"].real.dtype)
+        real = np.finfo(numpy_dtype(params["W"].dtype)).dtype  # float64 for complex128 too
         return bk.asarray(sinusoidal_positions(self.seq_len, self.dim, real))
 
     def forward(self, params, x, bk):
@@ -106,5 +109,5 @@ class TokenEmbedding:
         check_adjoint("dout", dout, (*cache.shape, self.dim))  # cache = the token ids (B, T)
         dparams = {"W": bk.embedding_adjoint(cache, dout, self.vocab_size)}
         if self.positional == "learned":
-            dparams["pos"] = dout.sum(axis=0)
+            dparams["pos"] = bk.xp.sum(dout, axis=0)
         return None, dparams

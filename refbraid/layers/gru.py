@@ -46,6 +46,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..backends.portable import contiguous, zeros_on
 from .init import (
     check_adjoint,
     check_dtype,
@@ -113,7 +114,7 @@ class GRUCell:
         gx = bk.linear(x, params["W_ih"], params["b_ih"])  # B|1,3H
         gh = bk.linear(h, params["W_hh"], params["b_hh"])  # B,3H
         if gx.shape[0] != gh.shape[0]:  # a batch-1 input broadcasts over the batch
-            gx = bk.xp.ascontiguousarray(bk.xp.broadcast_to(gx, gh.shape))
+            gx = contiguous(bk.xp.broadcast_to(gx, gh.shape))
         h_new, gates = bk.gru_cell(gx, gh, h, dt, self.implicit)  # B,H and B,3H
         return h_new, (x, h, gh, gates)
 
@@ -127,7 +128,7 @@ class GRUCell:
             return dh + bk.matmul(dgh, params["W_hh"]), None
         dh_gates, dW_hh, db_hh = bk.linear_adjoint(h, params["W_hh"], dgh)
         if x.shape[0] != dgx.shape[0]:
-            dgx = dgx.sum(axis=0, keepdims=True)
+            dgx = bk.xp.sum(dgx, axis=0, keepdims=True)
         dx, dW_ih, db_ih = bk.linear_adjoint(x, params["W_ih"], dgx)
         return dh + dh_gates, {"W_ih": dW_ih, "W_hh": dW_hh, "b_ih": db_ih, "b_hh": db_hh, "x": dx}
 
@@ -160,7 +161,7 @@ class GRUSequence:
     def phi(self, params, h, xs, start: int, stop: int, bk):
         """Φ(h, start, stop): one step of size (stop − start)·dt with input xs[:, start]."""
         self._check(xs, start, stop)
-        return self.cell.step(params, h, (stop - start) * self.dt, xs[:, start], bk)
+        return self.cell.step(params, h, (stop - start) * self.dt, xs[:, start, :], bk)
 
     def run(self, params, h0, xs, bk, stride: int = 1):
         """Sequential solve h[k+1] = Φ(h[k], k·m, (k+1)·m) over the sequence, m = ``stride``.
@@ -187,7 +188,6 @@ class GRUSequence:
         caches, stride, xs_shape = tape
         if len(dstates) != len(caches):
             raise ValueError(f"`dstates` must hold {len(caches)} entries, got {len(dstates)}.")
-        xp = bk.xp
         lam = None
         dweights: dict = {}
         dxs = None
@@ -199,8 +199,8 @@ class GRUSequence:
             lam, d = self.cell.adjoint(params, caches[k], lam, stride * self.dt, bk)
             dx = d.pop("x")
             if dxs is None:
-                dxs = xp.zeros((dx.shape[0], *xs_shape[1:]), dtype=dx.dtype)
-            dxs[:, k * stride] = dx
+                dxs = zeros_on(dx, (dx.shape[0], *xs_shape[1:]))
+            dxs[:, k * stride, :] = dx
             for name, v in d.items():
                 dweights[name] = v if name not in dweights else dweights[name] + v
         return lam, dxs, dweights

@@ -43,14 +43,14 @@ class Classifier:
 
     def forward(self, params, x, bk):
         check_dtype("x", x, params)
-        flat = x.reshape(x.shape[0], -1)  # B,K
+        flat = bk.xp.reshape(x, (x.shape[0], -1))  # B,K
         return bk.linear(flat, params["W"], params["b"]), flat
 
     def adjoint(self, params, cache, dlogits, bk):
         flat = cache
         check_adjoint("dlogits", dlogits, (flat.shape[0], self.n_classes))
         dflat, dW, db = bk.linear_adjoint(flat, params["W"], dlogits)
-        return dflat.reshape((flat.shape[0], *self.in_shape)), {"W": dW, "b": db}
+        return bk.xp.reshape(dflat, (flat.shape[0], *self.in_shape)), {"W": dW, "b": db}
 
 
 def softmax_cross_entropy(logits, labels, bk):

@@ -23,6 +23,8 @@ from numbers import Real
 
 import numpy as np
 
+from ..backends.dtypes import dtype_kind
+
 
 class NonFiniteError(ValueError):
     """An array that must be finite holds NaN or infinite values (the message names it)."""
@@ -70,11 +72,11 @@ def check_dtype(name: str, x, params) -> None:
     """TypeError unless the floating input ``x`` and every floating array in ``params`` have
     one dtype (integer token ids and boolean masks are not compared)."""
     want = getattr(x, "dtype", None)
-    if want is None or want.kind not in "fc":
+    if want is None or dtype_kind(want) not in "fc":
         return
     for key, value in params.items():
         dtype = getattr(value, "dtype", None)
-        if dtype is not None and dtype != want and dtype.kind in "fc":
+        if dtype is not None and dtype != want and dtype_kind(dtype) in "fc":
             raise TypeError(f"`{name}` has dtype {want} but `params[{key!r}]` has dtype "
                             f"{dtype}: one call must use one floating dtype; cast the input "
                             f"or the parameters with .astype(...).")

@@ -63,23 +63,23 @@ class MLP:
         if x.shape[-1] != self.dim:
             raise ValueError(f"`x` must have last axis {self.dim}, got shape {tuple(x.shape)}.")
         check_dtype("x", x, params)
-        rows = x.reshape(-1, self.dim)  # BT,E
+        rows = bk.xp.reshape(x, (-1, self.dim))  # BT,E
         z = bk.linear(rows, params["W1"], params["b1"])  # BT,F
         a = bk.activation(z, ACTIVATION)  # BT,F
         y = bk.linear(a, params["W2"], params["b2"])  # BT,E
-        return y.reshape(x.shape), (rows, z, a, tuple(x.shape))
+        return bk.xp.reshape(y, x.shape), (rows, z, a, tuple(x.shape))
 
     def adjoint(self, params, cache, dout, bk, grads: bool = True):
         """dx = (gelu'(z) ⊙ dout W2) W1 and, with ``grads``, the weight gradients (else
         None); returns (dx, dparams)."""
         rows, z, a, out_shape = cache
         check_adjoint("dout", dout, out_shape)
-        drows = dout.reshape(rows.shape)  # BT,E
+        drows = bk.xp.reshape(dout, rows.shape)  # BT,E
         da, dW2, db2 = _linear_adjoint(bk, a, params["W2"], drows, grads)  # BT,F
         dz = bk.activation_adjoint(z, da, ACTIVATION)  # BT,F
         dx, dW1, db1 = _linear_adjoint(bk, rows, params["W1"], dz, grads)  # BT,E
         dparams = {"W1": dW1, "b1": db1, "W2": dW2, "b2": db2} if grads else None
-        return dx.reshape(dout.shape), dparams
+        return bk.xp.reshape(dx, dout.shape), dparams
 
 
 def _linear_adjoint(bk, x, W, dz, grads: bool):

@@ -59,6 +59,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..backends.portable import contiguous
 from .attention import MultiheadAttention
 from .init import (
     check_adjoint,
@@ -289,7 +290,7 @@ class PooledClassifier:
         """logits = mean_t(x) Wᵀ + b; returns (logits (B, K), cache = the pooled x)."""
         _check_state("x", x, self.in_shape)
         check_dtype("x", x, params)
-        pooled = x.mean(axis=1)  # B,E
+        pooled = bk.xp.mean(x, axis=1)  # B,E
         return bk.linear(pooled, params["W"], params["b"]), pooled
 
     def adjoint(self, params, cache, dlogits, bk):
@@ -299,7 +300,7 @@ class PooledClassifier:
         dpooled, dW, db = bk.linear_adjoint(pooled, params["W"], dlogits)  # B,E
         T = self.seq_len
         dx = bk.xp.broadcast_to(dpooled[:, None, :] / T, (pooled.shape[0], T, self.dim))
-        return bk.xp.ascontiguousarray(dx), {"W": dW, "b": db}
+        return contiguous(dx), {"W": dW, "b": db}
 
 
 @dataclass(frozen=True)
@@ -331,16 +332,17 @@ class TokenClassifier:
         """logits[b, t] = x[b, t] Wᵀ + b; returns (logits (B, T, K), cache = x as rows)."""
         _check_state("x", x, self.in_shape)
         check_dtype("x", x, params)
-        rows = x.reshape(-1, self.dim)  # BT,E
+        rows = bk.xp.reshape(x, (-1, self.dim))  # BT,E
         logits = bk.linear(rows, params["W"], params["b"])  # BT,K
-        return logits.reshape(x.shape[0], self.seq_len, self.n_classes), rows
+        return bk.xp.reshape(logits, (x.shape[0], self.seq_len, self.n_classes)), rows
 
     def adjoint(self, params, cache, dlogits, bk):
         """dx = dlogits W,  dW = Σ_{b,t} dlogits[b,t] x[b,t]ᵀ,  db = Σ_{b,t} dlogits[b,t]."""
         rows = cache
         check_adjoint("dlogits", dlogits, (rows.shape[0] // self.seq_len, *self.out_shape))
-        drows, dW, db = bk.linear_adjoint(rows, params["W"], dlogits.reshape(rows.shape[0], -1))
-        return drows.reshape(-1, self.seq_len, self.dim), {"W": dW, "b": db}
+        drows, dW, db = bk.linear_adjoint(rows, params["W"],
+                                          bk.xp.reshape(dlogits, (rows.shape[0], -1)))
+        return bk.xp.reshape(drows, (-1, self.seq_len, self.dim)), {"W": dW, "b": db}
 
 
 def token_cross_entropy(logits, labels, bk):
@@ -353,12 +355,15 @@ def token_cross_entropy(logits, labels, bk):
         raise ValueError(f"`labels` must have shape {tuple(logits.shape[:2])}, "
                          f"got {getattr(labels, 'shape', None)}.")
     K = logits.shape[-1]
-    loss, probs = bk.softmax_cross_entropy(logits.reshape(-1, K), labels.reshape(-1))
-    return loss, probs.reshape(logits.shape)
+    xp = bk.xp
+    loss, probs = bk.softmax_cross_entropy(xp.reshape(logits, (-1, K)), xp.reshape(labels, (-1,)))
+    return loss, xp.reshape(probs, logits.shape)
 
 
 def token_cross_entropy_adjoint(probs, labels, bk, dloss: float = 1.0):
     """dlogits[b, t] = dloss (p[b, t] − onehot(y_bt)) / (B·T)."""
     K = probs.shape[-1]
-    d = bk.softmax_cross_entropy_adjoint(probs.reshape(-1, K), labels.reshape(-1), dloss)
-    return d.reshape(probs.shape)
+    xp = bk.xp
+    d = bk.softmax_cross_entropy_adjoint(xp.reshape(probs, (-1, K)), xp.reshape(labels, (-1,)),
+                                         dloss)
+    return xp.reshape(d, probs.shape)

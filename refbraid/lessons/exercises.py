@@ -7,19 +7,26 @@ raises on the student's behalf: a NotImplementedError reads "TODO", any other ex
 wrong number a FAIL saying which index, how large the error, and often why. Reference
 solutions: ``refbraid.lessons.solutions`` (same names without ``check_``).
 
-=======  =====================================  ==========================================
-lesson   check                                  oracle
-=======  =====================================  ==========================================
-01       :func:`check_resnet_forward`           refbraid.forward on a DenseStep network
-02       :func:`check_dense_step_adjoint`       dot-product test + DenseStep.adjoint
-03       :func:`check_f_relaxation`             refbraid.mgrit.relax.f_relax
-04       :func:`check_two_level_factor`         refbraid.mgrit.theory.propagator_norm
-05       :func:`check_gradient_settings`        measured gradient error and step count
-06       :func:`check_block_starts`             refbraid.parallel.layout.partition
-07       :func:`check_layernorm_adjoint`        dot-product test + LayerNorm.adjoint
-08       :func:`check_implicit_gru_step`        GRUCell(scheme="implicit")
-09       :func:`check_allreduce_time`           refbraid.scaling.predict.ring_allreduce
-=======  =====================================  ==========================================
+======  ========================================  =================================================
+lesson  check                                     oracle
+======  ========================================  =================================================
+01      :func:`check_resnet_forward`              refbraid.forward on a DenseStep network
+02      :func:`check_dense_step_adjoint`          dot-product test + DenseStep.adjoint
+03      :func:`check_f_relaxation`                refbraid.mgrit.relax.f_relax
+04      :func:`check_two_level_factor`            refbraid.mgrit.theory.propagator_norm
+05      :func:`check_gradient_settings`           measured gradient error and step count
+06      :func:`check_block_starts`                refbraid.parallel.layout.partition
+07      :func:`check_layernorm_adjoint`           dot-product test + LayerNorm.adjoint
+08      :func:`check_implicit_gru_step`           GRUCell(scheme="implicit")
+09      :func:`check_allreduce_time`              refbraid.scaling.predict.ring_allreduce
+10      :func:`check_restrict_average`            refbraid.mgrit.spatial.restrict
+10      :func:`check_restrict_average_transpose`  dot-product test + spatial.restrict_adjoint
+11      :func:`check_bias_noise_ratio`            refbraid.training.bias_control.bias_and_noise
+12      :func:`check_halo_adjoint`                dot-product test + SpatialHalo on simulated ranks
+12      :func:`check_stale_merge`                 refbraid.training.daso.stale_merge
+13      :func:`check_gradient_errors`             refbraid.interop.compare.gradient_errors
+13      :func:`check_xbraid_report`               refbraid.interop.xbraid.xbraid_stats
+======  ========================================  =================================================
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from collections.abc import Callable
 
 from . import solutions
 from .checking import Verdict
+from .exercises_bias import check_bias_noise_ratio
+from .exercises_interop import check_gradient_errors, check_xbraid_report
 from .exercises_layers import (
     check_dense_step_adjoint,
     check_implicit_gru_step,
@@ -35,7 +44,12 @@ from .exercises_layers import (
     check_resnet_forward,
 )
 from .exercises_mgrit import check_f_relaxation, check_gradient_settings, check_two_level_factor
-from .exercises_parallel import check_allreduce_time, check_block_starts
+from .exercises_parallel import check_allreduce_time, check_block_starts, check_stale_merge
+from .exercises_space import (
+    check_halo_adjoint,
+    check_restrict_average,
+    check_restrict_average_transpose,
+)
 
 #: lesson number → its exercises' checks (each named ``check_<solution name>``)
 EXERCISES: dict[str, tuple[Callable[..., Verdict], ...]] = {
@@ -48,6 +62,10 @@ EXERCISES: dict[str, tuple[Callable[..., Verdict], ...]] = {
     "07": (check_layernorm_adjoint,),
     "08": (check_implicit_gru_step,),
     "09": (check_allreduce_time,),
+    "10": (check_restrict_average, check_restrict_average_transpose),
+    "11": (check_bias_noise_ratio,),
+    "12": (check_halo_adjoint, check_stale_merge),
+    "13": (check_gradient_errors, check_xbraid_report),
 }
 
 

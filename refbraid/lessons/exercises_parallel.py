@@ -1,8 +1,9 @@
-"""Exercise checks on parallel execution (lessons 06, 09): which layers a rank owns, and the
-α–β cost of the allreduce that data parallelism pays per step.
+"""Exercise checks on parallel execution (lessons 06, 09, 12): which layers a rank owns, the
+α–β cost of the allreduce that data parallelism pays per step, and DASO's stale merge.
 
-Oracles: ``refbraid.parallel.layout.partition`` (the block layout MPI runs use) and
-``refbraid.scaling.predict.ring_allreduce`` (the model ``refbraid scale`` predicts with).
+Oracles: ``refbraid.parallel.layout.partition`` (the block layout MPI runs use),
+``refbraid.scaling.predict.ring_allreduce`` (the model ``refbraid scale`` predicts with) and
+``refbraid.training.daso.stale_merge`` (what ``refbraid train --dp-groups`` applies).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import numpy as np
 
 from ..parallel.layout import partition
 from ..scaling.predict import ring_allreduce
-from .checking import Verdict, Wrong, call, run_check
+from ..training.daso import stale_merge
+from .checking import Verdict, Wrong, as_array, call, compare, run_check
 
 # ----------------------------------------------------------------------------- lesson 06
 BLOCK_CASES = (  # (layers N, cfactor, levels, ranks P): even and uneven splits
@@ -80,3 +82,47 @@ def check_allreduce_time(allreduce_time: Callable, quiet: bool = False) -> Verdi
                 f"(max rel err {worst:.1e})")
 
     return run_check("09 ring-allreduce time", body, quiet)
+
+
+# ----------------------------------------------------------------------------- lesson 12
+MERGE_CASES = ((2, 2), (4, 1), (2, 0), (8, 4), (1, 3))  # (nodes G, wait w)
+
+
+def _merge_hint(got: np.ndarray, theta: np.ndarray, total: np.ndarray, nodes: int,
+                wait: int) -> str:
+    """Names a recognisable wrong weighting when ``got`` is one."""
+    guesses = {"the plain average Σθ_h / G (the local model is left out)": total / nodes,
+               "(w·θ + Σθ_h) / (G + w): the local model must weigh as 2w stale copies, not w":
+               (wait * theta + total) / (nodes + wait),
+               "(2w·θ + Σθ_h) / G: divide by G + 2w, the number of copies weighed":
+               (2 * wait * theta + total) / nodes}
+    for text, guess in guesses.items():
+        if np.allclose(got, guess, rtol=1e-12, atol=0.0):
+            return f"; yours is {text}"
+    return ""
+
+
+def check_stale_merge(stale_merge_fn: Callable, quiet: bool = False) -> Verdict:
+    """Lesson 12: ``stale_merge(theta_now, sent_sum, n_nodes, wait)`` → DASO's merge of a
+    global average that arrives ``wait`` = w batches late: ``(2w·θ_now + Σ_h θ_h) /
+    (G + 2w)`` (the local model weighs as 2w stale copies; w = 0 the plain average)."""
+
+    def body() -> str:
+        rng = np.random.default_rng(12)
+        worst = 0.0
+        for nodes, wait in MERGE_CASES:
+            theta = rng.standard_normal((4, 3))
+            total = theta * 0.9 + rng.standard_normal((4, 3)) * nodes  # Σ_h θ_h (as sent)
+            expected = stale_merge(theta, total, nodes, wait)
+            got = call(stale_merge_fn, theta.copy(), total.copy(), nodes, wait)
+            got = as_array("θ", got, expected.shape)
+            try:
+                err = compare("θ", got, expected, 1e-12, f"G = {nodes} nodes, w = {wait}: "
+                              "entry ({0}, {1})")
+            except Wrong as wrong:
+                raise Wrong(f"{wrong}{_merge_hint(got, theta, total, nodes, wait)}") from None
+            worst = max(worst, err)
+        return (f"stale merge right in all {len(MERGE_CASES)} cases, w = 0 (blocking) included "
+                f"(max rel err {worst:.1e})")
+
+    return run_check("12 DASO's stale merge", body, quiet)

@@ -114,3 +114,75 @@ def allreduce_time(nbytes: float, ranks: int, alpha: float, beta: float) -> floa
     if ranks <= 1:
         return 0.0
     return 2 * (ranks - 1) * (alpha + nbytes / ranks * beta)
+
+
+def restrict_average(x: np.ndarray) -> np.ndarray:
+    """Lesson 10: 2×2 average restriction of (B, C, H, W) feature maps, H and W even:
+    (R x)[i, j] = (x[2i, 2j] + x[2i+1, 2j] + x[2i, 2j+1] + x[2i+1, 2j+1]) / 4."""
+    return (x[:, :, 0::2, 0::2] + x[:, :, 1::2, 0::2]
+            + x[:, :, 0::2, 1::2] + x[:, :, 1::2, 1::2]) / 4.0
+
+
+def restrict_average_transpose(v: np.ndarray) -> np.ndarray:
+    """Lesson 10: Rᵀ of the 2×2 average: every coarse value, divided by 4, to each of its
+    four fine cells: (Rᵀ v)[2i+a, 2j+b] = v[i, j] / 4 (a, b ∈ {0, 1}); (B, C, 2h, 2w)."""
+    return np.repeat(np.repeat(v, 2, axis=2), 2, axis=3) / 4.0
+
+
+def halo_adjoint(dy_halo: list[np.ndarray], counts: tuple[int, ...]) -> list[np.ndarray]:
+    """Lesson 12: adjoint of the two-sided halo exchange of a row split (rank p owns
+    ``counts[p]`` rows; ``dy_halo[p]`` is (B, C, n_p + 2, W)): y_p = ỹ_p[1:−1], then each
+    ghost row is added back into the row it copied: ỹ_p[0] → last row of rank p − 1,
+    ỹ_p[−1] → first row of rank p + 1 (ghosts beyond the image were zeros: dropped)."""
+    dy = [np.array(d[:, :, 1:-1], dtype=float, copy=True) for d in dy_halo]
+    for p in range(len(counts)):
+        if p > 0:
+            dy[p - 1][:, :, -1] += dy_halo[p][:, :, 0]
+        if p < len(counts) - 1:
+            dy[p + 1][:, :, 0] += dy_halo[p][:, :, -1]
+    return dy
+
+
+def stale_merge(theta_now: np.ndarray, sent_sum: np.ndarray, n_nodes: int,
+                wait: int) -> np.ndarray:
+    """Lesson 12: the local model counts as 2w copies beside the G sent ones:
+    θ ← (2w·θ_now + Σ_h θ_h) / (G + 2w); w = 0 gives the plain average Σ_h θ_h / G."""
+    return (2 * wait * theta_now + sent_sum) / (n_nodes + 2 * wait)
+
+
+def gradient_errors(g: dict, ref: dict) -> dict[str, float]:
+    """Lesson 13: e = ‖g − ref‖₂ / ‖ref‖₂ (‖g − ref‖₂ where ‖ref‖ = 0) per parameter, per
+    group (the name before the first ".") and over all ("total"), summing squares first."""
+    out, sums = {}, {}
+    for name, r in ref.items():
+        r = np.asarray(r, dtype=float)
+        num = float(np.sum((np.asarray(g[name], dtype=float) - r) ** 2))
+        den = float(np.sum(r**2))
+        out[name] = np.sqrt(num / den) if den > 0 else np.sqrt(num)
+        for key in (name.split(".")[0], "total"):
+            a, b = sums.get(key, (0.0, 0.0))
+            sums[key] = (a + num, b + den)
+    for key, (num, den) in sums.items():
+        out[key] = np.sqrt(num / den) if den > 0 else np.sqrt(num)
+    return {k: float(v) for k, v in out.items()}
+
+
+def xbraid_report(norms: list[float], iterations: int, status: str,
+                  skipped: bool) -> tuple[int, list[int], list[float], float]:
+    """Lesson 13: XBraid counts the skipped first cycle (num_iter = iterations + skip),
+    numbers measurement j as j + skip, and on max_iter does not report the last measurement
+    (the final relaxation's); TorchBraid's last norm is the last printed one, −1 if none."""
+    skip = 1 if skipped else 0
+    printed = list(norms) if status == "converged" else list(norms[:-1])
+    numbers = [j + skip for j in range(len(printed))]
+    return iterations + skip, numbers, printed, printed[-1] if printed else -1.0
+
+
+def bias_noise_ratio(g_lp: np.ndarray, g: np.ndarray,
+                     micro: np.ndarray) -> tuple[float, float, float]:
+    """Lesson 11: bias = ‖g_LP − g‖, noise = √(Σ_i ‖g_i − ḡ‖² / (M(M − 1))) (the standard
+    error of the mean of the M micro-batch gradients g_i), and bias / noise."""
+    bias = float(np.linalg.norm(g_lp - g))
+    M = micro.shape[0]
+    noise = float(np.sqrt(((micro - micro.mean(axis=0)) ** 2).sum() / (M * (M - 1))))
+    return bias, noise, bias / noise

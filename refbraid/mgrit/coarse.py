@@ -28,8 +28,10 @@ Shape legend: n points in the block, c C-points, S the state shape.
 
 from __future__ import annotations
 
+import numpy as np
+
 from .arrays import namespace
-from .relax import StepFn, copy, propagate_at, take_rows
+from .relax import StepFn, copy, propagate_at, row_slice, set_rows, take_rows
 
 
 def restrict(u, c_pos):
@@ -55,14 +57,19 @@ def to_fine_space(block, transfer, level: int, fine_indices):
                      for j, i in enumerate(fine_indices)])
 
 
-def apply_operator(v, points, step: StepFn, ghost=None, ghost_point=None):
-    """``(A v)[j] = v[j] - Φ(v[j-1])`` at every point of the block (``v[0]`` at s = 0)."""
-    return v - propagate_at(v, None, points, range(len(points)), step, ghost, ghost_point)
+def apply_operator(v, points, step: StepFn, ghost=None, ghost_point=None,
+                   propagate=propagate_at):
+    """``(A v)[j] = v[j] - Φ(v[j-1])`` at every point of the block (``v[0]`` at s = 0).
+
+    ``propagate``: :func:`~refbraid.mgrit.relax.propagate_at`, or its batched twin
+    (:mod:`refbraid.mgrit.batched`) for a problem with a ``batched_step``."""
+    return v - propagate(v, None, points, range(len(points)), step, ghost, ghost_point)
 
 
-def fas_rhs(r, v, coarse_points, coarse_step: StepFn, ghost=None, ghost_point=None):
+def fas_rhs(r, v, coarse_points, coarse_step: StepFn, ghost=None, ghost_point=None,
+            propagate=propagate_at):
     """FAS coarse right-hand side ``g_Δ = r + A_Δ(v)`` (r: fine C-point residual, v = u[C])."""
-    return r + apply_operator(v, coarse_points, coarse_step, ghost, ghost_point)
+    return r + apply_operator(v, coarse_points, coarse_step, ghost, ghost_point, propagate)
 
 
 def correct(u, c_pos, w, v, inplace: bool = False, interpolate=None):
@@ -74,6 +81,11 @@ def correct(u, c_pos, w, v, inplace: bool = False, interpolate=None):
     d = w - v
     if interpolate is not None:
         d = interpolate(d)
+    rows = row_slice(c_pos) if isinstance(out, np.ndarray) else None
+    if rows is not None:
+        view = out[rows, ...]  # NumPy view of the C-rows: corrected in place
+        view += d
+        return out
     for j, k in enumerate(c_pos):
         out[int(k), ...] = out[int(k), ...] + d[j, ...]
     return out
@@ -81,17 +93,17 @@ def correct(u, c_pos, w, v, inplace: bool = False, interpolate=None):
 
 def inject_up(u, c_pos, w):
     """``u[C] = w``: start a finer level from a coarse solution (nested iteration)."""
-    out = copy(u)
-    for j, k in enumerate(c_pos):
-        out[int(k), ...] = w[j, ...]
-    return out
+    return set_rows(u, c_pos, w)
 
 
 def forward_substitution(g, points, step: StepFn, ghost=None, ghost_point=None):
     """Exact solve of ``A(u) = g`` on a block: ``u[0] = g[0]`` (or ``Φ(ghost) + g[0]``),
     ``u[j] = Φ(u[j-1]) + g[j]``. The coarsest-level solve and the sequential oracle."""
-    u = copy(g)
-    u[0, ...] = propagate_at(u, g, points, [0], step, ghost, ghost_point)[0, ...]
-    for j in range(1, len(points)):
-        u[j, ...] = step(u[j - 1, ...], int(points[j - 1]), int(points[j])) + g[j, ...]
-    return u
+    xp = namespace(g)
+    prev = propagate_at(g, g, points, [0], step, ghost, ghost_point)[0, ...]
+    rows = [prev]
+    p = [int(s) for s in points]
+    for j in range(1, len(p)):
+        prev = step(prev, p[j - 1], p[j]) + g[j, ...]
+        rows.append(prev)
+    return xp.stack(rows)

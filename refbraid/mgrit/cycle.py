@@ -38,12 +38,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
+from ..backends.host import host_float
 from ..parallel.comm import Comm, exchange_ghost, pipeline
 from ..parallel.layout import Layout
+from . import batched
 from .arrays import namespace
 from .coarse import (
     correct,
@@ -75,6 +78,11 @@ class LevelState:
     u: Any = None  # (n, *S)
     g: Any = None  # (n, *S)
 
+    @cached_property
+    def f_sweeps(self) -> list[np.ndarray]:
+        """F-positions grouped by sweep, for the batched F-relaxation (batched.f_sweeps)."""
+        return batched.f_sweeps(self.f_pos)
+
 
 def build_states(
     hierarchy: Hierarchy, layout: Layout, position: int, problem: Problem
@@ -104,6 +112,10 @@ class Cycler:
 
     ``visits`` collects a :class:`LevelVisit` for every coarse-level relaxation; the solver
     points it at the current iteration's record.
+
+    When the problem has a ``batched_step`` the sweeps and residual rows use the batched
+    functions of :mod:`refbraid.mgrit.batched` (one step call per sweep); otherwise the
+    per-point functions of :mod:`refbraid.mgrit.relax`, the reference. Same math either way.
     """
 
     def __init__(self, states: list[LevelState], settings: MGRITSettings, comm: Comm):
@@ -111,32 +123,46 @@ class Cycler:
         self.settings = settings
         self.comm = comm
         self.visits: list[LevelVisit] = []
+        self.batched = bool(states) and states[0].step.batched
+        self._propagate = batched.propagate_at if self.batched else propagate_at
+        # level 0's right-hand side is u0 at s = 0 and the problem's forcing elsewhere: with
+        # no forcing, F-sweeps there add nothing (g None), a saving of one add per fine step
+        self._unforced0 = bool(states) and states[0].step.problem.g is None
+
+    def _f_relax(self, s: LevelState) -> None:
+        """F-sweep on a level's block, in place (batched when the problem allows)."""
+        g = None if (self._unforced0 and s.level.index == 0) else s.g
+        if self.batched:
+            s.u = batched.f_relax(s.u, g, s.points, s.f_sweeps, s.step, inplace=True)
+        else:
+            s.u = f_relax(s.u, g, s.points, s.f_pos, s.step, inplace=True)
 
     # -- reductions ------------------------------------------------------------------------
     def norm(self, r) -> float:
-        """Global 2-norm ``(Σ_ranks Σ r²)^½`` of a residual block."""
+        """Global 2-norm ``(Σ_ranks Σ r²)^½`` of a residual block: reduced where ``r`` lives,
+        one float to the host (the stopping test and the record need it there)."""
         xp = namespace(r)
-        local = float(xp.sum(xp.abs(r) ** 2)) if r.shape[0] else 0.0
+        local = host_float(xp.sum(xp.abs(r) ** 2)) if r.shape[0] else 0.0
         return math.sqrt(self.comm.allreduce_sum(local))
 
     # -- building blocks -------------------------------------------------------------------
     def _propagate_c(self, s: LevelState):
         ghost = exchange_ghost(self.comm, s.u[-1, ...])
-        return propagate_at(s.u, s.g, s.points, s.c_pos, s.step, ghost, s.ghost_point)
+        return self._propagate(s.u, s.g, s.points, s.c_pos, s.step, ghost, s.ghost_point)
 
     def relax(self, ell: int, snapshot: bool = False):
         """F-sweep, then ν × (C, F) on level ``ell``; returns ``(r, r_first, u_first)``: the
         C-point residual after the relaxation and after its first F-sweep, and (if
         ``snapshot``) the iterate after that first F-sweep (else None)."""
         s = self.states[ell]
-        s.u = f_relax(s.u, s.g, s.points, s.f_pos, s.step, inplace=True)
+        self._f_relax(s)
         sweeps = 0 if s.coarsest else self.settings.sweeps_on(ell)
         u_first = (copy(s.u) if sweeps else s.u) if snapshot else None
         pu = self._propagate_c(s)
         r = r_first = pu - take_rows(s.u, s.c_pos)
         for _ in range(sweeps):
             s.u = c_relax(s.u, pu, s.c_pos, inplace=True)
-            s.u = f_relax(s.u, s.g, s.points, s.f_pos, s.step, inplace=True)
+            self._f_relax(s)
             pu = self._propagate_c(s)
             r = pu - take_rows(s.u, s.c_pos)
         return r, r_first, u_first
@@ -145,7 +171,7 @@ class Cycler:
         """F-sweep on level ``ell`` so its F-points match its (corrected) C-points."""
         s = self.states[ell]
         if not s.coarsest:
-            s.u = f_relax(s.u, s.g, s.points, s.f_pos, s.step, inplace=True)
+            self._f_relax(s)
 
     def solve_coarsest(self) -> None:
         """Forward substitution on the coarsest level, block after block (pipeline)."""
@@ -181,7 +207,8 @@ class Cycler:
         s, c = self.states[ell], self.states[ell + 1]
         v = self.to_coarse(ell, restrict(s.u, s.c_pos))
         ghost_v = exchange_ghost(self.comm, v[-1, ...])
-        c.g = fas_rhs(self.to_coarse(ell, r), v, c.points, c.step, ghost_v, c.ghost_point)
+        c.g = fas_rhs(self.to_coarse(ell, r), v, c.points, c.step, ghost_v, c.ghost_point,
+                      self._propagate)
         c.u = copy(v)
         self.cycle(ell + 1, kind)
         if kind == "F" and not c.coarsest:

@@ -13,6 +13,12 @@ fine index ``stop`` (``stop = start ± 1`` on the finest level; on coarse levels
 spans several fine steps, and the step decides what that means, e.g. step size
 ``t[stop] - t[start]``). A backward problem's step is called with ``start > stop``.
 
+Optionally it also supplies ``batched_step(U, starts, stops) -> array``: the same step on
+k independent intervals at once (rows ``U[j]``, fine indices ``starts[j] → stops[j]``,
+integer arrays), i.e. ``out[j] = step(U[j], starts[j], stops[j])``, shape (k, *S). MGRIT's
+relaxations and residuals then make one call per sweep instead of one per interval
+(:mod:`refbraid.mgrit.batched`); ``step`` stays the definition, and the tests compare the two.
+
 The solver works in *solver order* ``s = 0..N``: ``i = s`` forward, ``i = N - s`` backward,
 so one code path serves both directions (the adjoint runs on the reversed grid).
 
@@ -27,13 +33,15 @@ Shape legend: N steps, S = state shape, so a trajectory is (N + 1, *S).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any
 
 import numpy as np
 
+from ..backends.dtypes import dtype_kind
+from ..backends.host import all_finite
 from ..parallel.trace import active_recorder
 from .arrays import namespace
 from .coarse import forward_substitution
@@ -45,12 +53,13 @@ Step = Callable[[Any, int, int], Any]
 
 def _check_state_array(name: str, value, what: str) -> None:
     """TypeError unless ``value`` is a floating or complex array; ValueError unless finite."""
-    kind = getattr(getattr(value, "dtype", None), "kind", None)
+    dtype = getattr(value, "dtype", None)
+    kind = dtype_kind(dtype) if dtype is not None else None
     if kind is not None and kind not in "fc":
         raise TypeError(f"`{name}` must be a floating (or complex) array, got dtype "
                         f"{value.dtype}: {what} in its dtype and integers would be truncated; "
                         f"pass e.g. {name}.astype(np.float64).")
-    if kind is not None and not bool(namespace(value).all(namespace(value).isfinite(value))):
+    if kind is not None and not all_finite(value):
         raise ValueError(f"`{name}` must be finite, got NaN or infinite values.")
 
 
@@ -71,6 +80,9 @@ class Problem:
     transfer   optional spatial transfer between levels (``restrict(u, level, index)``,
                ``interpolate(v, level, index)``; :mod:`refbraid.mgrit.transfer`), None: the
                same state on every level (coarsening in time only)
+    batched_step  optional ``batched_step(U, starts, stops)``: ``step`` on k intervals at once,
+               shape (k, *S) (module docstring); None: MGRIT loops over ``step``. An object
+               with ``step`` and ``batched_step`` methods given as ``step`` supplies both.
     """
 
     step: Any
@@ -81,17 +93,23 @@ class Problem:
     direction: str = "forward"
     transfer: Any = None
     guess: Any = None
+    batched_step: Any = None
 
     def __post_init__(self):
         step = self.step
         if not callable(step):
             if callable(getattr(step, "step", None)):
                 object.__setattr__(self, "step", step.step)
+                if self.batched_step is None and callable(getattr(step, "batched_step", None)):
+                    object.__setattr__(self, "batched_step", step.batched_step)
             else:
                 raise TypeError(
                     "`step` must be a callable step(u, start, stop) or have a `step` method, "
                     f"got {step!r}."
                 )
+        if self.batched_step is not None and not callable(self.batched_step):
+            raise TypeError("`batched_step` must be None or a callable "
+                            f"batched_step(U, starts, stops), got {self.batched_step!r}.")
         n = self.n_steps
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise ValueError(f"`n_steps` must be a positive integer, got {n!r}.")
@@ -175,6 +193,7 @@ def as_problem(obj) -> Problem:
             direction=getattr(obj, "direction", "forward"),
             transfer=getattr(obj, "transfer", None),
             guess=getattr(obj, "guess", None),
+            batched_step=getattr(obj, "batched_step", None),
         )
     raise TypeError(
         "`problem` must be a refbraid.mgrit.Problem or have `step`, `u0` and `n_steps`, "
@@ -186,9 +205,13 @@ class CountingStep:
     """The problem's step in solver indices, counting applications and checking shapes.
 
     ``__call__(u, s_start, s_stop)`` calls ``problem.step(u, i_start, i_stop)`` with fine
-    indices; raises ValueError naming ``step`` when the result has the wrong shape. When a
-    trace recorder is active (:mod:`refbraid.parallel.trace`) every counted application is
-    also recorded with its level and fine indices; otherwise that costs one lookup.
+    indices; ``many(U, s_starts, s_stops)`` applies the step to k intervals at once (one
+    ``problem.batched_step`` call when the problem has one, else k ``step`` calls) and counts
+    k applications. Both raise ValueError naming ``step`` (``batched_step``) when the result
+    has the wrong shape. When a trace recorder is active (:mod:`refbraid.parallel.trace`)
+    every counted application is also recorded with its level and fine indices (a batched
+    call as k consecutive boxes that share its time, :meth:`Recorder.steps`); otherwise that
+    costs one lookup.
     """
 
     def __init__(self, problem: Problem, level: int = 0, shape: tuple[int, ...] | None = None):
@@ -197,31 +220,71 @@ class CountingStep:
         self.count = 0
         self.seconds = 0.0
         self._shape = problem.state_shape if shape is None else tuple(shape)
+        self._step = problem.step
+        # solver index -> fine index:  i = s (forward),  i = N - s (backward)
+        self._flip = problem.n_steps if problem.direction == "backward" else None
+        self.batched = problem.batched_step is not None
 
     def __call__(self, u, s_start: int, s_stop: int):
-        p = self.problem
-        start, stop = p.to_fine(int(s_start)), p.to_fine(int(s_stop))
-        t0 = time.perf_counter()
-        out = p.step(u, start, stop)
-        t1 = time.perf_counter()
+        flip = self._flip
+        if flip is None:
+            start, stop = int(s_start), int(s_stop)
+        else:
+            start, stop = flip - int(s_start), flip - int(s_stop)
+        t0 = perf_counter()
+        out = self._step(u, start, stop)
+        t1 = perf_counter()
         self.seconds += t1 - t0
         self.count += 1
         rec = active_recorder()
         if rec is not None:
             rec.step(self.level, start, stop, t0, t1)
         shape = getattr(out, "shape", None)
-        if shape is None or tuple(shape) != self._shape:
-            got = tuple(shape) if shape is not None else type(out).__name__
-            raise ValueError(
-                f"`step` returned {got} for start={start}, stop={stop} (level {self.level}); "
-                f"expected an array of this level's state shape {self._shape}."
-            )
+        if shape != self._shape and (shape is None or tuple(shape) != self._shape):
+            self._bad_shape("step", out, start, stop)
         return out
+
+    def many(self, U, s_starts, s_stops):
+        """Rows ``Φ(U[j]; s_starts[j] → s_stops[j])`` (solver indices), shape (k, *S)."""
+        k = len(s_starts)
+        if not self.batched:
+            xp = namespace(U)
+            return xp.stack([self(U[j, ...], s_starts[j], s_stops[j]) for j in range(k)])
+        flip = self._flip
+        s_starts, s_stops = np.asarray(s_starts), np.asarray(s_stops)
+        starts, stops = (s_starts, s_stops) if flip is None else (flip - s_starts, flip - s_stops)
+        t0 = perf_counter()
+        out = self.problem.batched_step(U, starts, stops)
+        t1 = perf_counter()
+        self.seconds += t1 - t0
+        self.count += k
+        rec = active_recorder()
+        if rec is not None:
+            rec.steps(self.level, starts, stops, t0, t1)
+        shape = getattr(out, "shape", None)
+        if shape is None or tuple(shape) != (k, *self._shape):
+            self._bad_shape("batched_step", out, starts[:1], stops[:1], k)
+        return out
+
+    def _bad_shape(self, name: str, out, start, stop, k: int | None = None) -> None:
+        shape = getattr(out, "shape", None)
+        got = tuple(shape) if shape is not None else type(out).__name__
+        want = self._shape if k is None else (k, *self._shape)
+        what = "the state shape" if k is None else f"{k} stacked states"
+        raise ValueError(
+            f"`{name}` returned {got} for start={start}, stop={stop} (level {self.level}); "
+            f"expected an array of {what} {want}."
+        )
 
 
 def stacked(xp, value, n: int):
     """``n`` copies of ``value`` stacked along a new first axis: shape (n, *value.shape)."""
-    return xp.stack([xp.asarray(value)] * n)
+    value = xp.asarray(value)
+    # a fresh C-ordered array (a copy of a broadcast view may keep the zero stride innermost,
+    # which makes every later row access slow)
+    out = xp.empty((n, *value.shape), dtype=value.dtype)
+    out[...] = value
+    return out
 
 
 def rhs_solver_order(problem: Problem):
@@ -229,7 +292,7 @@ def rhs_solver_order(problem: Problem):
     xp = namespace(problem.u0)
     u0 = xp.asarray(problem.u0)
     if problem.g is None:
-        g = stacked(xp, xp.zeros_like(u0), problem.n_steps + 1)
+        g = xp.zeros((problem.n_steps + 1, *u0.shape), dtype=u0.dtype)  # lazily zeroed pages
     else:
         g = xp.asarray(problem.g, dtype=u0.dtype, copy=True)
         if problem.direction == "backward":

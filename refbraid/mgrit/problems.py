@@ -48,8 +48,12 @@ def dahlquist(a, n_steps: int, T: float = 1.0, scheme: str = "backward", u0=1.0)
         z = a * abs(t[stop] - t[start])
         return u / (1 - z) if implicit else u * (1 + z)
 
+    def batched_step(U, starts, stops):  # (k, M): the same operations, row by row
+        z = a * np.abs(t[stops] - t[starts])[:, None]
+        return U / (1 - z) if implicit else U * (1 + z)
+
     u0 = np.broadcast_to(np.asarray(u0, dtype=np.result_type(a, 1.0)), a.shape).copy()
-    return Problem(step, u0, n_steps, t=t)
+    return Problem(step, u0, n_steps, t=t, batched_step=batched_step)
 
 
 def laplacian_1d(n_x: int) -> np.ndarray:
@@ -74,12 +78,29 @@ class _ImplicitEuler:
     t: np.ndarray
     cache: dict = field(default_factory=dict)
 
-    def step(self, u, start, stop):
-        dt = round(abs(self.t[stop] - self.t[start]), 14)
+    def inverse(self, dt: float) -> np.ndarray:
+        dt = round(dt, 14)
         inv = self.cache.get(dt)
         if inv is None:
             inv = self.cache[dt] = np.linalg.inv(np.eye(len(self.L)) - dt * self.nu * self.L)
-        return inv @ u
+        return inv
+
+    def step(self, u, start, stop):
+        return self.inverse(abs(self.t[stop] - self.t[start])) @ u
+
+    def batched_step(self, U, starts, stops):
+        """Rows ``(I - dt_j ν L)⁻¹ U[j]``, one stacked product per distinct step size.
+
+        ``inv @ U[:, :, None]`` makes NumPy apply the same matrix-vector kernel to every row
+        as :meth:`step` does, so results are bit-identical to it and do not depend on how
+        rows are grouped into calls (one GEMM ``U @ inv.T`` would be faster for wide states
+        but sums in another order: round-off, and a result that changes with the ranks)."""
+        dts = np.round(np.abs(self.t[stops] - self.t[starts]), 14)
+        out = np.empty_like(U)
+        for dt in np.unique(dts):
+            rows = dts == dt
+            out[rows] = np.matmul(self.inverse(float(dt)), U[rows][:, :, None])[:, :, 0]
+        return out
 
 
 def heat_1d(n_x: int = 100, n_steps: int = 256, T: float = 0.1, nu: float = 1.0) -> Problem:
@@ -87,7 +108,7 @@ def heat_1d(n_x: int = 100, n_steps: int = 256, T: float = 0.1, nu: float = 1.0)
     x = np.linspace(0, 1, n_x + 2)[1:-1]
     u0 = np.sin(np.pi * x) + 0.5 * np.sin(8 * np.pi * x) + np.maximum(0, 0.25 - abs(x - 0.3))
     stepper = _ImplicitEuler(laplacian_1d(n_x), float(nu), _uniform(n_steps, T))
-    return Problem(stepper.step, u0, n_steps, t=stepper.t)
+    return Problem(stepper.step, u0, n_steps, t=stepper.t, batched_step=stepper.batched_step)
 
 
 def nonlinear_ode(n_steps: int = 256, T: float = 4.0, dim: int = 4, seed: int = 0) -> Problem:
@@ -99,7 +120,11 @@ def nonlinear_ode(n_steps: int = 256, T: float = 4.0, dim: int = 4, seed: int = 
         dt = t[stop] - t[start]
         return u + dt * (-u - u**3 + np.sin(2 * np.pi * t[start]))
 
-    return Problem(step, u0, n_steps, t=t)
+    def batched_step(U, starts, stops):  # (k, dim): the same operations, row by row
+        dt = (t[stops] - t[starts])[:, None]
+        return U + dt * (-U - U**3 + np.sin(2 * np.pi * t[starts])[:, None])
+
+    return Problem(step, u0, n_steps, t=t, batched_step=batched_step)
 
 
 @dataclass(frozen=True)
@@ -135,15 +160,31 @@ class LinearODE:
         t = self.t
         return np.eye(self.dim) + (t[right] - t[left]) * self.K(t[left])
 
+    def matrices(self, left, right) -> np.ndarray:
+        """:meth:`matrix` of k intervals ``left[j] < right[j]`` at once: (k, d, d)."""
+        A, B = self._AB
+        t = self.t
+        tl = t[np.asarray(left)]
+        K = -np.eye(self.dim) + self.eps * (A + np.sin(2 * np.pi * tl)[:, None, None] * B)
+        return np.eye(self.dim) + (t[np.asarray(right)] - tl)[:, None, None] * K
+
     def forward_problem(self, u0, g=None) -> Problem:
         def step(u, start, stop):
             return self.matrix(start, stop) @ u
 
-        return Problem(step, np.asarray(u0, dtype=float), self.n_steps, g=g, t=self.t)
+        def batched_step(U, starts, stops):  # (k, d): rows M_j U[j]
+            return np.matmul(self.matrices(starts, stops), U[:, :, None])[:, :, 0]
+
+        return Problem(step, np.asarray(u0, dtype=float), self.n_steps, g=g, t=self.t,
+                       batched_step=batched_step)
 
     def adjoint_problem(self, lam_final, g=None) -> Problem:
         def step(lam, start, stop):
             return self.matrix(stop, start).T @ lam
+
+        def batched_step(L, starts, stops):  # (k, d): rows M_jᵀ L[j]
+            Ms = self.matrices(stops, starts)
+            return np.matmul(np.swapaxes(Ms, 1, 2), L[:, :, None])[:, :, 0]
 
         return Problem(
             step,
@@ -152,6 +193,7 @@ class LinearODE:
             g=g,
             t=self.t,
             direction="backward",
+            batched_step=batched_step,
         )
 
     def spacetime_matrix(self) -> np.ndarray:

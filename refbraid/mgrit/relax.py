@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.portable import asarray_on
 from .arrays import namespace
 
 StepFn = Callable[[Any, int, int], Any]
@@ -43,12 +44,32 @@ def copy(u):
 def take_rows(u, positions):
     """Rows ``u[positions]`` as one stacked array, shape (len(positions), *S)."""
     xp = namespace(u)
-    return xp.take(u, xp.asarray(np.asarray(positions, dtype=np.int64)), axis=0)
+    return xp.take(u, asarray_on(u, np.asarray(positions, dtype=np.int64)), axis=0)
+
+
+def row_slice(positions) -> slice | None:
+    """``positions`` as a slice when they are evenly spaced and increasing (MGRIT's C-points
+    and the rows of one batched F-sweep always are), else None. A NumPy array indexed by a
+    slice is a view: rows are read and written in place, without gathering copies."""
+    pos = np.asarray(positions, dtype=np.int64)
+    if pos.size == 0:
+        return slice(0, 0)
+    step = int(pos[1] - pos[0]) if pos.size > 1 else 1
+    if step < 1 or (pos.size > 2 and not np.all(np.diff(pos) == step)):
+        return None
+    return slice(int(pos[0]), int(pos[-1]) + 1, step)
 
 
 def set_rows(u, positions, values, inplace: bool = False):
-    """``u`` (a copy, or ``u`` itself with ``inplace``) with ``u[positions[j]] = values[j]``."""
+    """``u`` (a copy, or ``u`` itself with ``inplace``) with ``u[positions[j]] = values[j]``.
+
+    One assignment through a slice for NumPy arrays and evenly spaced positions, else a
+    loop over rows (the array API has no integer-array assignment); the same values."""
     out = u if inplace else copy(u)
+    rows = row_slice(positions) if isinstance(out, np.ndarray) else None
+    if rows is not None:
+        out[rows, ...] = values
+        return out
     for j, k in enumerate(positions):
         out[int(k), ...] = values[j, ...]
     return out
@@ -62,9 +83,10 @@ def propagate_at(u, g, points, positions, step: StepFn, ghost=None, ghost_point=
     """
     xp = namespace(u)
     out = []
-    for k in (int(k) for k in positions):
+    p = np.asarray(points).tolist()
+    for k in np.asarray(positions).tolist():
         if k > 0:
-            val = step(u[k - 1, ...], int(points[k - 1]), int(points[k]))
+            val = step(u[k - 1, ...], p[k - 1], p[k])
         elif int(points[0]) == 0:
             out.append(g[0, ...] if g is not None else xp.zeros_like(u[0, ...]))
             continue
@@ -92,8 +114,11 @@ def c_relax(u, pu_c, c_pos, inplace: bool = False):
 
 
 def f_relax(u, g, points, f_pos, step: StepFn, inplace: bool = False):
-    """F-relaxation: ``u[k] = Φ(u[k-1]) + g[k]`` for every F-position k in increasing order."""
+    """F-relaxation: ``u[k] = Φ(u[k-1]) + g[k]`` for every F-position k in increasing order
+    (g None: zero forcing, ``u[k] = Φ(u[k-1])``)."""
     out = u if inplace else copy(u)
-    for k in (int(k) for k in f_pos):
-        out[k, ...] = step(out[k - 1, ...], int(points[k - 1]), int(points[k])) + g[k, ...]
+    p = np.asarray(points).tolist()  # Python ints: no NumPy scalar per index
+    for k in np.asarray(f_pos).tolist():
+        val = step(out[k - 1, ...], p[k - 1], p[k])
+        out[k, ...] = val if g is None else val + g[k, ...]
     return out

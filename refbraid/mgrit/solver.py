@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.host import all_finite as holds_only_finite
 from ..parallel.comm import SerialComm
 from ..parallel.layout import Layout, check_layout, partition
 from .arrays import namespace
@@ -67,8 +68,7 @@ def _holds_nonfinite(u, comm) -> bool:
     """True when any rank's block ``u`` holds NaN/inf (a collective: every rank calls it)."""
     bad = 0.0
     if u is not None and u.shape[0]:
-        xp = namespace(u)
-        bad = 0.0 if bool(xp.all(xp.isfinite(u))) else 1.0
+        bad = 0.0 if holds_only_finite(u) else 1.0
     return comm.allreduce_sum(bad) > 0
 
 
@@ -271,7 +271,7 @@ def solve(
     if settings.final_fc_relax and len(hierarchy) > 1 and status != "diverged":
         u0_block = final_c_relax(u0_block, states[0].c_pos, r)
     xp = namespace(u0_block)
-    finite = bool(xp.all(xp.isfinite(u0_block))) if u0_block.shape[0] else True
+    finite = holds_only_finite(u0_block) if u0_block.shape[0] else True
     all_finite = scomm.allreduce_sum(0.0 if finite else 1.0) == 0  # every rank's block
     if status != "diverged" and not all_finite:
         status, message = "diverged", "non-finite values in the solution"
@@ -280,7 +280,8 @@ def solve(
         grew = math.isfinite(records[-1].norm) and all_finite
         level = 0 if grew else _divergence_level(records, cycler)
         message = f"{_where(level, len(hierarchy), cycles)}: {message}"
-    fine = np.array([problem.to_fine(int(s)) for s in states[0].points], dtype=np.int64)
+    fine = np.array(states[0].points, dtype=np.int64)  # a writable copy (levels are read-only)
+    fine = fine if problem.direction == "forward" else problem.n_steps - fine
     solution = u0_block
     if problem.direction == "backward":
         solution, fine = xp.flip(solution, axis=0), fine[::-1].copy()

@@ -19,7 +19,9 @@ The residual norm MGRIT stops on is reduced over the WHOLE world (``reduce_comm`
 group sees the norm of the full batch and takes the same decisions as one process would.
 
 Messages: arrays travel as raw bytes behind a small shape/dtype header, other values pickled
-(:mod:`refbraid.parallel.codec` has the layout and why).
+(:mod:`refbraid.parallel.codec` has the layout and why). Device arrays (``to_device`` given:
+the backend's ``asarray``) go straight from device memory with CUDA-aware MPI, else staged
+through host buffers; never pickled (:mod:`refbraid.parallel.device_messages`).
 
 Determinism. ``allreduce_sum`` gathers every rank's float and sums them in rank order, so every
 rank holds the same float (the serial communicators do the same). ``sum_to_all`` reduces an
@@ -42,9 +44,19 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.dtypes import numpy_dtype
+from ..backends.host import to_host
 from ..errors import CollectiveError
-from .codec import decode_message, encode_message, travels_raw
+from .codec import DirectHeader, decode_message, encode_message, travels_raw
 from .comm import SolverOrder
+from .device_messages import (
+    cuda_aware_mpi,
+    exports_device_buffer,
+    is_device_array,
+    refuse_device,
+    stage_tree,
+    unstage_tree,
+)
 from .trace import active_recorder, payload_bytes
 
 #: Message tag of MGRIT's neighbour messages (one tag: MPI keeps them in order per pair).
@@ -97,16 +109,21 @@ class MPIComm(SolverOrder):
 
     comm         the mpi4py communicator of the ranks that share the time grid
     reduce_comm  communicator for ``allreduce_sum`` (the residual norms); default ``comm``
+    to_device    host array → device array (the backend's ``asarray``): lets device arrays
+                 travel (direct with CUDA-aware MPI, else staged); None: host arrays only
     """
 
-    def __init__(self, comm, reduce_comm=None, *, _reverted: bool = False, _pending=None,
-                 _counters=None):
+    def __init__(self, comm, reduce_comm=None, *, to_device=None, _reverted: bool = False,
+                 _pending=None, _counters=None):
         for name in ("Get_rank", "Get_size", "Isend", "Mprobe"):
             if not callable(getattr(comm, name, None)):
                 raise TypeError(f"`comm` must be an mpi4py communicator, got {comm!r}.")
         self.mpi = comm
         self._MPI = mpi_module()
         self.reduce_mpi = comm if reduce_comm is None else reduce_comm
+        self.to_device = to_device
+        #: device buffers go to MPI directly (CUDA-aware MPI), else through host buffers
+        self.direct = to_device is not None and cuda_aware_mpi(self._MPI)
         self.rank = int(comm.Get_rank())
         self.size = int(comm.Get_size())
         self._reverted = bool(_reverted)
@@ -125,22 +142,31 @@ class MPIComm(SolverOrder):
     # -- the Comm interface -------------------------------------------------------------
     def reverted(self) -> MPIComm:
         """The same ranks in reverse solver order (the adjoint's reversed grid)."""
-        return type(self)(self.mpi, self.reduce_mpi, _reverted=not self._reverted,
-                       _pending=self._pending, _counters=self.counters)
+        return type(self)(self.mpi, self.reduce_mpi, to_device=self.to_device,
+                       _reverted=not self._reverted, _pending=self._pending,
+                       _counters=self.counters)
 
     def send_next(self, value: Any) -> None:
         """Non-blocking send of ``value`` to the next block (a copy is taken now).
 
         Arrays travel as raw bytes, anything else pickled (see the module docstring)."""
+        device = is_device_array(value)
+        if device and self.to_device is None:  # on every rank, the last one too
+            refuse_device(value)
         nxt = self._neighbour(+1)
         if nxt is None:
             return
         MPI = self._MPI
         t0 = time.perf_counter()
         self._pending[:] = [(r, b) for r, b in self._pending if not r.Test()]
-        buf = encode_message(value)
+        direct = device and self.direct and exports_device_buffer(value)
+        buf = encode_message(value, direct=direct)
         request = self.mpi.Isend([buf, MPI.BYTE], dest=nxt, tag=TAG_NEIGHBOUR)
         self._pending.append((request, buf))  # the buffer lives until the send completes
+        if direct:  # the device buffer itself, a copy: the caller may overwrite its array
+            payload = value.copy()
+            request = self.mpi.Isend([payload, MPI.BYTE], dest=nxt, tag=TAG_NEIGHBOUR)
+            self._pending.append((request, payload))
         self.counters["sends"] += 1
         self.counters["bytes_sent"] += buf.nbytes
         rec = active_recorder()
@@ -162,7 +188,10 @@ class MPIComm(SolverOrder):
         self.counters["wait_s"] += t1 - t0
         self.counters["recvs"] += 1
         self.counters["bytes_recv"] += buf.nbytes
-        value = decode_message(buf)
+        value = decode_message(buf, self.to_device)
+        if isinstance(value, DirectHeader):  # the device buffer follows (CUDA-aware MPI)
+            value = self.to_device(np.empty(value.shape, value.dtype))
+            self.mpi.Recv([value, MPI.BYTE], source=prv, tag=TAG_NEIGHBOUR)
         rec = active_recorder()
         if rec is not None:
             rec.recv(prv, payload_bytes(value), t0, t1)
@@ -184,7 +213,8 @@ class MPIComm(SolverOrder):
     def gather(self, value: Any, root: int = 0) -> list[Any] | None:
         """Every rank's ``value`` in rank order on ``root``; None elsewhere."""
         t0 = time.perf_counter()
-        out = self.mpi.gather(value, root=_check_root(root, self.size))
+        out = self.mpi.gather(stage_tree(value, self.to_device), root=_check_root(root, self.size))
+        out = unstage_tree(out, self.to_device)
         rec = active_recorder()
         if rec is not None:
             rec.collective("gather", payload_bytes(value), t0, time.perf_counter())
@@ -208,8 +238,14 @@ class MPIComm(SolverOrder):
     def _bcast(self, value: Any, root: int) -> Any:
         head = None
         if self.rank == root:
-            head = ("raw", value.dtype.str, value.shape) if travels_raw(value) \
-                else ("pickled", value)
+            if is_device_array(value):  # staged: its host copy travels, back to the device
+                if self.to_device is None:
+                    refuse_device(value)
+                value = np.asarray(to_host(value))
+                head = ("staged", value.dtype.str, value.shape)
+            else:
+                head = ("raw", value.dtype.str, value.shape) if travels_raw(value) \
+                    else ("pickled", value)
         head = self.mpi.bcast(head, root=root)
         if head[0] == "pickled":
             return head[1]
@@ -217,29 +253,38 @@ class MPIComm(SolverOrder):
         if self.rank == root:
             np.copyto(out, value)
         self.mpi.Bcast([out.reshape(-1).view(np.uint8), self._MPI.BYTE], root=root)
-        return out
+        return self.to_device(out) if head[0] == "staged" else out
 
     def allgather(self, value: Any) -> list[Any]:
         """Every rank's value, in rank order, on every rank."""
-        return self.mpi.allgather(value)
+        return unstage_tree(self.mpi.allgather(stage_tree(value, self.to_device)), self.to_device)
 
     def alltoall(self, values: list[Any]) -> list[Any]:
         """``values[q]`` goes to rank q; returns what every rank sent to this one."""
         if len(values) != self.size:
             raise ValueError(f"`values` must hold one entry per rank ({self.size}), "
                              f"got {len(values)}.")
-        return self.mpi.alltoall(values)
+        sent = stage_tree(list(values), self.to_device)
+        return unstage_tree(self.mpi.alltoall(sent), self.to_device)
 
     def scatter(self, values: list[Any] | None, root: int = 0) -> Any:
         """``values[q]`` (given on ``root``) to rank q."""
         root = _check_root(root, self.size)
         if self.rank == root and (values is None or len(values) != self.size):
             raise ValueError(f"`values` on the root must hold one entry per rank ({self.size}).")
-        return self.mpi.scatter(values, root=root)
+        values = stage_tree(values, self.to_device)
+        return unstage_tree(self.mpi.scatter(values, root=root), self.to_device)
 
     def sum_to_all(self, array: np.ndarray) -> np.ndarray:
-        """Σ over ranks of ``array`` on every rank, bit-identical everywhere (Reduce + Bcast)."""
-        return sum_to_all(self.mpi, array)
+        """Σ over ranks of ``array`` on every rank, bit-identical everywhere (Reduce + Bcast);
+        a device array directly with CUDA-aware MPI, else through a host buffer."""
+        if not is_device_array(array):
+            return sum_to_all(self.mpi, array)
+        if self.to_device is None:
+            refuse_device(array)
+        if self.direct and exports_device_buffer(array):
+            return sum_to_all(self.mpi, array.copy(), on_device=True)
+        return self.to_device(sum_to_all(self.mpi, np.asarray(to_host(array))))
 
     def barrier(self) -> None:
         self.mpi.Barrier()
@@ -254,20 +299,21 @@ class MPIComm(SolverOrder):
                 f"reduce_size={self.reduce_mpi.Get_size()})")
 
 
-def sum_to_all(comm, array: np.ndarray) -> np.ndarray:
+def sum_to_all(comm, array: np.ndarray, on_device: bool = False) -> np.ndarray:
     """Σ over the ranks of ``comm`` of a NumPy array, the same bits on every rank.
 
     ``MPI_Reduce`` to rank 0, then ``MPI_Bcast``: one rank does the arithmetic, so replicated
     copies cannot drift apart by round-off (an ``MPI_Allreduce`` may order sums differently
-    on different ranks).
+    on different ranks). ``on_device``: ``array`` is a contiguous device array (CuPy) that a
+    CUDA-aware MPI reads in place; it is overwritten with the sum.
     """
-    a = np.ascontiguousarray(array)
-    if a.dtype.kind not in "fc":
+    a = array if on_device else np.ascontiguousarray(array)
+    if numpy_dtype(a.dtype).kind not in "fc":
         raise TypeError(f"`array` must be a floating-point array, got dtype {a.dtype}.")
     if comm.Get_size() == 1:
         return a.copy()
     MPI = mpi_module()
-    out = np.empty_like(a)
+    out = a.copy() if on_device else np.empty_like(a)
     comm.Reduce(a, out if comm.Get_rank() == 0 else None, op=MPI.SUM, root=0)
     comm.Bcast(out, root=0)
     return out

@@ -33,7 +33,8 @@ Cost when off: every hook site does ONE lookup, ``rec = active_recorder()`` (a b
 
 Hook sites (the only code that knows tracing exists):
 
-* :class:`refbraid.mgrit.problem.CountingStep` — every step application, on every level;
+* :class:`refbraid.mgrit.problem.CountingStep` — every step application, on every level
+  (``rec.step``; a batched call of k applications, ``rec.steps``: k boxes sharing its time);
 * :class:`~refbraid.parallel.comm.SerialComm` and :class:`~refbraid.parallel.comm.ThreadComm`
   — neighbour messages and reductions;
 * :class:`~refbraid.parallel.virtual.VirtualComm` writes the same events with virtual times.
@@ -166,6 +167,21 @@ class Recorder:
         """One step application ``start → stop`` (fine indices) on ``level``, from t0 to t1."""
         o = self.origin
         self.events.append(Event(STEP, self.rank, t0 - o, t1 - o, level, start, stop))
+
+    def steps(self, level: int, starts, stops, t0: float, t1: float) -> None:
+        """k step applications ``starts[j] → stops[j]`` made by ONE batched call from t0 to t1.
+
+        Recorded as k consecutive boxes of length ``(t1 - t0) / k`` in the order given, so the
+        trace still has one step event per interval (step counts, critical paths and the
+        timeline stay valid) and the rank still does one thing at a time.
+        """
+        k = len(starts)
+        dt = (t1 - t0) / k if k else 0.0
+        o = t0 - self.origin
+        append = self.events.append
+        for j in range(k):
+            append(Event(STEP, self.rank, o + j * dt, o + (j + 1) * dt, level, int(starts[j]),
+                         int(stops[j])))
 
     def send(self, peer: int, nbytes: int, t0: float, t1: float) -> None:
         """A message to rank ``peer`` was handed over (posted) between t0 and t1."""

@@ -19,6 +19,11 @@ things the values would decide are fixed instead:
   ``state_bytes / 8`` times its size, i.e. ``state_bytes`` per state (:func:`state_sizeof`).
 
 With equal costs, the two modes give the same ``wall_time`` (tests/test_virtual_cluster.py).
+
+The stand-in has a batched step (:mod:`refbraid.mgrit.batched`), so its F-sweeps record their
+step boxes sweep by sweep, as a real problem with a batched step does (the dense network on
+NumPy); a problem without one makes the same boxes interval by interval. The order of the
+boxes inside a sweep is all that differs: every clock, message and ``wall_time`` is the same.
 """
 
 from __future__ import annotations
@@ -41,11 +46,16 @@ def identity_step(u, start: int, stop: int):
     return u
 
 
+def identity_steps(U, starts, stops):
+    """The stand-in step on k intervals at once: ``U`` (no arithmetic)."""
+    return U
+
+
 def cost_only_problem(n_steps: int, direction: str = "forward") -> Problem:
     """The stand-in problem of the module docstring over ``n_steps`` steps (g given as zeros,
-    so no rank builds it point by point)."""
+    so no rank builds it point by point; batched, module docstring)."""
     return Problem(identity_step, np.zeros(1), n_steps, g=np.zeros((int(n_steps) + 1, 1)),
-                   direction=direction)
+                   direction=direction, batched_step=identity_steps)
 
 
 def replay_settings(settings: MGRITSettings, iterations: int | None = None) -> MGRITSettings:

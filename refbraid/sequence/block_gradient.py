@@ -42,7 +42,7 @@ def block_backprop(net: Network, params, x, dloss_fn, bk: Backend):
     for n in reversed(range(net.n_layers)):
         lam, dtheta = net.step.adjoint(layer_params(steps, n), step_caches[n], lam, net.h, bk)
         for k, v in dtheta.items():
-            dsteps[k][n] = v
+            dsteps[k][n, ...] = v
     _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, lam, bk)
     grads = {f"opening.{k}": v for k, v in dopen.items()}
     grads.update({f"steps.{k}": v for k, v in dsteps.items()})
@@ -65,7 +65,7 @@ def block_layer_parallel(net: Network, params, x, dloss_fn, settings: LayerParal
     adjoint = CapturingAdjoint(net, steps, fwd.solution, caching.caches, bk)
     bwd = solve(Problem(adjoint, lam_N, net.n_layers, direction="backward"), settings.backward)
     dsteps = captured_gradient(adjoint, steps, range(net.n_layers))
-    _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, bwd.solution[0], bk)
+    _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, bwd.solution[0, ...], bk)
     grads = {f"opening.{k}": v for k, v in dopen.items()}
     grads.update({f"steps.{k}": v for k, v in dsteps.items()})
     grads.update({f"closing.{k}": v for k, v in dclose.items()})

@@ -37,7 +37,9 @@ from typing import Any
 import numpy as np
 
 from ..backends import Backend, get_backend
-from ..backends.reference import array_namespace
+from ..backends.dtypes import dtype_kind
+from ..backends.host import all_finite
+from ..backends.portable import zeros_on
 from ..layer_parallel import LayerParallelInfo, LayerParallelSettings
 from ..layers import Classifier, GRUCell, GRUSequence
 from ..layers.gru import SCHEMES
@@ -127,11 +129,11 @@ class GRUModel:
             raise ValueError(f"`x` must have shape (batch, {want[0]}, {want[1]}), "
                              f"got {getattr(x, 'shape', type(x).__name__)}.")
         check_input_dtype("x", x, dtype)
-        if x.dtype.kind in "fc" and not bool(array_namespace(x).isfinite(x).all()):
+        if dtype_kind(x.dtype) in "fc" and not all_finite(x):
             raise NonFiniteError("`x` must be finite, got NaN or infinite values.")
 
     def h0(self, x, bk):
-        return bk.xp.zeros((x.shape[0], self.hidden), dtype=x.dtype)
+        return zeros_on(x, (x.shape[0], self.hidden))
 
     # sequential: BPTT ------------------------------------------------------------------
     def logits(self, params, x, bk: Backend | str = "numpy"):
@@ -164,7 +166,7 @@ class GRUModel:
         bk = get_backend(bk)
         self._check(params, x)
         fwd = solve(self.forward_problem(group(params, "cell"), x, bk), settings)
-        return self.closing.forward(group(params, "closing"), fwd.solution[-1], bk)[0]
+        return self.closing.forward(group(params, "closing"), fwd.solution[-1, ...], bk)[0]
 
     def forward_problem(self, cell, x, bk) -> Problem:
         return Problem(step=GRUForward(self, cell, x, bk), u0=self.h0(x, bk),
@@ -180,7 +182,7 @@ class GRUModel:
         cell = group(params, "cell")
         fwd = solve(self.forward_problem(cell, x, bk), settings.forward)
         states = fwd.solution  # L+1,B,H
-        logits, cc = self.closing.forward(group(params, "closing"), states[-1], bk)
+        logits, cc = self.closing.forward(group(params, "closing"), states[-1, ...], bk)
         loss, dlogits = cross_entropy(logits, labels, bk)
         lam_L, dclose = self.closing.adjoint(group(params, "closing"), cc, dlogits, bk)
         adj = Problem(step=GRUAdjoint(self, cell, x, states, bk), u0=lam_L,
@@ -196,8 +198,8 @@ class GRUModel:
         """∂L/∂θ = Σ_k (∂Φ(h[k]; k → k+1)/∂θ)ᵀ λ[k+1] (independent per k, then summed)."""
         dcell = {k: bk.xp.zeros_like(cell[k]) for k in CELL_WEIGHTS}
         for k in range(self.seq_len):
-            _, cache = self.step.step(cell, states[k], self.dt, x[:, k], bk)
-            _, d = self.step.adjoint(cell, cache, adjoints[k + 1], self.dt, bk)
+            _, cache = self.step.step(cell, states[k, ...], self.dt, x[:, k, :], bk)
+            _, d = self.step.adjoint(cell, cache, adjoints[k + 1, ...], self.dt, bk)
             for name in CELL_WEIGHTS:
                 dcell[name] += d[name]
         return dcell
@@ -221,7 +223,7 @@ class GRUForward:
     def step(self, h, start: int, stop: int):
         span = stop - start
         m = self.model
-        return m.cell(span).step(self.cell, h, span * m.dt, self.x[:, start], self.bk)[0]
+        return m.cell(span).step(self.cell, h, span * m.dt, self.x[:, start, :], self.bk)[0]
 
 
 @dataclass(frozen=True, eq=False)
@@ -238,7 +240,8 @@ class GRUAdjoint:
         span = start - stop  # the adjoint runs backwards: start = b > stop = a
         m = self.model
         c = m.cell(span)
-        _, cache = c.step(self.cell, self.states[stop], span * m.dt, self.x[:, stop], self.bk)
+        _, cache = c.step(self.cell, self.states[stop, ...], span * m.dt, self.x[:, stop, :],
+                          self.bk)
         return c.adjoint(self.cell, cache, lam, span * m.dt, self.bk, grads=False)[0]
 
 

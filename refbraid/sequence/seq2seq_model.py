@@ -8,9 +8,17 @@ Two blocks of N steps each. The encoder's X[N] is the *memory* M, data of every 
     Z[0] = Q (learned queries, one per output position),   Z[n+1] = Z[n] + h F_dec(θ'_n, Z[n]; M)
     logits = Z[N] Wᵀ + b  (B, T, K)
 
-The decoder is non-autoregressive (no causal mask, no teacher forcing): every output position
-has its own learned query and reads the source through cross-attention, which is all a
-copy/reverse task needs, and accuracy is measured without feeding the answer in.
+Two decoders (``teacher_forcing``):
+
+* non-autoregressive (``False``, model ``transformer-decoder``): Z[0] = Q, a learned query per
+  output position, no causal mask; every position reads the source through cross-attention,
+  which is all a copy/reverse task needs. It teaches that a decoder need not be sequential.
+* autoregressive (``True``, model ``transformer-seq2seq``): Z[0] = W_dec[ỹ] + P with the
+  target shifted right, ỹ = (BOS, y_0, …, y_{T−2}), BOS = K (an extra token id), and causal
+  self-attention, so position t sees y_{<t} only. Training is teacher-forced (the true
+  prefix); evaluation (:meth:`Seq2SeqModel.logits`) decodes token by token, feeding back its
+  own argmax: ỹ_{t+1} = argmax logits[:, t], T decoder passes (by causality the last pass's
+  logits at t are those of pass t).
 
 Layer-parallel gradient: each block is an MGRIT problem (coarse steps ``m·h`` with the weights
 of the first fine layer, TorchBraid's injection), solved in the order the data flows::
@@ -38,11 +46,11 @@ import numpy as np
 from ..backends import Backend, get_backend
 from ..layer_parallel import LayerParallelInfo, LayerParallelSettings, mgrit_forward
 from ..layers import DecoderStep, EncoderStep, TokenClassifier, TokenEmbedding
-from ..layers.init import check_positive_int
 from ..mgrit import MGRITSettings
 from ..network import Expected, Network, check_param_dict, forward, init_params, param_spec
 from .block_gradient import block_backprop, block_layer_parallel
 from .losses import cross_entropy
+from .model_base import SIZE_FIELDS, LayeredModel
 from .token_layers import Identity, Queries, TokenInput, check_tokens
 
 
@@ -67,7 +75,7 @@ def _sub(params: dict, prefix: str) -> dict:
 
 
 @dataclass(frozen=True)
-class Seq2SeqModel:
+class Seq2SeqModel(LayeredModel):
     """Encoder (N steps) → memory → decoder (N steps, learned queries) → per-token classifier."""
 
     vocab_size: int
@@ -78,10 +86,12 @@ class Seq2SeqModel:
     heads: int
     hidden: int
     T: float = 1.0
+    teacher_forcing: bool = False  # autoregressive decoder (module docstring)
 
     def __post_init__(self):
-        for name in ("vocab_size", "seq_len", "n_classes", "layers", "dim", "heads", "hidden"):
-            check_positive_int(name, getattr(self, name))
+        self.check_sizes((*SIZE_FIELDS, "n_classes"))
+        if not isinstance(self.teacher_forcing, bool):
+            raise TypeError(f"`teacher_forcing` must be a bool, got {self.teacher_forcing!r}.")
         _ = self.encoder, self.decoder  # validates the layers
 
     @property
@@ -93,28 +103,20 @@ class Seq2SeqModel:
 
     @property
     def decoder(self) -> Network:
-        E, T = self.dim, self.seq_len
-        return Network(opening=Queries(T, E),
-                       step=DecoderStep(E, self.heads, self.hidden, T, T, causal=False),
+        E, T, tf = self.dim, self.seq_len, self.teacher_forcing
+        opening = TokenInput(TokenEmbedding(self.n_classes + 1, E, T)) if tf else Queries(T, E)
+        return Network(opening=opening,
+                       step=DecoderStep(E, self.heads, self.hidden, T, T, causal=tf),
                        closing=TokenClassifier(T, E, self.n_classes), n_layers=self.layers,
                        T=self.T)
 
     @property
-    def opening(self):
-        return self.encoder.opening
+    def first_block(self) -> Network:
+        return self.encoder
 
     @property
-    def step(self):
-        return self.decoder.step
-
-    @property
-    def n_layers(self) -> int:
-        """Layers per block (each block is one MGRIT problem of this many steps)."""
-        return self.layers
-
-    @property
-    def h(self) -> float:
-        return self.T / self.layers
+    def last_block(self) -> Network:
+        return self.decoder
 
     def init_params(self, rng: np.random.Generator, dtype=np.float64) -> dict[str, np.ndarray]:
         """``encoder.*`` and ``decoder.*`` (the decoder steps' memory stand-in dropped)."""
@@ -133,6 +135,30 @@ class Seq2SeqModel:
         check_param_dict(self.param_spec(), params, f"one row per layer: layers = {self.layers}")
         check_tokens("x", x, self.seq_len)
 
+    @property
+    def bos(self) -> int:
+        """The start token of the autoregressive decoder's input (an id past the classes)."""
+        return self.n_classes
+
+    def decoder_input(self, x, labels, bk):
+        """ỹ = (BOS, y_0, …, y_{T−2}) with teacher forcing, else x (the queries read only the
+        batch size)."""
+        if not self.teacher_forcing:
+            return x
+        shifted = bk.xp.full(labels.shape, self.bos, dtype=labels.dtype)
+        shifted[:, 1:] = labels[:, :-1]
+        return shifted
+
+    def _decode(self, dec_params, bk, batch: int, solve):
+        """Autoregressive greedy decoding: T passes of ``solve(decoder input)``, each fixing
+        one more input token from the previous pass's argmax; the last pass's logits."""
+        ids = np.full((batch, self.seq_len), self.bos, dtype=np.int64)
+        for t in range(self.seq_len):
+            z = solve(bk.asarray(ids))
+            if t + 1 < self.seq_len:
+                ids[:, t + 1] = bk.to_numpy(z[:, t]).argmax(axis=1)
+        return z
+
     @staticmethod
     def _with_memory(dec_params: dict, memory, n: int, bk) -> dict:
         """Decoder params with the memory broadcast (read-only) over the N stacked steps."""
@@ -145,6 +171,9 @@ class Seq2SeqModel:
         self._check(params, x)
         memory = forward(self.encoder, _sub(params, "encoder"), x, bk, keep=False)[0]
         dec = self._with_memory(_sub(params, "decoder"), memory, self.layers, bk)
+        if self.teacher_forcing:
+            return self._decode(dec, bk, x.shape[0],
+                                lambda ids: forward(self.decoder, dec, ids, bk, keep=False)[0])
         return forward(self.decoder, dec, x, bk, keep=False)[0]
 
     def backprop(self, params, x, labels, bk: Backend | str = "numpy"):
@@ -154,9 +183,10 @@ class Seq2SeqModel:
         enc_p = _sub(params, "encoder")
         memory = forward(self.encoder, enc_p, x, bk, keep=False)[0]
         dec = self._with_memory(_sub(params, "decoder"), memory, self.layers, bk)
-        loss, dgrads, out = block_backprop(self.decoder, dec, x,
+        loss, dgrads, out = block_backprop(self.decoder, dec,
+                                           self.decoder_input(x, labels, bk),
                                            lambda z: cross_entropy(z, labels, bk), bk)
-        dmemory = dgrads.pop("steps.memory").sum(axis=0)  # Σ_n ∂Φ'_n/∂M ᵀ λ
+        dmemory = bk.xp.sum(dgrads.pop("steps.memory"), axis=0)  # Σ_n ∂Φ'_n/∂M ᵀ λ
         _, egrads, _ = block_backprop(self.encoder, enc_p, x, lambda m: (0.0, dmemory), bk)
         grads = {f"encoder.{k}": v for k, v in egrads.items()}
         grads.update({f"decoder.{k}": v for k, v in dgrads.items()})
@@ -168,6 +198,10 @@ class Seq2SeqModel:
         self._check(params, x)
         memory = mgrit_forward(self.encoder, _sub(params, "encoder"), x, settings, bk)[0]
         dec = self._with_memory(_sub(params, "decoder"), memory, self.layers, bk)
+        if self.teacher_forcing:
+            return self._decode(dec, bk, x.shape[0],
+                                lambda ids: mgrit_forward(self.decoder, dec, ids, settings,
+                                                          bk)[0])
         return mgrit_forward(self.decoder, dec, x, settings, bk)[0]
 
     def layer_parallel_gradient(self, params, x, labels,
@@ -185,8 +219,9 @@ class Seq2SeqModel:
         memory = mgrit_forward(self.encoder, enc_p, x, settings.forward, bk)[0]
         dec = self._with_memory(_sub(params, "decoder"), memory, self.layers, bk)
         loss, dgrads, dinfo = block_layer_parallel(
-            self.decoder, dec, x, lambda z: cross_entropy(z, labels, bk), settings, bk)
-        dmemory = dgrads.pop("steps.memory").sum(axis=0)
+            self.decoder, dec, self.decoder_input(x, labels, bk),
+            lambda z: cross_entropy(z, labels, bk), settings, bk)
+        dmemory = bk.xp.sum(dgrads.pop("steps.memory"), axis=0)
         _, egrads, einfo = block_layer_parallel(self.encoder, enc_p, x,
                                                 lambda m: (0.0, dmemory), settings, bk)
         grads = {f"encoder.{k}": v for k, v in egrads.items()}

@@ -23,6 +23,9 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..backends.dtypes import dtype_kind
+from ..backends.host import to_host
+from ..backends.portable import contiguous
 from ..layers import TokenEmbedding
 from ..layers.init import check_adjoint
 
@@ -49,9 +52,9 @@ class TokenInput:
 
     def forward(self, params, x, bk):
         """X = W[tok] + P with tok = x as integers (x must hold whole numbers)."""
-        if x.dtype.kind == "f":
-            tok = x.astype(np.int64)
-            if not bool((tok == x).all()):
+        if dtype_kind(x.dtype) == "f":
+            tok = bk.xp.astype(x, bk.xp.int64)
+            if not bool(to_host(bk.xp.all(tok == x))):
                 raise ValueError("`x` must hold integer token ids; got non-integral values.")
             x = tok
         return self.embedding.forward(params, x, bk)
@@ -87,12 +90,12 @@ class Queries:
         the output shape."""
         Q = params["pos"]
         shape = (x.shape[0], *Q.shape)
-        return bk.xp.ascontiguousarray(bk.xp.broadcast_to(Q, shape)), shape
+        return contiguous(bk.xp.broadcast_to(Q, shape)), shape
 
     def adjoint(self, params, cache, dout, bk):
         """dQ = Σ_b dZ[0][b]; no input adjoint."""
         check_adjoint("dout", dout, cache)
-        return None, {"pos": dout.sum(axis=0)}
+        return None, {"pos": bk.xp.sum(dout, axis=0)}
 
 
 @dataclass(frozen=True)

@@ -25,17 +25,18 @@ import numpy as np
 from ..backends import Backend, get_backend
 from ..layer_parallel import LayerParallelSettings, mgrit_forward
 from ..layers import EncoderStep, PooledClassifier, TokenClassifier, TokenEmbedding
-from ..layers.init import check_positive_int
 from ..mgrit import MGRITSettings
 from ..network import Network, forward, init_params
 from .block_gradient import block_backprop, block_layer_parallel
+from .gpt_model import GPTModel
 from .losses import cross_entropy
+from .model_base import SIZE_FIELDS, LayeredModel
 from .seq2seq_model import Seq2SeqModel
 from .token_layers import TokenInput, check_tokens
 
 
 @dataclass(frozen=True)
-class TransformerModel:
+class TransformerModel(LayeredModel):
     """Token embedding → N encoder steps over [0, T] → pooled or per-token classifier."""
 
     vocab_size: int
@@ -49,8 +50,7 @@ class TransformerModel:
     per_token: bool = False
 
     def __post_init__(self):
-        for name in ("vocab_size", "seq_len", "n_classes", "layers", "dim", "heads", "hidden"):
-            check_positive_int(name, getattr(self, name))
+        self.check_sizes((*SIZE_FIELDS, "n_classes"))
         _ = self.net  # validates the layers
 
     @property
@@ -61,22 +61,18 @@ class TransformerModel:
                        step=EncoderStep(E, self.heads, self.hidden, T), closing=head,
                        n_layers=self.layers, T=self.T)
 
-    # the Network-like description the trainer reads
     @property
-    def opening(self):
-        return self.net.opening
+    def mpi_network(self) -> Network | None:
+        """The Network the MPI gradient distributes: the model's parameters are its own."""
+        return self.net
 
     @property
-    def step(self):
-        return self.net.step
+    def first_block(self) -> Network:
+        return self.net
 
     @property
-    def n_layers(self) -> int:
-        return self.layers
-
-    @property
-    def h(self) -> float:
-        return self.T / self.layers
+    def last_block(self) -> Network:
+        return self.net
 
     def init_params(self, rng: np.random.Generator, dtype=np.float64) -> dict[str, np.ndarray]:
         """``opening.*``, stacked ``steps.*`` (N, ...) and ``closing.*`` (as torch initialises)."""
@@ -123,8 +119,11 @@ def default_heads(dim: int) -> int:
 
 
 def transformer_model(data_shape: tuple[int, ...], n_classes: int, layers: int, width: int,
-                      T: float, info: dict[str, Any] | None, decoder: bool = False):
-    """An encoder-only (or encoder–decoder) model for a token data set described by ``info``."""
+                      T: float, info: dict[str, Any] | None, decoder: bool = False,
+                      causal_lm: bool = False, tied: bool = True, buffer: int = 0,
+                      teacher_forcing: bool = False):
+    """An encoder-only, encoder–decoder (``decoder``) or decoder-only causal language model
+    (``causal_lm``) for a token data set described by ``info``."""
     info = info or {}
     if "vocab_size" not in info or len(data_shape) != 1:
         raise ValueError(f"a transformer reads token sequences (a data set with a vocabulary, "
@@ -132,10 +131,16 @@ def transformer_model(data_shape: tuple[int, ...], n_classes: int, layers: int, 
                          f"{tuple(data_shape)} without a vocabulary.")
     V, L = int(info["vocab_size"]), int(data_shape[0])
     heads, hidden = default_heads(width), 2 * width
+    if causal_lm:
+        if not info.get("language_model"):
+            raise ValueError("model 'gpt' is a language model: it needs next-token data "
+                             "(e.g. lm-reverse).")
+        return GPTModel(V, L, layers, width, heads, hidden, T, tied=tied, buffer=buffer)
     if decoder:
         if not info.get("per_token"):
-            raise ValueError("model 'transformer-decoder' needs per-token labels (e.g. "
+            raise ValueError("an encoder-decoder model needs per-token labels (e.g. "
                              "seq-reverse, seq-duplicates).")
-        return Seq2SeqModel(V, L, n_classes, layers, width, heads, hidden, T)
+        return Seq2SeqModel(V, L, n_classes, layers, width, heads, hidden, T,
+                            teacher_forcing=teacher_forcing)
     return TransformerModel(V, L, n_classes, layers, width, heads, hidden, T,
                             per_token=bool(info.get("per_token")))

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.host import to_host
 from .atomic import atomic_write
 
 FORMAT = "refbraid-checkpoint"
@@ -60,7 +61,7 @@ def rng_from_state(state: dict[str, Any]) -> np.random.Generator:
 
 
 def _host(a) -> np.ndarray:
-    return a.get() if hasattr(a, "get") else np.asarray(a)
+    return np.asarray(to_host(a))
 
 
 def save_checkpoint(path: str | os.PathLike, *, epoch: int, params: dict[str, Any], optimizer,

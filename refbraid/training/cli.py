@@ -91,6 +91,8 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
     _add(g, "width", int, "width C: features (resnet) or channels (conv)", metavar="C")
     _add(g, "T", float, "final time; step size h = T/N", metavar="T")
     _add(g, "activation", str, f"activation: {' | '.join(ACTIVATIONS)}", metavar="NAME")
+    _add(g, "buffer", int, "gpt: serial buffer layers at each end, outside the MGRIT block",
+         metavar="B")
     g = p.add_argument_group("optimisation")
     _add(g, "epochs", int, "total number of epochs", metavar="E")
     _add(g, "batch_size", int, "mini-batch size", metavar="B")
@@ -105,6 +107,12 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
                    help="sequential backprop (layer by layer) instead of layer-parallel MGRIT")
     _add(g, "data_parallel", int, "under mpiexec -n P: D data-parallel groups of P/D "
          "layer-parallel ranks (D must divide P)", metavar="D")
+    _add(g, "dp_groups", int, "DASO: the data-parallel ranks form G nodes that sum gradients "
+         "every step (G must divide the ranks)", metavar="G")
+    _add(g, "global_sync_every", int, "DASO: nodes average parameters every K batches at most "
+         "(adapted on loss plateaus; 1: plain data parallelism)", metavar="K")
+    _add(g, "space_parallel", int, "under mpiexec -n P: S ranks split every feature map by "
+         "rows (conv model; layer ranks are P/(D·S))", metavar="S")
     g = p.add_argument_group("layer-parallel MGRIT (defaults: TorchBraid's examples)")
     _add(g, "levels", int, "MGRIT levels (1: exact sequential solves)", metavar="L")
     _add(g, "cfactor", int, "coarsening factor", metavar="M")
@@ -137,6 +145,20 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
     _add(g, "spatial_levels", str, "coarse levels that also halve the feature maps (spatial "
          "coarsening, TorchBraid's levels_to_coarsen), comma-separated, e.g. 1 or 1,2; conv "
          "models only; the levels above them need FCF relaxation", metavar="LIST")
+    g = p.add_argument_group("gradient-bias control (layer-parallel runs)")
+    _add(g, "bias_control", str, "off | measure (log bias and noise) | iterations (raise the "
+         "MGRIT cycles) | serial (switch to backprop) when bias/noise > --bias-threshold",
+         metavar="MODE")
+    _add(g, "bias_every", int, "steps between bias/noise measurements", metavar="K")
+    _add(g, "bias_threshold", float, "act when ‖g_MGRIT − g‖ / noise exceeds this",
+         metavar="R")
+    _add(g, "bias_micro", int, "micro-batches of the mini-batch noise estimate", metavar="M")
+    _add(g, "bias_max_iters", int, "cap on forward/adjoint MGRIT cycles (mode iterations)",
+         metavar="K")
+    _add(g, "bias_signal", str, "what the controller acts on: measured (bias/noise, with "
+         "backprop) | residual (the forward MGRIT residual, no serial pass)", metavar="S")
+    _add(g, "bias_residual", float, "with --bias-signal residual: act when the final forward "
+         "residual norm exceeds this", metavar="R")
 
 
 def run(args: argparse.Namespace) -> int:

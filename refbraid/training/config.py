@@ -41,8 +41,9 @@ import numpy as np
 from ..backends import BACKENDS
 from ..backends.reference import ACTIVATIONS
 from ..data import DATASETS
+from .bias_control import BIAS_MODES, BIAS_SIGNALS
 from .config_depth import check_depth_options
-from .models import MODEL_DEFAULTS, MODELS
+from .models import BUFFERED_MODELS, MODEL_DEFAULTS, MODELS
 from .optim import OPTIMIZERS
 from .run_folder import resume_folder
 
@@ -53,7 +54,7 @@ DTYPES = ("float64", "float32")
 #: models whose states are feature maps (``--spatial-levels`` applies)
 SPATIAL_MODELS = ("conv", "conv-stages")
 RESUME_MUST_MATCH = ("data", "samples", "val_fraction", "model", "layers", "width", "T",
-                     "activation", "dtype", "optimizer", "seed", "batch_size")
+                     "activation", "dtype", "optimizer", "seed", "batch_size", "buffer")
 
 
 def flag(field_name: str) -> str:
@@ -145,6 +146,7 @@ class TrainConfig:
     model: str = "resnet"
     layers: int | None = None
     width: int | None = None
+    buffer: int = 0  # gpt: serial buffer steps at each end, outside the MGRIT block
     T: float | None = None
     activation: str = "tanh"
     epochs: int | None = None
@@ -175,6 +177,17 @@ class TrainConfig:
     check_gradient_every: int = 0  # steps between comparisons with sequential backprop
     data_parallel: int = 1  # under mpiexec -n P: D groups of P/D layer-parallel ranks
     spatial_levels: str | None = None  # e.g. "1,2": coarse levels on half-size feature maps
+    dp_groups: int = 1  # DASO: the D data-parallel ranks form G nodes (training/daso.py)
+    global_sync_every: int = 1  # DASO: nodes average parameters every k batches (1: plain DP)
+    space_parallel: int = 1  # S ranks split every feature map by rows (conv; refbraid/space)
+    # gradient-bias control (refbraid.training.bias_control)
+    bias_control: str = "off"  # off | measure | iterations | serial
+    bias_every: int = 10  # steps between bias/noise measurements
+    bias_threshold: float = 1.0  # act when bias / noise exceeds it
+    bias_micro: int = 4  # micro-batches of the noise estimate
+    bias_max_iters: int = 8  # cap on MGRIT cycles in mode 'iterations'
+    bias_signal: str = "measured"  # measured | residual (the proxy, no serial pass)
+    bias_residual: float = 10.0  # proxy threshold on the final forward residual
     batch_norm: bool = False  # conv-stages: BN conv steps and a BN transition
     transition: str = "pool"  # conv-stages: "pool" (avg pool + zero channels) | "strided"
     nested_init: int = 0  # train N/2^K, …, N/2 layers first, interpolating weights in t
@@ -194,19 +207,35 @@ class TrainConfig:
         _choice("backend", self.backend, BACKENDS)
         _choice("dtype", self.dtype, DTYPES)
         _choice("cycle", self.cycle, ("V", "F"))
+        _choice("bias_control", self.bias_control, BIAS_MODES)
+        _choice("bias_signal", self.bias_signal, BIAS_SIGNALS)
+        if self.bias_signal == "residual" and self.bias_control not in ("iterations", "serial"):
+            raise ValueError("`--bias-signal residual` needs `--bias-control iterations` or "
+                             f"`serial`, got `--bias-control {self.bias_control}`.")
         for name in ("layers", "width", "epochs", "batch_size", "levels", "cfactor",
-                     "data_parallel"):
+                     "data_parallel", "dp_groups", "global_sync_every", "space_parallel",
+                     "bias_every", "bias_max_iters"):
             _positive_int(self, name)
         for name in ("checkpoint_every", "seed", "fwd_iters", "bwd_iters",
-                     "check_gradient_every"):
+                     "check_gradient_every", "bias_micro", "buffer"):
             _positive_int(self, name, allow_zero=True)
+        if self.buffer and self.model not in BUFFERED_MODELS:
+            raise ValueError(f"`--buffer` applies to the models {BUFFERED_MODELS}, not "
+                             f"{self.model!r}.")
+        if self.buffer and self.layers - 2 * self.buffer < 1:
+            raise ValueError(f"`--buffer` must be at most {(self.layers - 1) // 2} with "
+                             f"`--layers {self.layers}` (buffer steps at each end must leave "
+                             f"at least one layer for MGRIT), got {self.buffer}.")
         if self.samples is not None:
             _positive_int(self, "samples")
             if self.samples < 2:
                 raise ValueError(f"`--samples` must be at least 2, got {self.samples!r}.")
         if self.cfactor < 2:
             raise ValueError(f"`--cfactor` must be an integer >= 2, got {self.cfactor!r}.")
-        for name in ("T", "lr", "fwd_tol", "bwd_tol"):
+        if self.bias_micro < 2 or self.bias_micro > self.batch_size:
+            raise ValueError(f"`--bias-micro` must be an integer in [2, --batch-size "
+                             f"{self.batch_size}], got {self.bias_micro!r}.")
+        for name in ("T", "lr", "fwd_tol", "bwd_tol", "bias_threshold", "bias_residual"):
             _positive_float(self, name)
         _real(self, "momentum", lambda v: 0.0 <= v < 1.0, "a number in [0, 1)")
         _real(self, "val_fraction", lambda v: 0.0 < v < 1.0, "a number in (0, 1)")

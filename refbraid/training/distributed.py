@@ -76,6 +76,8 @@ from ..mgrit import Problem, solve
 from ..network import Network, Params, backprop, check_batch, group
 from ..parallel.mpi import Topology, split_world
 from ..parallel.ops import Broadcast, RowExchange
+from ..sequence.block_gradient import block_backprop
+from ..sequence.losses import IGNORE, cross_entropy
 from .ownership import BlockPlan, Rows
 
 
@@ -240,7 +242,11 @@ class DistributedGradient:
     def _backprop(self, params: Params, xs, ys, weight: float, t_start: float):
         """Pure data parallelism (one layer rank, one MGRIT level): the group's gradient is
         sequential backprop on its shard, scaled by B_g/B; no MGRIT machinery."""
-        loss, grads, _ = backprop(self.net, params, xs, ys, self.bk)
+        if ys.ndim == 1:
+            loss, grads, _ = backprop(self.net, params, xs, ys, self.bk)
+        else:  # a token model's per-token labels (IGNORE allowed)
+            loss, grads, _ = block_backprop(self.net, params, xs,
+                                            lambda z: cross_entropy(z, ys, self.bk), self.bk)
         part = {k: v * weight for k, v in grads.items()}  # full arrays, all layers
         self.last_solves = {}
         loss_total = self.topo.world.allreduce_sum(weight * loss)
@@ -249,17 +255,26 @@ class DistributedGradient:
         return loss_total, part, {"phi_calls": n, "rank_phi_calls": n}
 
     def _shard_batch(self, x, labels):
+        """This group's samples and its weight in the mean loss: B_g/B, or S_g/S for
+        per-token labels (S = tokens scored, i.e. not IGNORE)."""
         sizes = shard_sizes(x.shape[0], self.topo.n_groups)
         lo = sum(sizes[: self.topo.group])
         hi = lo + sizes[self.topo.group]
-        return x[lo:hi], labels[lo:hi], sizes[self.topo.group] / x.shape[0]
+        if labels.ndim == 1:
+            return x[lo:hi], labels[lo:hi], sizes[self.topo.group] / x.shape[0]
+        scored = (labels != IGNORE).sum(axis=1)
+        if not all(int(scored[sum(sizes[:g]):sum(sizes[:g + 1])].sum()) for g in
+                   range(len(sizes))):
+            raise ValueError("`--data-parallel`: a group's share of the batch scores no token "
+                             "(all its labels are IGNORE); use fewer groups or larger batches.")
+        return x[lo:hi], labels[lo:hi], float(scored[lo:hi].sum()) / float(scored.sum())
 
     def _gradient(self, rows: dict[str, Rows], params: Params, x, labels):
         """Both solves; returns (loss, part, stats) with ``part["steps.k"] = {a: ∂L/∂θ_a[k]}``
         for the layers a whose gradient this rank computed, and opening/closing arrays where
         they live. ``params`` supplies the opening and closing weights."""
         net, bk, plan, layer = self.net, self.bk, self.plan, self.topo.layer
-        check_batch(net, x, labels)
+        check_batch(net, x, labels if labels.ndim == 1 else None)  # per token: the loss checks
         t_start = time.perf_counter()
         xs, ys, weight = self._shard_batch(x, labels)
         if self.sequential:
@@ -278,8 +293,12 @@ class DistributedGradient:
         if self.q == self.last:
             closing = group(params, "closing")
             logits, close_cache = net.closing.forward(closing, states[N], bk)
-            loss, probs = bk.softmax_cross_entropy(logits, ys)
-            dlogits = bk.softmax_cross_entropy_adjoint(probs, ys, weight)
+            if logits.ndim == 3:  # per-token logits of a token model (IGNORE labels allowed)
+                loss, dlogits = cross_entropy(logits, ys, bk)
+                dlogits = dlogits * weight
+            else:
+                loss, probs = bk.softmax_cross_entropy(logits, ys)
+                dlogits = bk.softmax_cross_entropy_adjoint(probs, ys, weight)
             lam_N, dclose = net.closing.adjoint(closing, close_cache, dlogits, bk)
             part.update({f"closing.{k}": v for k, v in dclose.items()})
             loss_part = weight * float(loss)

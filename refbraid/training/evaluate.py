@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..backends import Backend, get_backend
+from ..backends.host import host_float
 from ..network import Network, forward
 
 Params = dict[str, Any]
@@ -45,7 +46,8 @@ def evaluate(net: Network, params: Params, x, labels, bk: Backend | str = "numpy
 
     ``logits_fn(params, x)`` replaces the sequential forward pass (e.g. the MGRIT forward
     solve a layer-parallel run trains with). Per-token outputs (B, T, K) with labels (B, T)
-    (sequence models) are scored per token: loss and accuracy over all n·T tokens.
+    (sequence models) are scored per token: loss and accuracy over all n·T tokens, except
+    those labelled IGNORE (−1; a language model's prompt).
     """
     bk = get_backend(bk)
     n = 0
@@ -58,10 +60,14 @@ def evaluate(net: Network, params: Params, x, labels, bk: Backend | str = "numpy
             logits, _, _ = forward(net, params, xb, bk, keep=False)
         else:
             logits = net.logits(params, xb, bk)
-        if logits.ndim == 3:  # one prediction per token
-            logits, yb = logits.reshape(-1, logits.shape[-1]), yb.reshape(-1)
+        if logits.ndim == 3:  # one prediction per token; IGNORE (-1) labels are not scored
+            logits = bk.xp.reshape(logits, (-1, logits.shape[-1]))
+            yb = bk.xp.reshape(yb, (-1,))
+            if int(bk.to_numpy(yb).min()) < 0:
+                scored = bk.xp.nonzero(yb >= 0)[0]
+                logits, yb = logits[scored], bk.xp.ascontiguousarray(yb[scored])
         loss, _ = bk.softmax_cross_entropy(logits, yb)
-        loss_sum += float(loss) * yb.shape[0]
+        loss_sum += host_float(loss) * yb.shape[0]
         n += yb.shape[0]
         correct += int((bk.to_numpy(logits).argmax(axis=1) == bk.to_numpy(yb)).sum())
     return loss_sum / n, correct / n

@@ -26,7 +26,7 @@ from ..layer_parallel import (
 )
 from ..mgrit import MGRITSettings, build_hierarchy
 from ..mgrit.transfer import SpatialCoarsening
-from ..network import Network, backprop
+from ..network import Network, backprop, forward
 from .config import TrainConfig
 
 Params = dict[str, Any]
@@ -128,18 +128,48 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend, multilevel: 
         return "mgopt", mgopt_gradient(config, net, bk)
     from ..parallel.mpi import world_size
 
+    if config.space_parallel > 1:  # data × space × depth (refbraid/training/space_depth.py)
+        from .space_depth import space_depth_gradient
+
+        if config.dp_groups > 1 or config.global_sync_every > 1:
+            raise CollectiveError("`--space-parallel` with DASO (`--dp-groups`, "
+                                  "`--global-sync-every`) is not built; use one or the other.")
+        settings = LayerParallelSettings.exact() if config.serial else \
+            layer_parallel_settings(config)
+        return "space-depth-mpi", space_depth_gradient(net, settings, bk, config.data_parallel,
+                                                       config.space_parallel)
+    if config.dp_groups > 1 or config.global_sync_every > 1:  # DASO (training/daso.py)
+        from .daso import DasoSchedule, daso_gradient
+
+        if config.data_parallel != world_size():
+            raise CollectiveError(f"`--dp-groups`/`--global-sync-every` (DASO) need every rank "
+                                  f"to be a data-parallel rank: run mpiexec -n "
+                                  f"{config.data_parallel} with `--data-parallel "
+                                  f"{config.data_parallel}`, or `--data-parallel "
+                                  f"{world_size()}`.")
+        settings = LayerParallelSettings.exact() if config.serial else \
+            layer_parallel_settings(config)
+        schedule = DasoSchedule(groups=config.dp_groups,
+                                max_global_skips=config.global_sync_every)
+        return "daso-mpi", daso_gradient(net, schedule, config.epochs, settings, bk)
     if config.data_parallel > 1 or world_size() > 1:  # under mpiexec: ranks share the work
         from .distributed import distributed_gradient
         from .sharded import ShardedGradient
 
-        if not isinstance(net, Network):  # every rank sees the same model: say it once
+        if config.bias_control != "off":
+            raise CollectiveError("`--bias-control` runs in one process only (it compares with "
+                                  "sequential backprop on the whole batch); drop it under "
+                                  "mpiexec.")
+        block = net if isinstance(net, Network) else getattr(net, "mpi_network", None)
+        if block is None:  # every rank sees the same model: say it once
             raise CollectiveError(f"`--model {config.model}`: training over MPI supports the "
-                                  "resnet and conv models; train sequence models in one "
-                                  "process.")
+                                  "resnet, conv, transformer, gpt-untied models (one block "
+                                  "whose parameters are the network's); train this model in "
+                                  "one process.")
         settings = LayerParallelSettings.exact() if config.serial else \
             layer_parallel_settings(config)
         return "layer-parallel-mpi", ShardedGradient(distributed_gradient(
-            net, settings, bk, config.data_parallel))  # each rank steps its own layers
+            block, settings, bk, config.data_parallel))  # each rank steps its own layers
     if config.serial:
         return "sequential", sequential_gradient(net, bk)
     settings = layer_parallel_settings(config)
@@ -155,4 +185,40 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend, multilevel: 
         raise ValueError(f"`--levels {config.levels}` with `--cfactor {config.cfactor}` does not "
                          f"fit {grid}: {err} Use fewer levels, a smaller cfactor, {longer}, "
                          f"or --serial.") from None
+    if config.bias_control != "off":
+        return "layer-parallel-bias-control", controlled_gradient(net, settings, bk, config)
     return "layer-parallel", mgrit_gradient(net, settings, bk, config.check_gradient_every)
+
+
+def controlled_gradient(net, settings: LayerParallelSettings, bk: Backend,
+                        config: TrainConfig):
+    """The layer-parallel gradient under ``--bias-control`` (refbraid.training.bias_control)."""
+    from .bias_control import BiasControl, ControlledGradient
+
+    control = BiasControl(config.bias_control, config.bias_every, config.bias_threshold,
+                          config.bias_micro, config.bias_max_iters, config.bias_signal,
+                          config.bias_residual)
+
+    def backprop_fn(params, x, labels):
+        return _backprop(net, params, x, labels, bk)
+
+    def layer_parallel_fn(params, x, labels, s):
+        if isinstance(net, Network):
+            return layer_parallel_gradient(net, params, x, labels, s, bk)
+        return net.layer_parallel_gradient(params, x, labels, s, bk)
+
+    def sequential_logits(params, x):
+        if isinstance(net, Network):
+            return forward(net, params, x, bk, keep=False)[0]
+        return net.logits(params, x, bk)
+
+    def mgrit_logits(params, x, s):
+        if isinstance(net, Network):
+            return mgrit_forward(net, params, x, s, bk)[0]
+        return net.mgrit_logits(params, x, s, bk)
+
+    say = (lambda *a, **k: None) if config.quiet else print
+    layers = getattr(net, "layers", net.n_layers)  # all steps (a GPT's buffers included)
+    return ControlledGradient(backprop_fn, layer_parallel_fn, (sequential_logits, mgrit_logits),
+                              settings, control, layers, bk, say=say,
+                              serial_steps=layers - net.n_layers)

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.dtypes import dtype_kind
+from ..backends.host import all_finite, to_host
 from ..backends.reference import array_namespace
 from ..layers.init import NonFiniteError
 
@@ -61,7 +63,7 @@ def _check_grads(params: Params, grads: Params) -> None:
         if tuple(g.shape) != tuple(p.shape):
             raise ValueError(f"`grads[{k!r}]` has shape {tuple(g.shape)}, the parameter "
                              f"has {tuple(p.shape)}.")
-        if g.dtype.kind in "fc" and not bool(array_namespace(g).isfinite(g).all()):
+        if dtype_kind(g.dtype) in "fc" and not all_finite(g):
             raise NonFiniteError(f"`grads[{k!r}]` must be finite, got NaN or infinite "
                                  f"values; the step was not applied.")
 
@@ -106,8 +108,7 @@ class Optimizer:
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """A host (NumPy) copy of the state: ``step`` and the per-parameter buffers."""
-        return {k: (v.get() if hasattr(v, "get") else np.array(v, copy=True))
-                for k, v in self.state.items()}
+        return {k: np.array(to_host(v), copy=True) for k, v in self.state.items()}
 
     def load_state_dict(self, state: dict[str, np.ndarray], params: Params,
                         asarray: Callable[[np.ndarray], Any] | None = None) -> None:
@@ -167,7 +168,7 @@ class SGD(Optimizer):
         if self.momentum:
             name = f"momentum_buffer/{key}"
             if name not in self.state:  # first step: b = g
-                self.state[name] = g.astype(p.dtype, copy=True)
+                self.state[name] = array_namespace(p).astype(g, p.dtype, copy=True)
             else:
                 b = self.state[name]
                 b *= self.momentum

@@ -45,7 +45,7 @@ def setup(config: TrainConfig) -> tuple[Network, Dataset, TrainState, Backend]:
     try:
         net = build_network(config.model, data.input_shape, data.n_classes, config.layers,
                             config.width, config.T, config.activation, data.info,
-                            **config.model_options())
+                            config.buffer, **config.model_options())
     except ValueError as err:
         raise ValueError(f"`--model {config.model}` does not fit `--data {config.data}`: "
                          f"{err}") from err
@@ -163,7 +163,24 @@ def train(config: TrainConfig, gradient: GradientFn | None = None,
                                             f"{config.data}-{config.model} ({name})"))
         if name == "layer-parallel" and isinstance(net, Network):
             result.files["gradient_error"] = write_gradient_error(config, net, data, state, bk)
+        if hasattr(gradient, "decisions"):  # --bias-control: the measurements and decisions
+            result.files["bias_control"] = write_json(Path(config.out_dir) / "bias_control.json",
+                                                      gradient.summary())
+        if root and data.info.get("language_model") and result.status == "finished":
+            result.files["language"] = write_language_report(
+                config, net, data, state, bk, getattr(gradient, "logits", None), stream)
     return result
+
+
+def write_language_report(config: TrainConfig, net, data: Dataset, state: TrainState,
+                          bk: Backend, logits_fn, stream: TextIO | None) -> Path:
+    """A language model's perplexity, exact match and samples: printed, and ``language.json``."""
+    from .language import language_report, print_language_report
+
+    report = language_report(net, state.params, data, bk, logits_fn)
+    if not config.quiet:
+        print_language_report(report, stream or sys.stdout)
+    return write_json(Path(config.out_dir) / "language.json", report)
 
 
 def write_gradient_error(config: TrainConfig, net: Network, data: Dataset, state: TrainState,

@@ -265,9 +265,13 @@ def fit(net: Network, state: TrainState, data: Dataset, gradient: GradientFn, *,
     try:
         for epoch in range(state.epoch + 1, epochs + 1):
             t0 = time.perf_counter()
+            if hasattr(gradient, "begin_epoch"):  # epoch hooks: DASO (training/daso.py)
+                gradient.begin_epoch(epoch)
             train_loss, per_step, epoch_first = train_epoch(
                 state, gradient, x_train, data.y_train, batch_size, bk, epoch,
                 first_step=first_loss is None)
+            if hasattr(gradient, "end_epoch"):  # e.g. average the nodes before evaluating
+                gradient.end_epoch(epoch, state, train_loss)
             first_loss = epoch_first if first_loss is None else first_loss
             params = full_params()  # gathered once per epoch: evaluated and checkpointed
             state.epoch = epoch

@@ -21,6 +21,7 @@ GRUCell implicit (dt = h)      (y + h (1−z)⊙n) / (1 + h (1−z)), gates by h
                                sigmoid, tanh) on nn.GRUCell's weights
 PooledClassifier               Linear(E, K)(mean over T)
 TokenClassifier                Linear(E, K) token by token
+LMHead                         Sequential(LayerNorm(E), Linear(E, V)) token by token
 =============================  ================================================================
 
 Data entries of a layer's params (GRU ``x`` (1, I), cross-attention and decoder ``memory``
@@ -45,6 +46,7 @@ from ..layers import (
     EncoderStep,
     GRUCell,
     LayerNorm,
+    LMHead,
     MultiheadAttention,
     PooledClassifier,
     TokenClassifier,
@@ -225,3 +227,11 @@ def _pooled_classifier(layer: PooledClassifier, h: float):
 def _token_classifier(layer: TokenClassifier, h: float):
     inner = nn.Linear(layer.dim, layer.n_classes, dtype=DTYPE)
     return inner, {"W": inner.weight, "b": inner.bias}
+
+
+@_register(LMHead)
+def _lm_head(layer: LMHead, h: float):
+    norm, norm_weights = _layernorm(layer.norm)
+    inner = nn.Linear(layer.dim, layer.vocab_size, dtype=DTYPE)
+    return nn.Sequential(norm, inner), {**_prefixed(norm_weights, "ln"), "W": inner.weight,
+                                        "b": inner.bias}

@@ -1,0 +1,155 @@
+"""Is a batched dense ODE step worth it? k network steps in one call against k calls.
+
+    python benchmarks/bench_batched_network.py [--width 32] [--batch 64] [--repeat 7]
+
+The layer-parallel gradient applies the dense ResNet step ``y_next = y + h σ(y Wᵀ + b)`` (and
+its adjoint ``dy = dy_next + (h σ'(z) ⊙ dy_next) W``) to the k intervals of an F-sweep. This
+times, per step application, on the NumPy backend:
+
+* per-step   k calls of ``DenseStep.forward`` / ``.adjoint`` (what MGRIT's relaxation does
+             today through the propagators, with the layer's argument checks);
+* batched    one call on stacked states Y (k, B, C), per-interval weights W (k, C, C) and
+             biases (k, C): ``np.matmul`` (a loop of GEMMs inside NumPy) and the elementwise
+             update on the whole stack.
+
+It prints µs per step application, the speedup and the largest difference between the two
+(0: bit-identical). A second table times the whole MGRIT forward solve of a dense network
+and its adjoint solve (N = 512, TorchBraid's settings) with the layer-parallel propagators,
+with their batched steps (``DenseStep.forward_batched`` / ``adjoint_batched``, what the
+gradient runs) and with ``batched_step`` removed, for the batch sizes of ``--batches``.
+CPU seconds of this process (``time.process_time``), medians of ``--repeat``. The adoption
+decision: docs/batched.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import numpy as np
+
+from refbraid import Network, get_backend, init_params
+from refbraid.layer_parallel import LayerParallelSettings, adjoint_problem, forward_problem
+from refbraid.layers import Classifier, DenseLift, DenseStep
+from refbraid.mgrit import sequential_solve, solve
+from refbraid.network import group
+
+
+def median_time(fn, repeat: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.process_time()
+        fn()
+        times.append(time.process_time() - t0)
+    return statistics.median(times)
+
+
+def batched_forward(W, b, Y, h):
+    """Y (k,B,C), W (k,C,C), b (k,C), h a number or (k,1,1): ``Z = Y Wᵀ + b``,
+    ``Y + h tanh(Z)``; returns (Y_next, Z)."""
+    Z = np.matmul(Y, np.swapaxes(W, 1, 2)) + b[:, None, :]
+    return Y + h * np.tanh(Z), Z
+
+
+def batched_adjoint(W, Z, dY, h):
+    """``dY + (h σ'(Z) ⊙ dY) W`` per interval, σ = tanh."""
+    t = np.tanh(Z)
+    S = h * ((1.0 - t * t) * dY)
+    return dY + np.matmul(S, W)
+
+
+def row(k: int, C: int, B: int, h: float, repeat: int, rng) -> str:
+    """One table row: k intervals, per-step loop against one batched call."""
+    bk = get_backend("numpy")
+    layer = DenseStep(C, "tanh")
+    W = rng.uniform(-0.2, 0.2, (k, C, C))
+    b = rng.uniform(-0.2, 0.2, (k, C))
+    Y = rng.standard_normal((k, B, C))
+    dY = rng.standard_normal((k, B, C))
+    params = [{"W": W[j], "b": b[j]} for j in range(k)]
+
+    def fwd_loop():
+        return [layer.forward(params[j], Y[j], h, bk) for j in range(k)]
+
+    caches = [c for _, c in fwd_loop()]
+
+    def adj_loop():
+        return [layer.adjoint(params[j], caches[j], dY[j], h, bk, grads=False)[0]
+                for j in range(k)]
+
+    Y_next, Z = batched_forward(W, b, Y, h)
+    t_fl = median_time(fwd_loop, repeat)
+    t_fb = median_time(lambda: batched_forward(W, b, Y, h), repeat)
+    t_al = median_time(adj_loop, repeat)
+    t_ab = median_time(lambda: batched_adjoint(W, Z, dY, h), repeat)
+    d_f = np.max(np.abs(np.stack([y for y, _ in fwd_loop()]) - Y_next))
+    d_a = np.max(np.abs(np.stack(adj_loop()) - batched_adjoint(W, Z, dY, h)))
+    us = 1e6 / k
+    return (f"{k:>5} {t_fl * us:>12.2f} {t_fb * us:>11.2f} {t_fl / t_fb:>7.2f} {d_f:>9.1e}   "
+            f"{t_al * us:>12.2f} {t_ab * us:>11.2f} {t_al / t_ab:>7.2f} {d_a:>9.1e}")
+
+
+def solve_rows(n_layers: int, C: int, B: int, repeat: int) -> list[str]:
+    """MGRIT forward and adjoint solves of a dense network with the propagators of
+    refbraid.layer_parallel: their batched steps (as the gradient runs them) against the same
+    problems with ``batched_step`` removed (one call per interval)."""
+    import dataclasses
+
+    bk = get_backend("numpy")
+    net = Network(DenseLift(2, C), DenseStep(C, "tanh"), Classifier((C,), 5), n_layers, 3.0)
+    params = init_params(net, 0)
+    steps = group(params, "steps")
+    rng = np.random.default_rng(1)
+    y0, _ = net.opening.forward(group(params, "opening"), rng.standard_normal((B, 2)), bk)
+    fwd = forward_problem(net, steps, y0, bk)
+    states = sequential_solve(fwd)  # (N + 1, B, C), fine order
+    adj = adjoint_problem(net, steps, states, rng.standard_normal((B, C)), bk)
+    rows = []
+    for name, batched, settings in (("forward", fwd, LayerParallelSettings().forward),
+                                    ("adjoint", adj, LayerParallelSettings().backward)):
+        assert batched.batched_step is not None
+        per_step = dataclasses.replace(batched, batched_step=None)
+        t_p = median_time(lambda p=per_step, s=settings: solve(p, s), repeat)
+        t_b = median_time(lambda p=batched, s=settings: solve(p, s), repeat)
+        d = np.max(np.abs(solve(per_step, settings).solution - solve(batched, settings).solution))
+        rows.append(f"{name:<8} {n_layers:>5} {B:>6} {1e3 * t_p:>12.2f} {1e3 * t_b:>11.2f} "
+                    f"{t_p / t_b:>7.2f} {d:>9.1e}")
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--width", type=int, default=32)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--k", type=int, nargs="+", default=[8, 32, 128, 512])
+    ap.add_argument("--batches", type=int, nargs="+", default=[8, 64])
+    ap.add_argument("--layers", type=int, default=512)
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    print(f"dense ODE step, width {args.width}, batch {args.batch}, tanh, float64, NumPy; CPU µs "
+          f"per step application, median of {args.repeat}; load {os.getloadavg()[0]:.2f}")
+    head = (f"{'k':>5} {'fwd per-step':>12} {'fwd batched':>11} {'speedup':>7} {'max |Δ|':>9}   "
+            f"{'adj per-step':>12} {'adj batched':>11} {'speedup':>7} {'max |Δ|':>9}")
+    print(head)
+    print("-" * len(head))
+    for k in args.k:
+        print(row(k, args.width, args.batch, 0.01, args.repeat, rng), flush=True)
+    print("\nMGRIT solves of the dense network (TorchBraid's settings), CPU ms")
+    head = (f"{'solve':<8} {'N':>5} {'batch':>6} {'per-step ms':>12} {'batched ms':>11} "
+            f"{'speedup':>7} {'max |Δ|':>9}")
+    print(head)
+    print("-" * len(head))
+    for B in args.batches:
+        for line in solve_rows(args.layers, args.width, B, args.repeat):
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

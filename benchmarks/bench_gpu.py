@@ -1,0 +1,215 @@
+"""Time each layer (forward then adjoint) and one layer-parallel training step on the GPU
+backends: ``cuda`` (Numba CUDA kernels), ``cupy`` (the reference kernels on CuPy arrays)
+and PyTorch CUDA when it is installed, in float64 and float32; prints one table.
+
+Run it on a GPU machine (README, "GPU")::
+
+    NUMBA_ENABLE_CUDASIM=0 python benchmarks/bench_gpu.py
+    NUMBA_ENABLE_CUDASIM=0 python benchmarks/bench_gpu.py --dtype float32 --repeats 20
+
+Without a GPU, ``--simulator`` runs the same script at tiny sizes on Numba's CUDA simulator
+and the strict device stand-in (``strict``: the cupy code path on array-api-strict arrays),
+which checks the script and every backend's results, not speeds.
+
+The unit timed per layer is what MGRIT applies over and over: ``op.forward`` then
+``op.adjoint`` (refbraid.verify.ops), inputs already where the backend keeps them (device
+arrays for cupy; host arrays for cuda, whose kernels copy in and out on every call: its
+current contract, counted in tests/test_cudasim_training_step.py). A step is one
+``mgrit_gradient`` call on the default ResNet (TorchBraid's MGRIT settings); PyTorch's row is
+sequential backprop through the same ResNet (what one would run instead). Every backend's
+layer output is compared with the NumPy reference first (``check``: max relative difference).
+Times are medians over ``--repeats`` runs after ``--warmup``, with the device synchronised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+if "--simulator" in sys.argv:
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+import numpy as np  # noqa: E402
+
+from refbraid.backends import available_backends, get_backend  # noqa: E402
+from refbraid.backends.host import to_host  # noqa: E402
+from refbraid.layer_parallel import LayerParallelSettings  # noqa: E402
+from refbraid.layers import (  # noqa: E402
+    MLP,
+    ConvStep,
+    DenseStep,
+    EncoderStep,
+    GRUCell,
+    LayerNorm,
+    MultiheadAttention,
+)
+from refbraid.network import init_params, to_backend  # noqa: E402
+from refbraid.training.gradients import mgrit_gradient  # noqa: E402
+from refbraid.training.models import build_network  # noqa: E402
+from refbraid.verify.checks import example_input  # noqa: E402
+from refbraid.verify.ops import LayerOp, StepOp  # noqa: E402
+
+H = 0.1  # Euler step size (any value: it does not change the cost)
+
+
+def layers(tiny: bool) -> list[tuple[str, object, int]]:
+    """(name, layer, batch): GPU-sized, or ``tiny`` for the simulator."""
+    if tiny:
+        return [("dense_step", DenseStep(4), 2), ("conv_step", ConvStep(2, 4, 4), 2),
+                ("layernorm", LayerNorm(4, 3), 2), ("mlp", MLP(4, 8, 3), 2),
+                ("attention", MultiheadAttention(4, 2, 3), 2),
+                ("encoder_step", EncoderStep(4, 2, 8, 3), 2), ("gru_cell", GRUCell(4, 4), 2)]
+    return [("dense_step", DenseStep(256), 1024), ("conv_step", ConvStep(16, 32, 32), 64),
+            ("layernorm", LayerNorm(256, 64), 32), ("mlp", MLP(256, 1024, 64), 32),
+            ("attention", MultiheadAttention(256, 4, 64), 32),
+            ("encoder_step", EncoderStep(256, 4, 1024, 64), 32),
+            ("gru_cell", GRUCell(256, 256), 256)]
+
+
+def synchronise(name: str) -> None:
+    """Wait for the device, so that a time covers the work and not only its launch."""
+    if name == "cupy":
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+    elif name == "cuda":
+        from numba import cuda
+
+        cuda.synchronize()
+    elif name == "torch":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def median_ms(fn, name: str, warmup: int, repeats: int) -> float:
+    for _ in range(warmup):
+        fn()
+    synchronise(name)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        synchronise(name)
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def torch_layer(layer, x: np.ndarray, w: np.ndarray, dtype):
+    """A closure running PyTorch CUDA forward + backward of ``layer``'s equivalent, or None."""
+    try:
+        import torch
+
+        from refbraid.verify.torch_reference import torch_equivalent
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    try:
+        module, _ = torch_equivalent(layer, H)
+    except (KeyError, TypeError):
+        return None
+    tdtype = torch.float64 if dtype == np.float64 else torch.float32
+    module = module.to("cuda", tdtype)
+    xt = torch.tensor(x, device="cuda", dtype=tdtype if x.dtype.kind == "f" else None,
+                      requires_grad=x.dtype.kind == "f")
+    wt = torch.tensor(w, device="cuda", dtype=tdtype)
+
+    def run():
+        out = module(xt)
+        out.backward(wt)
+
+    return run
+
+
+def layer_rows(backends, dtype, tiny, warmup, repeats):
+    rows = []
+    for name, layer, batch in layers(tiny):
+        rng = np.random.default_rng(0)
+        op = StepOp(layer, H) if hasattr(layer, "state_shape") else LayerOp(layer)
+        shape = tuple(getattr(layer, "state_shape", None) or layer.in_shape)
+        params = layer.init(rng, dtype)
+        x = example_input(layer, rng, batch, shape, dtype)
+        want, _ = op.forward(params, x, get_backend("numpy"))
+        w = np.asarray(rng.standard_normal(want.shape), dtype=dtype)
+        size = f"B={batch} " + "x".join(map(str, shape))
+        base = None
+        for bname in backends:
+            bk = get_backend(bname)
+            p, xb, wb = to_backend(params, bk), bk.asarray(x), bk.asarray(w)
+            out, _ = op.forward(p, xb, bk)
+            check = float(np.max(np.abs(to_host(out) - want)) / np.max(np.abs(want)))
+
+            def run(bk=bk, p=p, xb=xb, wb=wb, op=op):
+                _, cache = op.forward(p, xb, bk)
+                op.adjoint(p, cache, wb, bk)
+
+            ms = median_ms(run, bname, warmup, repeats)
+            base = ms if base is None else base
+            rows.append((name, size, np.dtype(dtype).name, bname, ms, ms / base, f"{check:.1e}"))
+        if not tiny:
+            run = torch_layer(layer, x, w, dtype)
+            if run is not None:
+                ms = median_ms(run, "torch", warmup, repeats)
+                rows.append((name, size, np.dtype(dtype).name, "torch", ms, ms / base, "-"))
+    return rows
+
+
+def step_rows(backends, dtype, tiny, warmup, repeats):
+    n_layers, width, batch = (8, 4, 4) if tiny else (64, 256, 1024)
+    net = build_network("resnet", (2,), 5, n_layers, width, 3.0)
+    settings = LayerParallelSettings.with_iterations(1, 1, levels=2, cfactor=2) if tiny \
+        else LayerParallelSettings()
+    rng = np.random.default_rng(0)
+    params = init_params(net, 0, dtype)
+    x, y = np.asarray(rng.standard_normal((batch, 2)), dtype=dtype), rng.integers(0, 5, batch)
+    size, rows, base = f"N={n_layers} C={width} B={batch}", [], None
+    for bname in backends:
+        bk = get_backend(bname)
+        gradient = mgrit_gradient(net, settings, bk)
+        p, xb, yb = to_backend(params, bk), bk.asarray(x), bk.asarray(y)
+        ms = median_ms(lambda g=gradient, p=p, xb=xb, yb=yb: g(p, xb, yb), bname, warmup,
+                       repeats)
+        base = ms if base is None else base
+        rows.append(("layer-parallel step", size, np.dtype(dtype).name, bname, ms, ms / base,
+                     "-"))
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtype", choices=["float64", "float32", "both"], default="both")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--simulator", action="store_true",
+                    help="tiny sizes on the CUDA simulator and the strict stand-in (no GPU)")
+    args = ap.parse_args(argv)
+    here = available_backends()
+    if args.simulator:
+        backends = ["cuda", "strict"]
+    else:
+        from refbraid.backends.numba_cuda import simulated
+
+        backends = [b for b in ("cuda", "cupy") if b in here and not (b == "cuda" and simulated())]
+        if not backends:
+            sys.exit("no GPU backend here (cuda needs a GPU and NUMBA_ENABLE_CUDASIM=0, cupy "
+                     "needs a CuPy with the array API functions); use --simulator to check "
+                     "the script without one")
+    dtypes = [np.float64, np.float32] if args.dtype == "both" else [np.dtype(args.dtype).type]
+    print(f"backends: {', '.join(backends)}; ratios against {backends[0]} in the same run; "
+          f"median of {args.repeats} after {args.warmup} warm-up runs")
+    header = ("layer", "size", "dtype", "backend", "median ms", "ratio", "check")
+    print(f"{header[0]:<20} {header[1]:<22} {header[2]:<8} {header[3]:<7} {header[4]:>10} "
+          f"{header[5]:>6} {header[6]:>8}")
+    for dtype in dtypes:
+        for row in layer_rows(backends, dtype, args.simulator, args.warmup, args.repeats) + \
+                step_rows(backends, dtype, args.simulator, args.warmup, args.repeats):
+            print(f"{row[0]:<20} {row[1]:<22} {row[2]:<8} {row[3]:<7} {row[4]:>10.3f} "
+                  f"{row[5]:>6.2f} {row[6]:>8}")
+
+
+if __name__ == "__main__":
+    main()

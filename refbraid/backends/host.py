@@ -1,0 +1,70 @@
+"""The one door from device memory to the host: :func:`to_host` and :func:`host_float`.
+
+refbraid computes on the array type of its backend (NumPy, CuPy, Numba CUDA device arrays,
+or the strict device stand-in of the tests, :mod:`refbraid.backends.strict_device`). Some
+values must reach the host: the loss for a log line, a residual norm MGRIT stops on, the
+weights a checkpoint writes, the curves a plot draws. They go through these two functions
+and nowhere else, so a GPU run copies to the host exactly where the code says so. An
+implicit conversion — ``numpy.asarray(device_array)``, ``float(device_scalar)``, ``if
+device_bool:``, an f-string of a device value — works on CuPy (with a hidden copy and a
+device synchronisation each time) and fails on the strict stand-in, which is how the tests
+find them.
+
+:data:`COUNTS` counts the copies (``"to_host"``), so a test can assert how many a training
+step makes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+#: Copies made by :func:`to_host` since the start (``COUNTS["to_host"]``); tests read it.
+COUNTS: Counter = Counter()
+
+_HOST_TYPES = (np.ndarray, np.generic, int, float, complex, bool)
+
+
+def to_host(a: Any) -> Any:
+    """``a`` as host data: a NumPy array for any device array (CuPy ``.get()``, Numba
+    ``copy_to_host()``, array-api-strict ``to_device`` the CPU), host values unchanged.
+
+    This is the documented conversion; everything else keeps arrays where they live."""
+    if a is None or isinstance(a, _HOST_TYPES):
+        return a
+    COUNTS["to_host"] += 1
+    module = type(a).__module__
+    if module.startswith("array_api_strict"):
+        import array_api_strict
+
+        return np.asarray(a.to_device(array_api_strict.Device("CPU_DEVICE")))
+    get = getattr(a, "get", None)  # CuPy
+    if callable(get):
+        return get()
+    copy_to_host = getattr(a, "copy_to_host", None)  # numba.cuda device arrays
+    if callable(copy_to_host):
+        return copy_to_host()
+    return np.asarray(a)
+
+
+def host_float(a: Any) -> float:
+    """A Python float of a 0-d (or one-element) array or scalar, through :func:`to_host`."""
+    return float(np.asarray(to_host(a)).reshape(()))
+
+
+def tree_to_host(tree: Any) -> Any:
+    """:func:`to_host` applied to every array in nested dicts, lists and tuples."""
+    if isinstance(tree, dict):
+        return {k: tree_to_host(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(tree_to_host(v) for v in tree)
+    return to_host(tree)
+
+
+def all_finite(a: Any) -> bool:
+    """True when every entry of ``a`` is finite: reduced where ``a`` lives, then one bool
+    brought over through :func:`to_host` (an input check, not a per-element loop)."""
+    xp = a.__array_namespace__() if hasattr(a, "__array_namespace__") else np
+    return bool(to_host(xp.all(xp.isfinite(a))))

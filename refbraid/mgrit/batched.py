@@ -1,0 +1,102 @@
+"""Batched relaxation: the functions of relax.py with one step call per *sweep*, not per point.
+
+The per-point functions in :mod:`refbraid.mgrit.relax` are the definition; these compute the
+same values when the problem has a ``batched_step`` (:class:`~refbraid.mgrit.problem.Problem`).
+What makes batching possible is that the updates of one sweep are independent:
+
+* F-relaxation: in every coarse interval the F-points ``c+1, ..., c+m-1`` after the C-point
+  ``c`` are updated in order, but different intervals never read each other. So sweep j
+  (j = 1..m-1) updates the j-th F-point of *every* interval at once::
+
+      for j = 1..m-1:   u[F_j] = Φ(u[F_j - 1]) + g[F_j]        (F_j: j-th F-point of each
+                                                                interval; F_0 = the C-points)
+
+  m - 1 batched calls instead of one call per F-point (N (m-1)/m on level 0).
+* C-relaxation, the C-point residual, and the FAS operator ``(A v)[k] = v[k] - Φ(v[k-1])``
+  read only the *old* iterate: one batched call ``(P u)[K] = Φ(u[K - 1]) + g[K]`` for all
+  positions K, the previous block's ``ghost`` stacked in front when the block's first point
+  needs it.
+
+The coarsest level's forward substitution is sequential by nature and stays per-point.
+Under a communicator each rank batches over its own block (the ghost comes from its
+neighbour as before). Arrays must support integer-array indexing (NumPy, CuPy).
+
+Round-off: each row of a batched call is the step of that row, so the result is bit-identical
+to the per-point path whenever ``batched_step`` does the same floating-point operations per
+row: elementwise steps, and matrix steps written as ``np.matmul(M, U[:, :, None])`` (NumPy's
+per-row matrix-vector kernel, as ``M @ u``). All the problems of refbraid.mgrit.problems and
+pymgrit_twins are (tests/mgrit/test_mgrit_batched.py). One GEMM ``U @ Mᵀ`` for all rows sums
+in another order: round-off, and results that change with the block split over ranks.
+
+Shape legend: n points in the block, S the state shape, k rows of one batched call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .arrays import namespace
+from .relax import copy, row_slice
+
+
+def f_sweeps(f_pos) -> list[np.ndarray]:
+    """The F-positions grouped by sweep: entry j-1 holds the j-th F-point of every interval.
+
+    ``f_pos`` is increasing and every run of consecutive F-positions follows a C-point (a
+    block starts with a C-point), so the j-th member of each run depends only on the
+    (j-1)-th. Returns m - 1 arrays (fewer on a block whose intervals are all shorter).
+    """
+    f = np.asarray(f_pos, dtype=np.int64)
+    if f.size == 0:
+        return []
+    starts_run = np.ones(f.size, dtype=bool)
+    starts_run[1:] = np.diff(f) != 1
+    idx = np.arange(f.size)
+    run_start = np.maximum.accumulate(np.where(starts_run, idx, 0))
+    offset = idx - run_start  # 0 for the first F-point after a C-point
+    return [f[offset == j] for j in range(int(offset.max()) + 1)]
+
+
+def f_relax(u, g, points, sweeps: list[np.ndarray], step, inplace: bool = False):
+    """F-relaxation with one batched call per sweep: ``u[F_j] = Φ(u[F_j - 1]) + g[F_j]``.
+
+    ``sweeps`` from :func:`f_sweeps`; ``step`` a :class:`~refbraid.mgrit.problem.CountingStep`;
+    g None: zero forcing.
+    Same values as :func:`refbraid.mgrit.relax.f_relax` (module docstring on round-off).
+    """
+    out = u if inplace else copy(u)
+    for rows in sweeps:
+        prev = rows - 1
+        # the rows of one sweep are evenly spaced: slices (views), no gathered copies
+        r, rp = row_slice(rows) or rows, row_slice(prev) or prev
+        val = step.many(out[rp, ...], points[prev], points[rows])
+        out[r, ...] = val if g is None else val + g[r, ...]
+    return out
+
+
+def propagate_at(u, g, points, positions, step, ghost=None, ghost_point=None):
+    """``(P u)[k] = Φ(u[k-1]; p_{k-1} → p_k) + g[k]`` at ``positions``, one batched call.
+
+    As :func:`refbraid.mgrit.relax.propagate_at` (g None: zero forcing; at the initial point
+    ``g[0]``; at k = 0 of a later block Φ of the ``ghost``). Returns (len(positions), *S).
+    """
+    xp = namespace(u)
+    pos = np.asarray(positions, dtype=np.int64)
+    if pos.size == 0:
+        return u[:0, ...]
+    first = pos.size and pos[0] == 0
+    inner = pos[1:] if first else pos
+    prev = inner - 1
+    x, s0, s1 = u[prev, ...], points[prev], points[inner]
+    initial = first and int(points[0]) == 0
+    if first and not initial:  # the block's first point: Φ of the previous block's last point
+        if ghost is None:
+            raise ValueError(f"block starting at s={int(points[0])} needs a `ghost` value.")
+        x = xp.concat([xp.asarray(ghost)[None, ...], x], axis=0)
+        s0 = np.concatenate([[int(ghost_point)], s0])
+        s1 = np.concatenate([[int(points[0])], s1])
+    out = step.many(x, s0, s1) if len(s0) else u[:0, ...]
+    if initial:
+        head = g[:1, ...] if g is not None else xp.zeros_like(u[:1, ...])
+        return xp.concat([head, out + g[inner, ...] if g is not None else out], axis=0)
+    return out + g[pos, ...] if g is not None else out

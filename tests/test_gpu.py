@@ -1,0 +1,63 @@
+"""The catalogue on a real GPU (``NUMBA_ENABLE_CUDASIM=0 pytest -m gpu``); skipped without one.
+
+What the simulator and the strict stand-in cannot show: the Numba CUDA kernels compiled for
+a device and the CuPy route on device memory, in float64 and float32. Each test compares
+with the NumPy reference (refbraid.verify's dot-product, finite-difference and backend checks;
+PyTorch autograd when torch is installed) and runs whole layer-parallel training steps.
+Together with the cupy- and cuda-parametrised tests of the other files (marked ``gpu`` in
+conftest.BACKEND_PARAMS) this is the whole catalogue on the device.
+"""
+
+import numpy as np
+import pytest
+
+from refbraid.backends import available_backends, get_backend
+
+pytestmark = pytest.mark.gpu
+
+
+def _on_a_gpu(name: str) -> bool:
+    if name == "cuda":
+        from refbraid.backends.numba_cuda import is_usable, simulated
+
+        return is_usable() and not simulated()
+    return name in available_backends()
+
+
+@pytest.fixture(params=["cuda", "cupy"])
+def gpu_backend(request) -> str:
+    if not _on_a_gpu(request.param):
+        pytest.skip(f"`{request.param}` on a real GPU: none here (or NUMBA_ENABLE_CUDASIM=1)")
+    return request.param
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_the_verification_catalogue_passes_on_the_gpu(gpu_backend, dtype):
+    from refbraid.verify.suite import run_all
+
+    results = run_all([gpu_backend], dtypes=(dtype,))
+    failed = [str(r) for r in results if not r.passed]
+    assert results and not failed, "\n".join(failed[:20])
+
+
+def test_pytorch_agrees_on_the_gpu_backends(gpu_backend):
+    pytest.importorskip("torch")
+    from refbraid.verify.suite import run_all
+
+    failed = [str(r) for r in run_all([gpu_backend], torch=True) if not r.passed]
+    assert not failed, "\n".join(failed[:20])
+
+
+@pytest.mark.parametrize("name", ["dense", "conv", "transformer", "gru"])
+def test_a_layer_parallel_training_step_on_the_gpu_equals_numpy(gpu_backend, name):
+    from test_cudasim_training_step import _model, _step
+
+    from refbraid.backends.host import to_host
+
+    net, params, x, labels = _model(name, np.random.default_rng(0))
+    want_loss, want, _ = _step(net, params, x, labels, get_backend("numpy"))
+    bk = get_backend(gpu_backend)
+    loss, got, _ = _step(net, params, bk.asarray(x), bk.asarray(labels), bk)
+    assert loss == pytest.approx(want_loss, rel=1e-12)
+    for k, v in want.items():
+        np.testing.assert_allclose(to_host(got[k]), v, rtol=1e-11, atol=1e-14, err_msg=k)
