@@ -8,6 +8,8 @@ transitions.py      transitions (layers of refbraid.layers) on coarse maps; Chai
 network.py          StagedNetwork, the fine grid and coarse-step rule, sequential backprop
 packing.py          states of changing shape as flat MGRIT rows; spatial transfer on them
 layer_parallel.py   MGRIT forward/adjoint solves and the layer-parallel gradient
+batchnorm.py        BN layers inside: running statistics from the final fine sweep, eval net
+model.py            ``refbraid train --model conv-stages`` (the TorchBraid-shaped conv net)
 ==================  ==================================================================
 """
 
