@@ -28,12 +28,12 @@ from refbraid.layer_parallel import (
     layer_parallel_gradient,
     relative_gradient_error,
 )
-from refbraid.layers import Classifier, ConvLift, ConvStep
+from refbraid.layers import Classifier, ConvLift, ConvStep, Pool
 from refbraid.lessons import show, small
 from refbraid.mgrit import MGRITSettings, spatial
 from refbraid.mgrit.transfer import SpatialCoarsening
 from refbraid.network import backprop, init_params
-from refbraid.stages import AveragePool, Stage, StagedNetwork, staged_layer_parallel_gradient
+from refbraid.stages import Stage, StagedNetwork, staged_layer_parallel_gradient
 from refbraid.stages import backprop as staged_backprop
 from refbraid.stages import init_params as staged_init
 from refbraid.training.evaluate import evaluate
@@ -141,7 +141,7 @@ except ValueError as err:
 staged = StagedNetwork(ConvLift(1, 2, 16, 16, "tanh"),
                        (Stage(ConvStep(2, 16, 16, "tanh"), N // 2),
                         Stage(ConvStep(2, 8, 8, "tanh"), N // 2)),
-                       (AveragePool(),), Classifier((2, 8, 8), 10))
+                       (Pool(2, (16, 16)),), Classifier((2, 8, 8), 10))
 sp = staged_init(staged, 1)
 _, sref, _ = staged_backprop(staged, sp, xb, labels)
 _, sgrad, sinfo = staged_layer_parallel_gradient(
@@ -212,8 +212,41 @@ assert gap < 1e-12
 # same flow, so the deep network starts near where a trained one would be. Measured
 # time-to-accuracy for nested initialisation and MG/Opt: `benchmarks/bench_multilevel.py`;
 # spatial coarsening's cost and predicted speedup: `benchmarks/bench_coarsening.py`.
-# Batch normalisation's running statistics (issue 12, part A) follow TorchBraid's rule: they
-# are updated once per step from the final fine sweep, never from coarse levels.
+
+# %% [markdown]
+# ## 5. Batch norm inside the parallel section, and its running statistics
+#
+# `--model conv-stages --batch-norm`: BN conv steps `y + h σ(BN(W * y))` in both stages and a
+# BN transition after the pool. In training mode every MGRIT step normalises with the batch
+# statistics of the state it is given (on any level); the running statistics are folded in
+# once per training step from the final fine sweep (TorchBraid's rule). With converged MGRIT
+# they are serial training's; with one cycle they come from that cycle's final sweep.
+
+# %%
+from refbraid.stages.model import ConvStagesModel  # noqa: E402
+from refbraid.training.gradients import mgrit_gradient  # noqa: E402
+
+bn_runs = {}
+for label, kind in (("serial", None), ("converged MGRIT", (15, "FCF")),
+                    ("one MGRIT F-cycle", (1, "F"))):
+    model = ConvStagesModel((1, 8, 8), 10, 8, 2, 1.0, "tanh", batch_norm=True)
+    p = model.init_params(np.random.default_rng(0))
+    step_grad = (sequential_gradient(model) if kind is None else mgrit_gradient(
+        model, LayerParallelSettings(*(MGRITSettings(levels=3, cfactor=2, relax=kind[1],
+                                                     max_iter=kind[0], abs_tol=1e-13,
+                                                     min_coarse=1),) * 2)))
+    for s in range(0, 3 * 32, 32):
+        _, g, _ = step_grad(p, xt[s:s + 32].reshape(-1, 1, 8, 8), yt[s:s + 32])
+        p = {k: v - 0.1 * g[k] for k, v in p.items()}
+    bn_runs[label] = model
+    print(f"{label:16s} running-statistics updates: {model.updates}, "
+          f"stage-1 running mean (layer 0): {np.round(model.running['stage1.running_mean'][0], 5)}")
+for label in ("converged MGRIT", "one MGRIT F-cycle"):
+    gap = max(float(np.max(np.abs(bn_runs[label].running[k] - v)))
+              for k, v in bn_runs["serial"].running.items())
+    print(f"{label} vs serial running statistics: max difference {gap:.1e}")
+    assert label != "converged MGRIT" or gap < 1e-10
+assert all(m.updates == 3 for m in bn_runs.values())
 
 
 # %% [markdown]

@@ -49,3 +49,52 @@ def test_conv_stages_converged_gradient_equals_backprop():
 def test_bad_spatial_flags_name_the_flag(flags, match, capsys, tmp_path):
     assert main(["train", *flags, "--out", str(tmp_path / "r")]) == 2
     assert match in capsys.readouterr().err
+
+
+def _train(tmp_path, name, flags):
+    out = tmp_path / name
+    assert main(["train", "--model", "conv-stages", "--epochs", "1", "--quiet", "--out",
+                 str(out), *flags]) == 0
+    return json.loads((out / "log.json").read_text())
+
+
+@pytest.mark.parametrize("flags", [
+    ["--data", "digits", "--samples", "80", "--layers", "4", "--levels", "2",
+     "--spatial-levels", "1"],
+    ["--data", "digits", "--samples", "80", "--layers", "4", "--transition", "strided",
+     "--serial"],
+    ["--data", "voxels", "--samples", "24", "--layers", "2", "--width", "2", "--levels", "2",
+     "--batch-size", "12"],
+])
+def test_conv_stages_trains_with_batch_norm(tmp_path, flags):
+    """Digits (2-D, spatial coarsening; strided transition, serial) and voxels (3-D)."""
+    log = _train(tmp_path, "bn", ["--batch-norm", *flags])
+    assert log["config"]["batch_norm"] is True
+    assert np.isfinite(log["history"][-1]["val_loss"])
+
+
+def test_conv_stages_batch_norm_on_mnist_idx(tmp_path):
+    from refbraid.data import write_idx
+
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "mnist"
+    folder.mkdir()
+    write_idx(folder / "train-images-idx3-ubyte",
+              rng.integers(0, 256, (40, 8, 8)).astype(np.uint8))
+    write_idx(folder / "train-labels-idx1-ubyte", rng.integers(0, 10, 40).astype(np.uint8))
+    log = _train(tmp_path, "mnist", ["--data", "mnist", "--data-dir", str(folder),
+                                     "--layers", "4", "--levels", "2", "--batch-norm"])
+    assert log["config"]["data"] == "mnist"
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--model", "resnet", "--batch-norm"], "`--batch-norm` applies to `--model conv-stages`"),
+    (["--model", "conv", "--transition", "strided"], "`--transition` applies to"),
+    (["--model", "conv-stages", "--transition", "max"], "`--transition` must be one of"),
+    (["--model", "conv-stages", "--batch-norm", "--resume", "x"], "`--batch-norm` cannot be"),
+    (["--model", "conv-stages", "--batch-norm", "--bias-control", "measure"],
+     "`--batch-norm` cannot be combined with `--bias-control`"),
+])
+def test_bad_stage_flags_name_the_flag(flags, match, capsys, tmp_path):
+    assert main(["train", *flags, "--out", str(tmp_path / "r")]) == 2
+    assert match in capsys.readouterr().err

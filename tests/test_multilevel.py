@@ -11,6 +11,7 @@ from refbraid.training.models import build_network
 from refbraid.training.multilevel import (
     MGOpt,
     MGOptSettings,
+    coarser_network,
     corrected_objective,
     interpolation_matrix,
     prolong_weights,
@@ -127,3 +128,111 @@ def test_loss_only_line_search_gives_the_same_cycle():
     for k in a:
         np.testing.assert_allclose(b[k], a[k], rtol=1e-13, atol=1e-15)
     assert ib["loss_calls"] >= 1 and ib["gradient_calls"] < ia["gradient_calls"]
+
+
+# ----------------------------------------------------------------------------- CLI: nested init
+def _nested_config(**kw):
+    from refbraid.training.config import TrainConfig
+
+    base = dict(data="peaks", samples=200, layers=8, width=4, epochs=1, quiet=True, levels=2,
+                nested_init=2, nested_epochs=1)
+    return TrainConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("interp", ["constant", "linear"])
+def test_nested_init_trains_shallow_networks_then_interpolates_in_t(interp):
+    from refbraid.training.nested import NESTED_SEED, nested_initial_weights
+    from refbraid.training.run import setup
+
+    config = _nested_config(nested_interp=interp)
+    net, data, state, bk = setup(config)
+    params = nested_initial_weights(config, net, data, bk)
+    start = np.random.default_rng(np.random.SeedSequence([config.seed, NESTED_SEED]))
+    fresh = init_params(coarser_network(net, 4), start)  # where the 2-layer training began
+    W = params["steps.W"]
+    assert W.shape[0] == 8
+    if interp == "constant":  # θ[n] = θ_c[⌊n/2⌋]: pairs of equal layers
+        np.testing.assert_array_equal(W[0::2], W[1::2])
+    else:  # linear in t: interior layers halfway between their neighbours' coarse values
+        np.testing.assert_allclose(W[1], 0.5 * (W[0] + W[2]), atol=1e-14)
+    assert not np.allclose(params["closing.W"], fresh["closing.W"])  # it trained
+    np.testing.assert_array_equal(state.params["steps.W"], W)  # the run starts there
+
+
+def test_nested_init_from_the_command_line(tmp_path, capsys):
+    from refbraid.cli import main
+
+    code = main(["train", "--data", "peaks", "--samples", "200", "--layers", "16", "--width",
+                 "4", "--epochs", "1", "--nested-init", "1", "--nested-interp", "linear",
+                 "--out", str(tmp_path / "r")])
+    assert code == 0
+    assert "nested init: 8 layers, 1 epoch(s)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--model", "conv-stages", "--nested-init", "1"], "`--nested-init` needs `--model resnet`"),
+    (["--layers", "6", "--nested-init", "2"], "divisible by 4"),
+    (["--nested-init", "1", "--nested-interp", "cubic"], "`--nested-interp` must be one of"),
+    (["--nested-init", "-1"], "`--nested-init`"),
+])
+def test_bad_nested_flags_name_the_flag(flags, match, capsys, tmp_path):
+    from refbraid.cli import main
+
+    assert main(["train", *flags, "--out", str(tmp_path / "r")]) == 2
+    assert match in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- CLI: MG/Opt
+def test_mgopt_step_through_sgd_is_one_mgopt_cycle():
+    from refbraid.training.mgopt_step import mgopt_gradient
+    from refbraid.training.optim import make_optimizer
+    from refbraid.training.run import setup
+
+    config = _nested_config(nested_init=0, mgopt_levels=3, optimizer="sgd", momentum=0.0,
+                            lr=0.2, layers=16)
+    net, data, state, bk = setup(config)
+    x, y = data.x_train[:32], data.y_train[:32]
+    gradient = mgopt_gradient(config, net, bk)
+    # 16, 8 and 4 layers all fit 2 MGRIT levels with cfactor 4: layer-parallel everywhere
+    mg = MGOpt.build(net, lambda n: mgrit_gradient(n, _settings_of(config)),
+                     MGOptSettings(3, 2, 0.2))
+    expected, info = mg.cycle(state.params, x, y)
+    params = {k: v.copy() for k, v in state.params.items()}
+    _, d, stats = gradient(params, x, y)
+    make_optimizer("sgd", 0.2).step(params, d)
+    for k in params:
+        np.testing.assert_allclose(params[k], expected[k], rtol=0, atol=1e-12, err_msg=k)
+    assert stats["gradient_calls"] == info["gradient_calls"] + 1
+
+
+def _settings_of(config):
+    from refbraid.training.gradients import layer_parallel_settings
+
+    return layer_parallel_settings(config)
+
+
+def test_mgopt_from_the_command_line(tmp_path):
+    import json
+
+    from refbraid.cli import main
+
+    out = tmp_path / "r"
+    assert main(["train", "--data", "peaks", "--samples", "200", "--layers", "16", "--width",
+                 "4", "--epochs", "1", "--mgopt-levels", "2", "--optimizer", "sgd",
+                 "--momentum", "0", "--lr", "0.2", "--quiet", "--out", str(out)]) == 0
+    log = json.loads((out / "log.json").read_text())
+    assert log["history"][-1]["stats"]["gradient_calls"] >= 5
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--mgopt-levels", "2"], "use `--optimizer sgd --momentum 0`"),
+    (["--mgopt-levels", "1"], "at least 2"),
+    (["--layers", "6", "--mgopt-levels", "3", "--optimizer", "sgd", "--momentum", "0"],
+     "divisible by 4"),
+    (["--model", "conv-stages", "--mgopt-levels", "2"], "`--mgopt-levels` needs"),
+])
+def test_bad_mgopt_flags_name_the_flag(flags, match, capsys, tmp_path):
+    from refbraid.cli import main
+
+    assert main(["train", *flags, "--out", str(tmp_path / "r")]) == 2
+    assert match in capsys.readouterr().err

@@ -7,19 +7,27 @@ import pytest
 
 from refbraid.backends import get_backend
 from refbraid.layer_parallel import LayerParallelSettings, relative_gradient_error
-from refbraid.layers import Classifier, ConvLift, ConvStep
+from refbraid.layers import (
+    BatchNorm,
+    ChannelWiden,
+    Classifier,
+    ConvLift,
+    ConvStep,
+    Pool,
+    StridedConv,
+)
 from refbraid.mgrit import MGRITSettings
 from refbraid.mgrit.transfer import SpatialCoarsening
 from refbraid.stages import (
-    AveragePool,
+    Chain,
     Stage,
     StagedNetwork,
-    WidenChannels,
     backprop,
     init_params,
     staged_layer_parallel_gradient,
 )
 from refbraid.stages.packing import Packing
+from refbraid.stages.transitions import transition_at
 
 ACT = "tanh"
 
@@ -29,7 +37,7 @@ def _net(layers=(4, 5, 3)):
         ConvLift(1, 2, 8, 8, ACT),
         (Stage(ConvStep(2, 8, 8, ACT), layers[0]), Stage(ConvStep(2, 4, 4, ACT), layers[1]),
          Stage(ConvStep(3, 4, 4, ACT), layers[2])),
-        (AveragePool(), WidenChannels(3)),
+        (Pool(2, (8, 8)), ChannelWiden(2, 3, (4, 4), "zeros")),
         Classifier((3, 4, 4), 3),
     )
 
@@ -39,18 +47,31 @@ def _batch():
     return rng.standard_normal((2, 1, 8, 8)), rng.integers(0, 3, 2)
 
 
-@pytest.mark.parametrize("transition,shape", [(AveragePool(2), (2, 3, 4, 6)),
-                                              (AveragePool(3), (2, 2, 4, 2, 4)),
-                                              (WidenChannels(5), (2, 3, 4, 4))])
-def test_transition_adjoint_dot_product(transition, shape):
-    rng = np.random.default_rng(1)
-    y = rng.standard_normal(shape)
-    bk = get_backend("numpy")
-    out, cache = transition.forward({}, y, bk)
+@pytest.mark.parametrize("transition,coarse", [
+    (Pool(2, (8, 8)), (4, 4)), (Pool(2, (4, 8, 4), "max"), (2, 4, 2)),
+    (StridedConv(2, 3, (8, 8), ACT), (4, 4)), (ChannelWiden(2, 3, (8, 8), "zeros"), (4, 4)),
+    (BatchNorm(2, (4, 4, 4)), (2, 2, 2)),
+    (Chain((Pool(2, (8, 8)), ChannelWiden(2, 4, (4, 4), "zeros"), BatchNorm(4, (4, 4)))),
+     (4, 4))])
+def test_a_transition_on_coarse_maps_computes_its_shape_from_its_input(transition, coarse):
+    """On a level coarsened in space the transition gets smaller maps: rebuilt by
+    ``transition_at``, it keeps its parameters and halves (or keeps) the maps it is given,
+    and its adjoint passes the dot-product test there."""
+    rng, bk = np.random.default_rng(1), get_backend("numpy")
+    small = transition_at(transition, (transition.in_shape[0], *coarse))
+    fine_out, small_out = transition.out_shape, small.out_shape
+    assert small_out[0] == fine_out[0]
+    assert all(2 * c == f for c, f in zip(small_out[1:], fine_out[1:], strict=True))
+    params = transition.init(rng)
+    y = rng.standard_normal((3, *small.in_shape))
+    out, cache = small.forward(params, y, bk)
     w = rng.standard_normal(out.shape)
-    assert out.shape[1:] == transition.out_shape(shape[1:])
-    dy, _ = transition.adjoint({}, cache, w, bk)
-    assert abs(np.vdot(out, w) - np.vdot(y, dy)) <= 1e-13 * abs(np.vdot(out, w))
+    dy, _ = small.adjoint(params, cache, w, bk)
+    v, eps = rng.standard_normal(y.shape), 1e-6  # ⟨w, T'(y) v⟩ = ⟨T'(y)ᵀ w, v⟩
+    up, down = small.forward(params, y + eps * v, bk)[0], small.forward(params, y - eps * v, bk)[0]
+    assert abs(np.vdot(w, (up - down) / (2 * eps)) - np.vdot(dy, v)) <= 1e-7 * np.abs(dy).sum()
+    with pytest.raises(ValueError, match="cannot take states of shape"):
+        transition_at(transition, (transition.in_shape[0] + 1, *coarse))
 
 
 def test_grid_and_shapes():
@@ -65,12 +86,16 @@ def test_grid_and_shapes():
 
 def test_bad_networks_name_the_argument():
     with pytest.raises(ValueError, match="`transitions`"):
-        StagedNetwork(ConvLift(1, 2, 8, 8), (Stage(ConvStep(2, 8, 8), 2),), (AveragePool(),),
-                      Classifier((2, 8, 8), 3))
+        StagedNetwork(ConvLift(1, 2, 8, 8), (Stage(ConvStep(2, 8, 8), 2),),
+                      (Pool(2, (8, 8)),), Classifier((2, 8, 8), 3))
     with pytest.raises(ValueError, match=r"`stages\[1\]`"):
         StagedNetwork(ConvLift(1, 2, 8, 8), (Stage(ConvStep(2, 8, 8), 2),
                                              Stage(ConvStep(2, 8, 8), 2)),
-                      (AveragePool(),), Classifier((2, 4, 4), 3))
+                      (Pool(2, (8, 8)),), Classifier((2, 4, 4), 3))
+    with pytest.raises(ValueError, match=r"`transitions\[0\]` takes states of shape"):
+        StagedNetwork(ConvLift(1, 2, 6, 6), (Stage(ConvStep(2, 6, 6), 1),
+                                             Stage(ConvStep(2, 4, 4), 1)),
+                      (Pool(2, (8, 8)),), Classifier((2, 4, 4), 3))
     with pytest.raises(ValueError, match="`spatial`"):
         Packing.build([(2, 6, 6), (2, 3, 3)], 2, 2, SpatialCoarsening((1,)))
 
@@ -133,37 +158,3 @@ def test_converged_layer_parallel_gradient_equals_backprop(levels, spatial):
     assert info.forward.status == info.backward.status == "converged"
     assert relative_gradient_error(grads, ref) <= 1e-10
     assert abs(loss - loss_ref) <= 1e-12
-
-
-class _PlainPool:
-    """A transition written as a plain layer (fixed in_shape, out_shape a property)."""
-
-    in_shape = (2, 8, 8)
-    out_shape = (2, 4, 4)
-
-    def init(self, rng, dtype=np.float64):
-        return {}
-
-    def forward(self, params, y, bk):
-        return AveragePool().forward(params, y, bk)
-
-    def adjoint(self, params, cache, dy, bk):
-        return AveragePool().adjoint(params, cache, dy, bk)
-
-
-def test_a_plain_layer_is_a_transition():
-    net = StagedNetwork(ConvLift(1, 2, 8, 8, ACT), (Stage(ConvStep(2, 8, 8, ACT), 3),
-                                                  Stage(ConvStep(2, 4, 4, ACT), 3)),
-                        (_PlainPool(),), Classifier((2, 4, 4), 3))
-    assert net.state_shapes[-1] == (2, 4, 4)
-    x, labels = _batch()
-    params = init_params(net, 0)
-    ms = MGRITSettings(levels=2, cfactor=2, relax="FCF", max_iter=8, abs_tol=1e-13,
-                       rel_tol=None, min_coarse=1)
-    _, g, _ = staged_layer_parallel_gradient(net, params, x, labels,
-                                             LayerParallelSettings(ms, ms))
-    assert relative_gradient_error(g, backprop(net, params, x, labels)[1]) <= 1e-10
-    with pytest.raises(ValueError, match=r"`transitions\[0\]` takes states of shape"):
-        StagedNetwork(ConvLift(1, 2, 6, 6), (Stage(ConvStep(2, 6, 6), 1),
-                                             Stage(ConvStep(2, 4, 4), 1)),
-                      (_PlainPool(),), Classifier((2, 4, 4), 3))

@@ -37,7 +37,7 @@ import numpy as np
 
 from .init import check_adjoint, check_dtype, check_positive_int
 from .layernorm import check_eps
-from .spatial import check_spatial
+from .spatial import Resizable, check_spatial
 
 EPS = 1e-5  # torch.nn.BatchNorm2d's default
 MOMENTUM = 0.1  # torch.nn.BatchNorm2d's default
@@ -139,7 +139,7 @@ class NormalisedLayer:
 
 
 @dataclass(frozen=True)
-class BatchNorm(NormalisedLayer):
+class BatchNorm(NormalisedLayer, Resizable):
     """Standalone transition ``y = BN(x)`` on (C, S…) images (2 or 3 spatial axes)."""
 
     channels: int

@@ -10,6 +10,8 @@ Shape legend: B batch, C channels, S… spatial axes (D, H, W or H, W).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .init import check_positive_int
 
 SPATIAL_DIMS = (2, 3)  # 2-D (NCHW) and 3-D (NCDHW) images
@@ -22,6 +24,20 @@ def check_spatial(name: str, spatial) -> tuple[int, ...]:
         raise ValueError(f"`{name}` must be a tuple of 2 (height, width) or 3 (depth, height, "
                          f"width) positive integers, got {spatial!r}.")
     return tuple(check_positive_int(f"{name}[{i}]", n) for i, n in enumerate(spatial))
+
+
+class Resizable:
+    """A layer with a ``spatial`` field that can be rebuilt for other map sizes.
+
+    On an MGRIT level coarsened in space every state is 2^s times smaller, so a transition
+    between stages sees smaller maps than it was built for. ``at(spatial)`` is the same layer
+    (same parameters: none of them depends on the map size) on maps of size ``spatial``; its
+    ``out_shape`` follows from that input (pooling and the strided conv halve it, widening and
+    batch norm keep it)."""
+
+    def at(self, spatial):
+        spatial = check_spatial("spatial", spatial)
+        return self if spatial == self.spatial else replace(self, spatial=spatial)
 
 
 def conv_same(bk, x, W, b):

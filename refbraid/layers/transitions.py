@@ -30,7 +30,7 @@ from ..backends.reference import check_activation
 from ..backends.reference_spatial import pooled_shape
 from .conv import KERNEL_SIZE
 from .init import check_adjoint, check_dtype, check_positive_int, uniform_fan_in
-from .spatial import check_spatial, conv_same, conv_same_adjoint, strided_shape
+from .spatial import Resizable, check_spatial, conv_same, conv_same_adjoint, strided_shape
 
 POOL_KINDS = ("avg", "max")
 WIDEN_MODES = ("conv1x1", "zeros")
@@ -43,7 +43,7 @@ def _check_input(layer, x) -> None:
 
 
 @dataclass(frozen=True)
-class Pool:
+class Pool(Resizable):
     """2×2 (2×2×2) average or max pooling, stride 2, on (C, S…) images; no weights."""
 
     channels: int
@@ -86,7 +86,7 @@ class Pool:
 
 
 @dataclass(frozen=True)
-class StridedConv:
+class StridedConv(Resizable):
     """Down-sampling ``out = σ(Conv(C_in→C_out, 3^s, stride 2, pad 1)(x))`` on (C_in, S…)."""
 
     in_channels: int
@@ -130,7 +130,7 @@ class StridedConv:
 
 
 @dataclass(frozen=True)
-class ChannelWiden:
+class ChannelWiden(Resizable):
     """C_in → C_out channels at every position: a 1×1 convolution (``"conv1x1"``, weights W, b)
     or zero channels appended (``"zeros"``, no weights; C_out ≥ C_in)."""
 

@@ -14,6 +14,9 @@ split at transitions, :meth:`StagedNetwork.segments`) and states packed into fla
 The fine adjoint steps of the solve's final relaxation yield the gradient (as in
 :mod:`refbraid.layer_parallel`), so a converged solve gives sequential backprop's gradient.
 Transitions need not be C-points: a coarse step applies them exactly inside its interval.
+Batch-norm layers report the statistics of the final fine forward sweep
+(``StagedInfo.batch_stats``, :mod:`refbraid.stages.batchnorm`): the caller folds them into the
+running statistics once per training step.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from ..layer_parallel import LayerParallelSettings, as_settings
 from ..mgrit import MGRITResult, Problem, solve
 from ..mgrit.transfer import restrict_to_shape
 from ..network import Params, group
+from .batchnorm import final_sweep_stats, has_batch_norm
 from .network import StagedNetwork, accumulate, piece_adjoint, piece_forward
 from .packing import PackedTransfer, Packing
 
@@ -116,11 +120,13 @@ def stage_guesses(net: StagedNetwork, params: Params, y0, bk: Backend):
 
 @dataclass
 class StagedInfo:
-    """Both MGRIT records and the packing (``stats()`` as LayerParallelInfo's)."""
+    """Both MGRIT records, the packing (``stats()`` as LayerParallelInfo's) and the batch
+    statistics of the final fine forward sweep (empty without BN layers)."""
 
     forward: MGRITResult
     backward: MGRITResult
     packing: Packing
+    batch_stats: list = field(default_factory=list)
 
     def stats(self) -> dict[str, float]:
         f, b = self.forward, self.backward
@@ -169,4 +175,5 @@ def staged_layer_parallel_gradient(net: StagedNetwork, params: Params, x, labels
     _, dopen = net.opening.adjoint(group(params, "opening"), open_cache,
                                    pk.unpack(bwd.solution[0, ...], 0, 0), bk)
     grads.update({f"opening.{k}": v for k, v in dopen.items()})
-    return host_float(loss), grads, StagedInfo(fwd, bwd, pk)
+    stats = final_sweep_stats(net, forward.caches, bk) if has_batch_norm(net) else []
+    return host_float(loss), grads, StagedInfo(fwd, bwd, pk, stats)

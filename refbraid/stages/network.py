@@ -35,20 +35,16 @@ from ..backends.host import host_float
 from ..layers.init import check_positive_int
 from ..network import Params, group, layer_params, set_row
 from ..network import row as row_of
+from .transitions import transition_at
 
 
 def transition_out_shape(transition, shape: tuple[int, ...], stage: int) -> tuple[int, ...]:
-    """The state shape after ``transition``: ``out_shape(in_shape)`` for a transition of
-    :mod:`refbraid.stages.transitions`, or a plain layer's ``out_shape`` when its fixed
-    ``in_shape`` is ``shape`` (a layer of ``refbraid.layers``)."""
-    out = transition.out_shape
-    if callable(out):
-        return tuple(out(shape))
+    """The state shape after ``transition`` (a plain layer whose ``in_shape`` is ``shape``)."""
     if tuple(getattr(transition, "in_shape", ())) != tuple(shape):
         raise ValueError(f"`transitions[{stage}]` takes states of shape "
                          f"{tuple(getattr(transition, 'in_shape', ()))}, but stage {stage} "
                          f"ends with shape {tuple(shape)}.")
-    return tuple(out)
+    return tuple(transition.out_shape)
 
 
 @dataclass(frozen=True)
@@ -168,8 +164,10 @@ def init_params(net: StagedNetwork, seed: int | np.random.Generator = 0,
 def piece_forward(net: StagedNetwork, params: Params, piece, y, bk: Backend):
     """One piece of a (coarse or fine) step: a transition, or k ODE steps as one Euler step."""
     fs, k = piece
-    if fs.kind == "transition":
-        return net.transitions[fs.stage].forward(group(params, f"transition{fs.stage}"), y, bk)
+    if fs.kind == "transition":  # rebuilt for the maps it gets (smaller on a coarse level)
+        layer = transition_at(net.transitions[fs.stage], y.shape[1:])
+        y_next, cache = layer.forward(group(params, f"transition{fs.stage}"), y, bk)
+        return y_next, (layer, cache)
     theta = layer_params(group(params, f"stage{fs.stage}"), fs.layer)
     return net.stages[fs.stage].step.forward(theta, y, k * net.h(fs.stage), bk)
 
@@ -179,8 +177,8 @@ def piece_adjoint(net: StagedNetwork, params: Params, piece, cache, lam, bk: Bac
     """Adjoint of :func:`piece_forward`: (λ before the piece, {param name: (row, dθ)})."""
     fs, k = piece
     if fs.kind == "transition":
-        name = f"transition{fs.stage}"
-        lam, d = net.transitions[fs.stage].adjoint(group(params, name), cache, lam, bk)
+        name, (layer, cache) = f"transition{fs.stage}", cache
+        lam, d = layer.adjoint(group(params, name), cache, lam, bk)
         return lam, ({f"{name}.{n}": (None, v) for n, v in d.items()} if grads else {})
     theta = layer_params(group(params, f"stage{fs.stage}"), fs.layer)
     lam, d = net.stages[fs.stage].step.adjoint(theta, cache, lam, k * net.h(fs.stage), bk,
@@ -212,7 +210,8 @@ def forward(net: StagedNetwork, params: Params, x, bk: Backend | str = "numpy"):
 
 
 def backprop(net: StagedNetwork, params: Params, x, labels, bk: Backend | str = "numpy"):
-    """Loss and gradient by sequential backprop; info holds logits, states and adjoints."""
+    """Loss and gradient by sequential backprop; info holds logits, states, adjoints and the
+    fine-step caches (``caches[i]``: where a BN layer's batch statistics are read)."""
     bk = get_backend(bk)
     logits, states, (open_cache, caches, close_cache) = forward(net, params, x, bk)
     loss, probs = bk.softmax_cross_entropy(logits, labels)
@@ -229,4 +228,5 @@ def backprop(net: StagedNetwork, params: Params, x, labels, bk: Backend | str = 
         adjoints[i] = lam
     _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, lam, bk)
     grads.update({f"opening.{k}": v for k, v in dopen.items()})
-    return host_float(loss), grads, {"logits": logits, "states": states, "adjoints": adjoints}
+    return host_float(loss), grads, {"logits": logits, "states": states, "adjoints": adjoints,
+                                "caches": caches}

@@ -1,14 +1,13 @@
-"""Spatial transfers and transitions as parameter-free layers, for the verification harness.
+"""Spatial transfers as parameter-free layers, for the verification harness.
 
 ``refbraid verify`` checks plain layers (``in_shape``, ``out_shape``, ``init``, ``forward``,
 ``adjoint``) by dot products, central differences, backend vs NumPy and (``--torch``)
 PyTorch autograd. These adapters put the MGRIT grid transfers of
-:mod:`refbraid.mgrit.spatial` and the stage transitions of :mod:`refbraid.stages.transitions`
-through the same checks::
+:mod:`refbraid.mgrit.spatial` through the same checks (the stage transitions are layers of
+:mod:`refbraid.layers`, checked in its catalogue)::
 
     SpatialRestriction     out = R x      (average | full_weighting),  dx = Rᵀ dout
     SpatialInterpolation   out = P x      (constant | linear),         dx = Pᵀ dout
-    TransitionLayer        out = T(x)     (AveragePool, WidenChannels), dx = T'ᵀ dout
 
 Shapes exclude the batch axis; ``dims`` trailing axes are space.
 """
@@ -16,12 +15,10 @@ Shapes exclude the batch axis; ``dims`` trailing axes are space.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from ..mgrit import spatial
-from .transitions import AveragePool, WidenChannels
 
 
 def _halve(shape, dims):
@@ -76,29 +73,8 @@ class SpatialInterpolation:
         return spatial.interpolate_adjoint(dout, self.kind, self.dims), {}
 
 
-@dataclass(frozen=True)
-class TransitionLayer:
-    """A stage transition at a fixed input shape, as a layer."""
-
-    transition: Any
-    in_shape: tuple[int, ...]
-
-    @property
-    def out_shape(self) -> tuple[int, ...]:
-        return tuple(self.transition.out_shape(self.in_shape))
-
-    def init(self, rng: np.random.Generator, dtype=np.float64) -> dict:
-        return self.transition.init(rng, dtype)
-
-    def forward(self, params, x, bk):
-        return self.transition.forward(params, x, bk)
-
-    def adjoint(self, params, cache, dout, bk):
-        return self.transition.adjoint(params, cache, dout, bk)
-
-
 def transfer_catalog() -> list[tuple[str, object]]:
-    """R, P (2-D and 3-D) and the transitions at sizes small enough for the simulator."""
+    """R and P (2-D and 3-D) at sizes small enough for the simulator."""
     out: list[tuple[str, object]] = []
     for dims, shape in ((2, (2, 4, 6)), (3, (2, 4, 2, 4))):
         for kind in spatial.RESTRICTIONS:
@@ -106,7 +82,4 @@ def transfer_catalog() -> list[tuple[str, object]]:
         for kind in spatial.INTERPOLATIONS:
             out.append((f"interpolate[{kind},{dims}d]",
                         SpatialInterpolation(_halve(shape, dims), kind, dims)))
-    out += [("avg_pool[2d]", TransitionLayer(AveragePool(2), (2, 4, 6))),
-            ("avg_pool[3d]", TransitionLayer(AveragePool(3), (2, 4, 2, 4))),
-            ("widen_channels", TransitionLayer(WidenChannels(3), (2, 4, 4)))]
     return out

@@ -42,6 +42,7 @@ from ..backends import BACKENDS
 from ..backends.reference import ACTIVATIONS
 from ..data import DATASETS
 from .bias_control import BIAS_MODES, BIAS_SIGNALS
+from .config_depth import check_depth_options
 from .models import BUFFERED_MODELS, MODEL_DEFAULTS, MODELS
 from .optim import OPTIMIZERS
 from .run_folder import resume_folder
@@ -187,6 +188,12 @@ class TrainConfig:
     bias_max_iters: int = 8  # cap on MGRIT cycles in mode 'iterations'
     bias_signal: str = "measured"  # measured | residual (the proxy, no serial pass)
     bias_residual: float = 10.0  # proxy threshold on the final forward residual
+    batch_norm: bool = False  # conv-stages: BN conv steps and a BN transition
+    transition: str = "pool"  # conv-stages: "pool" (avg pool + zero channels) | "strided"
+    nested_init: int = 0  # train N/2^K, …, N/2 layers first, interpolating weights in t
+    nested_epochs: int = 1  # epochs at each shallower depth
+    nested_interp: str = "constant"  # weights in t: "constant" | "linear" (also MG/Opt's)
+    mgopt_levels: int = 0  # one MG/Opt cycle over this many depth levels per step (0: off)
 
     def __post_init__(self):
         _choice("model", self.model, tuple(MODELS))
@@ -232,13 +239,14 @@ class TrainConfig:
             _positive_float(self, name)
         _real(self, "momentum", lambda v: 0.0 <= v < 1.0, "a number in [0, 1)")
         _real(self, "val_fraction", lambda v: 0.0 < v < 1.0, "a number in (0, 1)")
-        for name in ("quiet", "serial", "skip_down", "overwrite", "trace"):
+        for name in ("quiet", "serial", "skip_down", "overwrite", "trace", "batch_norm"):
             _flag_bool(self, name)
         _folder(self, "out", "a folder name")
         _folder(self, "data_dir", "a folder name")
         _folder(self, "resume", "a checkpoint file or a run folder")
         self._check_relax(relax_given)
         self._check_spatial()
+        check_depth_options(self)  # conv-stages, nested init, MG/Opt (config_depth.py)
         if self.data == "mnist" and not self.data_dir:
             raise ValueError("`--data-dir` is required with `--data mnist` (a folder holding "
                              "train-images-idx3-ubyte and train-labels-idx1-ubyte, or .gz).")
@@ -261,6 +269,12 @@ class TrainConfig:
                 f"most {relaxing} entr{'ies' if relaxing > 1 else 'y'}, finest first (the last "
                 f"one repeats on the levels below).")
         _store(self, "relax", ",".join(entries[:relaxing]))
+
+    def model_options(self) -> dict:
+        """Keyword arguments of the model builder beyond the common ones (conv-stages)."""
+        if self.model != "conv-stages":
+            return {}
+        return {"batch_norm": self.batch_norm, "transition": self.transition}
 
     def _check_spatial(self) -> None:
         """``--spatial-levels``: coarse levels 1..levels-1, conv models only, and FCF on every

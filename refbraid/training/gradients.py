@@ -38,10 +38,19 @@ def sequential_gradient(net: Network, bk: Backend | str = "numpy") -> GradientFn
     bk = get_backend(bk)
 
     def gradient(params, x, labels):
-        loss, grads, _ = _backprop(net, params, x, labels, bk)
+        loss, grads, info = _backprop(net, params, x, labels, bk)
+        _record_batch_stats(net, info, bk)
         return loss, grads, {}
 
     return gradient
+
+
+def _record_batch_stats(net, info, bk: Backend) -> None:
+    """Once per training step: a model with batch norm folds the batch statistics of this
+    step's (final fine) forward sweep into its running statistics (TorchBraid's rule)."""
+    record = getattr(net, "record_batch_stats", None)
+    if record is not None:
+        record(info, bk)
 
 
 def _backprop(net, params, x, labels, bk: Backend):
@@ -86,6 +95,7 @@ def mgrit_gradient(net: Network, settings: LayerParallelSettings, bk: Backend | 
             loss, grads, info = layer_parallel_gradient(net, params, x, labels, settings, bk)
         else:  # a sequence model (refbraid.sequence) brings its own MGRIT gradient
             loss, grads, info = net.layer_parallel_gradient(params, x, labels, settings, bk)
+        _record_batch_stats(net, info, bk)
         stats = info.stats()
         if check_every and calls % check_every == 0:
             _, exact, _ = _backprop(net, params, x, labels, bk)
@@ -103,12 +113,19 @@ def mgrit_gradient(net: Network, settings: LayerParallelSettings, bk: Backend | 
     return gradient
 
 
-def select_gradient(config: TrainConfig, net: Network, bk: Backend) -> tuple[str, GradientFn]:
+def select_gradient(config: TrainConfig, net: Network, bk: Backend, multilevel: bool = True
+                    ) -> tuple[str, GradientFn]:
     """The one place that chooses how gradients are computed: (name, gradient).
 
     ``--serial``: sequential backprop; otherwise layer-parallel MGRIT with the settings of
     :func:`layer_parallel_settings` (checked against the network depth here, before training).
+    ``--mgopt-levels``: one MG/Opt cycle per step (:mod:`refbraid.training.mgopt_step`), whose
+    levels use the choice above (``multilevel=False``).
     """
+    if multilevel and config.mgopt_levels:  # one MG/Opt cycle in depth per step
+        from .mgopt_step import mgopt_gradient
+
+        return "mgopt", mgopt_gradient(config, net, bk)
     from ..parallel.mpi import world_size
 
     if config.space_parallel > 1:  # data × space × depth (refbraid/training/space_depth.py)

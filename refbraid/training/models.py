@@ -22,8 +22,10 @@ gpt-untied           the same with the LM head's own matrix                     
 gru                  GRU over the L positions (MGRIT over the sequence), coarse    (L, I),
                      levels implicit GRU; ``width`` = hidden size                  (1, H, W)
 implicit-gru         the same with the implicit GRU on every level
-conv-stages          ConvLift → N/2 ConvSteps → 2×2 avg pool → widen to 2C →       images (C,H,W)
-                     N/2 ConvSteps → Classifier (refbraid.stages.model)
+conv-stages          ConvLift → N/2 ConvSteps → 2×2 avg pool → widen to 2C →       images (C,H,W),
+                     N/2 ConvSteps → Classifier (refbraid.stages.model); with     volumes
+                     --batch-norm BN steps and a BN transition, --transition      (C,D,H,W)
+                     strided a stride-2 conv
 ===================  =========================================================  ==============
 
 Defaults differ per model (:data:`MODEL_DEFAULTS`): a ``refbraid train`` flag left unset
@@ -124,10 +126,12 @@ def _implicit_gru(data_shape, n_classes, layers, width, T, activation, info=None
     return gru_model(data_shape, n_classes, width, "implicit")
 
 
-def _conv_stages(data_shape, n_classes, layers, width, T, activation, info=None):
+def _conv_stages(data_shape, n_classes, layers, width, T, activation, info=None,
+                 batch_norm=False, transition="pool"):
     from ..stages.model import ConvStagesModel
 
-    return ConvStagesModel(data_shape, n_classes, layers, width, T, activation)
+    return ConvStagesModel(data_shape, n_classes, layers, width, T, activation, batch_norm,
+                           transition)
 
 
 #: Model name → builder(data_shape, n_classes, layers, width, T, activation, info) -> a
@@ -181,11 +185,12 @@ MODEL_DEFAULTS: dict[str, dict] = {
 
 def build_network(model: str, data_shape: tuple[int, ...], n_classes: int, layers: int,
                   width: int, T: float, activation: str = "tanh", info: dict | None = None,
-                  buffer: int = 0):
+                  buffer: int = 0, **options):
     """The network ``model`` for samples of shape ``data_shape`` and ``n_classes`` classes.
 
     ``info`` is the data set's ``info`` (the sequence models read the vocabulary from it);
-    ``buffer``: serial buffer steps at each end of a ``gpt`` model."""
+    ``buffer``: serial buffer steps at each end of a ``gpt`` model; ``options`` go to the
+    model's builder (conv-stages: ``batch_norm``, ``transition``)."""
     if model not in MODELS:
         raise ValueError(f"`model` must be one of {tuple(MODELS)}, got {model!r}.")
     data_shape = tuple(data_shape)
@@ -199,7 +204,7 @@ def build_network(model: str, data_shape: tuple[int, ...], n_classes: int, layer
                              f"{model!r}.")
         extra["buffer"] = buffer
     return MODELS[model](tuple(int(s) for s in data_shape), n_classes, layers, width, T,
-                         activation, info, **extra)
+                         activation, info, **extra, **options)
 
 
 def as_network_input(net: Network, x: np.ndarray) -> np.ndarray:

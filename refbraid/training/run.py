@@ -45,7 +45,7 @@ def setup(config: TrainConfig) -> tuple[Network, Dataset, TrainState, Backend]:
     try:
         net = build_network(config.model, data.input_shape, data.n_classes, config.layers,
                             config.width, config.T, config.activation, data.info,
-                            config.buffer)
+                            config.buffer, **config.model_options())
     except ValueError as err:
         raise ValueError(f"`--model {config.model}` does not fit `--data {config.data}`: "
                          f"{err}") from err
@@ -55,6 +55,10 @@ def setup(config: TrainConfig) -> tuple[Network, Dataset, TrainState, Backend]:
         params = init_params(net, init_rng, np.dtype(config.dtype))
     else:  # a sequence model (refbraid.sequence) lays out its own parameters
         params = net.init_params(init_rng, np.dtype(config.dtype))
+    if config.nested_init and not config.resume:
+        from .nested import nested_initial_weights
+
+        params = nested_initial_weights(config, net, data, bk)
     optimizer = make_optimizer(config.optimizer, config.lr, config.momentum)
     state = TrainState(params, optimizer, np.random.default_rng(shuffle_seq))
     if config.resume:

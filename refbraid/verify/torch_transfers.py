@@ -1,4 +1,4 @@
-"""PyTorch equivalents of the spatial transfers and stage transitions (see
+"""PyTorch equivalents of the spatial transfers (see
 :mod:`refbraid.verify.torch_reference` for how they are compared)::
 
     R average         avg_pool2d / avg_pool3d (kernel 2)
@@ -7,7 +7,6 @@
     P constant        interpolate(scale_factor=2, mode='nearest')
     P linear          interpolate(scale_factor=2, mode='bilinear' | 'trilinear',
                       align_corners=False)  (cell-centred, clamped at the boundary)
-    AveragePool       avg_pool2d / avg_pool3d;   WidenChannels   pad the channel axis with 0
 """
 
 from __future__ import annotations
@@ -16,8 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..stages.transfer_layers import SpatialInterpolation, SpatialRestriction, TransitionLayer
-from ..stages.transitions import AveragePool, WidenChannels
+from ..stages.transfer_layers import SpatialInterpolation, SpatialRestriction
 
 _LINEAR = {1: "linear", 2: "bilinear", 3: "trilinear"}
 _POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
@@ -59,18 +57,4 @@ def _interpolation(layer: SpatialInterpolation, h: float):
     return _Fn(_interp(layer.dims, layer.kind)), {}
 
 
-def _transition(layer: TransitionLayer, h: float):
-    t = layer.transition
-    if isinstance(t, AveragePool):
-        return _Fn(lambda x: _POOL[t.dims](x, 2)), {}
-    if isinstance(t, WidenChannels):
-        def widen(x):
-            pad = torch.zeros((x.shape[0], t.channels - x.shape[1], *x.shape[2:]),
-                              dtype=x.dtype)
-            return torch.cat([x, pad], dim=1)
-        return _Fn(widen), {}
-    return None
-
-
-TRANSFER_EQUIVALENTS = {SpatialRestriction: _restriction, SpatialInterpolation: _interpolation,
-                       TransitionLayer: _transition}
+TRANSFER_EQUIVALENTS = {SpatialRestriction: _restriction, SpatialInterpolation: _interpolation}

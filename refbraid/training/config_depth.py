@@ -1,0 +1,80 @@
+"""Checks of the ``refbraid train`` flags that shape training in depth and the staged conv
+model: ``--batch-norm``, ``--transition`` (conv-stages), ``--nested-init``, ``--mgopt-levels``
+(each error names its flag)."""
+
+from __future__ import annotations
+
+
+def check_depth_options(config) -> None:
+    """All checks of this module, in flag order (called by ``TrainConfig.__post_init__``)."""
+    check_stage_options(config)
+    check_nested(config)
+    check_mgopt(config)
+
+
+def _choice(name: str, value, choices) -> None:
+    from .config import _choice as choice  # config.py imports this module: import late
+
+    choice(name, value, choices)
+
+
+def _positive_int(config, name: str, allow_zero: bool = False) -> None:
+    from .config import _positive_int as positive_int
+
+    positive_int(config, name, allow_zero)
+
+
+def check_stage_options(config) -> None:
+    """``--batch-norm`` and ``--transition`` shape the conv-stages model only."""
+    _choice("transition", config.transition, ("pool", "strided"))
+    if config.model != "conv-stages" and (config.batch_norm or config.transition != "pool"):
+        flag = "--batch-norm" if config.batch_norm else "--transition"
+        raise ValueError(f"`{flag}` applies to `--model conv-stages` only, got "
+                         f"`--model {config.model}`.")
+    if config.batch_norm and getattr(config, "bias_control", "off") != "off":
+        raise ValueError("`--batch-norm` cannot be combined with `--bias-control` yet: its "
+                         "extra gradient evaluations would have to skip the running-"
+                         "statistics update, which is not built.")
+    if config.batch_norm and config.resume:
+        raise ValueError("`--batch-norm` cannot be combined with `--resume` yet: the BN "
+                         "running statistics are not stored in checkpoints, so a resumed "
+                         "run would evaluate with reset ones.")
+
+
+def check_nested(config) -> None:
+    """``--nested-init K``: resnet/conv models, N divisible by 2^K, no resume."""
+    _positive_int(config, "nested_init", allow_zero=True)
+    _positive_int(config, "nested_epochs")
+    _choice("nested_interp", config.nested_interp, ("constant", "linear"))
+    if not config.nested_init:
+        return
+    if config.model not in ("resnet", "conv"):
+        raise ValueError(f"`--nested-init` needs `--model resnet` or `conv`, got "
+                         f"`--model {config.model}`.")
+    if config.layers % 2**config.nested_init:
+        raise ValueError(f"`--nested-init {config.nested_init}` halves `--layers "
+                         f"{config.layers}` {config.nested_init} times: the layers must be "
+                         f"divisible by {2**config.nested_init}.")
+    if config.resume:
+        raise ValueError("`--nested-init` starts a run from nested training; it cannot "
+                         "be combined with `--resume`.")
+
+
+def check_mgopt(config) -> None:
+    """``--mgopt-levels L``: resnet/conv, N divisible by 2^(L-1), SGD without momentum."""
+    _positive_int(config, "mgopt_levels", allow_zero=True)
+    if not config.mgopt_levels:
+        return
+    if config.mgopt_levels < 2:
+        raise ValueError(f"`--mgopt-levels` must be 0 (off) or at least 2, got "
+                         f"{config.mgopt_levels}.")
+    if config.model not in ("resnet", "conv"):
+        raise ValueError(f"`--mgopt-levels` needs `--model resnet` or `conv`, got "
+                         f"`--model {config.model}`.")
+    if config.layers % 2 ** (config.mgopt_levels - 1):
+        raise ValueError(f"`--mgopt-levels {config.mgopt_levels}` halves `--layers "
+                         f"{config.layers}` {config.mgopt_levels - 1} times: the layers must "
+                         f"be divisible by {2 ** (config.mgopt_levels - 1)}.")
+    if config.optimizer != "sgd" or config.momentum != 0:
+        raise ValueError("`--mgopt-levels` steps the weights with MG/Opt's own gradient "
+                         "descent (step --lr): use `--optimizer sgd --momentum 0`.")

@@ -1,0 +1,63 @@
+"""``refbraid train --mgopt-levels L``: one MG/Opt cycle in depth per training step.
+
+Each batch runs one cycle of :class:`refbraid.training.multilevel.MGOpt` (levels N, N/2, …,
+N/2^(L-1) layers; smoothing by gradient descent with step ``--lr`` on every level, using the
+run's gradient: layer-parallel MGRIT with the run's settings where its hierarchy fits that
+depth, else sequential backprop; the first-order coherence correction; a line search on the
+coarse correction). The trainer applies a step as ``θ ← θ − lr·d``, so the cycle's result
+θ⁺ is handed to it as the pseudo-gradient
+
+    d = (θ − θ⁺) / lr          (θ − lr·d = θ⁺ up to rounding)
+
+which is why MG/Opt runs with ``--optimizer sgd --momentum 0`` (checked in the config).
+"""
+
+from __future__ import annotations
+
+from ..backends import Backend
+from ..network import Network
+from .config import TrainConfig
+from .multilevel import MGOpt, MGOptSettings
+
+MGOPT_FACTOR = 2  # layers per coarse layer between MG/Opt levels
+
+
+def depth_gradient(config: TrainConfig, net: Network, bk: Backend):
+    """(name, gradient) for ``net`` with the run's settings; sequential backprop where the
+    MGRIT hierarchy does not fit its depth."""
+    from .gradients import select_gradient, sequential_gradient
+
+    try:
+        return select_gradient(config, net, bk, multilevel=False)
+    except ValueError:
+        return "sequential", sequential_gradient(net, bk)
+
+
+def mgopt_gradient(config: TrainConfig, net: Network, bk: Backend):
+    """The MG/Opt step as a gradient function (module docstring); stats: gradient calls and
+    the line-search factor β of the cycle."""
+    from ..parallel.mpi import world_size
+    from .gradients import select_gradient
+
+    if not isinstance(net, Network):
+        raise ValueError(f"`--mgopt-levels` needs model resnet or conv, got `--model "
+                         f"{config.model}`.")
+    if config.data_parallel > 1 or world_size() > 1:
+        raise ValueError("`--mgopt-levels` runs in one process (not under mpiexec).")
+    settings = MGOptSettings(levels=config.mgopt_levels, factor=MGOPT_FACTOR, lr=config.lr,
+                             interpolation=config.nested_interp)
+    fine_name, fine = select_gradient(config, net, bk, multilevel=False)  # errors if unfit
+    mg = MGOpt.build(net, lambda n: fine if n is net else depth_gradient(config, n, bk)[1],
+                     settings)
+
+    def gradient(params, x, labels):
+        loss = fine(params, x, labels)[0]
+        new, info = mg.cycle(params, x, labels)
+        d = {k: (params[k] - new[k]) / config.lr for k in params}
+        return loss, d, {"gradient_calls": float(info["gradient_calls"] + 1),
+                         "beta": float(info.get("beta", 0.0))}
+
+    if hasattr(fine, "logits"):
+        gradient.logits = fine.logits
+    gradient.__name__ = f"mgopt-{config.mgopt_levels} ({fine_name})"
+    return gradient
