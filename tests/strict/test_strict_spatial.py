@@ -13,17 +13,11 @@ from refbraid.backends import get_backend
 from refbraid.backends.host import to_host
 from refbraid.backends.strict_device import DEVICE
 from refbraid.layer_parallel import LayerParallelSettings, layer_parallel_gradient
-from refbraid.layers import Classifier, ConvLift, ConvStep
+from refbraid.layers import ChannelWiden, Classifier, ConvLift, ConvStep, Pool
 from refbraid.mgrit import MGRITSettings, Problem, solve
 from refbraid.mgrit.transfer import SpatialCoarsening
 from refbraid.network import init_params, to_backend
-from refbraid.stages import (
-    AveragePool,
-    Stage,
-    StagedNetwork,
-    WidenChannels,
-    staged_layer_parallel_gradient,
-)
+from refbraid.stages import Stage, StagedNetwork, staged_layer_parallel_gradient
 from refbraid.stages import backprop as staged_backprop
 from refbraid.stages import init_params as staged_init_params
 from refbraid.training.models import build_network
@@ -75,7 +69,7 @@ def test_staged_network_with_pooling_and_widening_equals_numpy(strict):
         ConvLift(1, 2, 8, 8, "tanh"),
         (Stage(ConvStep(2, 8, 8, "tanh"), 4), Stage(ConvStep(2, 4, 4, "tanh"), 3),
          Stage(ConvStep(3, 4, 4, "tanh"), 2)),
-        (AveragePool(), WidenChannels(3)),
+        (Pool(2, (8, 8)), ChannelWiden(2, 3, (4, 4), "zeros")),
         Classifier((3, 4, 4), 3),
     )
     rng = np.random.default_rng(7)
