@@ -40,7 +40,17 @@ from .backends import Backend, get_backend
 from .backends.host import host_float
 from .mgrit import MGRITResult, MGRITSettings, Problem, solve
 from .mgrit.transfer import SpatialCoarsening, restrict_to_shape
-from .network import Network, Params, check_inputs, group, layer_params, row, set_row
+from .network import (
+    Network,
+    Params,
+    check_inputs,
+    group,
+    layer_params,
+    layers_params,
+    row,
+    set_row,
+    stacked_rows,
+)
 
 
 def _default_forward() -> MGRITSettings:
@@ -109,19 +119,6 @@ def batchable(net: Network, bk: Backend) -> bool:
     return bk.name == "numpy" and callable(getattr(layer, "forward_batched", None))
 
 
-def take_rows(rows, idx: np.ndarray, bk: Backend):
-    """Rows ``idx`` of stacked layer data (an array (N, ...), or a ``{row: array}`` mapping as
-    the distributed trainer's) as one array (len(idx), ...)."""
-    if hasattr(rows, "shape"):
-        return rows[idx]
-    return bk.xp.stack([rows[i] for i in idx.tolist()])
-
-
-def rows_of(steps: dict[str, Any], idx: np.ndarray, bk: Backend) -> dict[str, Any]:
-    """The stacked weights of layers ``idx``: ``{name: (len(idx), ...)}``."""
-    return {k: take_rows(v, idx, bk) for k, v in steps.items()}
-
-
 @dataclass(frozen=True, eq=False)
 class ForwardPropagator:
     """Φ(y; a → b) = the network's step from layer a with step size (b − a)·h.
@@ -143,7 +140,7 @@ class ForwardPropagator:
         return self._steps_at_once if batchable(self.net, self.bk) else None
 
     def _steps_at_once(self, Y, starts, stops):
-        theta = rows_of(self.steps, starts, self.bk)  # k rows of stacked weights
+        theta = layers_params(self.steps, starts, self.bk)  # k rows of stacked weights
         Y_next, _ = self.net.step.forward_batched(theta, Y, (stops - starts) * self.net.h,
                                                   self.bk)
         return Y_next
@@ -179,9 +176,9 @@ class AdjointPropagator:
         return self._steps_at_once if batchable(self.net, self.bk) else None
 
     def _steps_at_once(self, L, starts, stops):
-        theta = rows_of(self.steps, stops, self.bk)
+        theta = layers_params(self.steps, stops, self.bk)
         hc = (starts - stops) * self.net.h
-        Y = take_rows(self.states, stops, self.bk)  # k,*S
+        Y = stacked_rows(self.states, stops, self.bk)  # k,*S
         _, Z = self.net.step.forward_batched(theta, Y, hc, self.bk)
         L_prev, _ = self.net.step.adjoint_batched(theta, Y, Z, L, hc, self.bk, grads=False)
         return L_prev
@@ -210,7 +207,7 @@ class CachingForward(ForwardPropagator):
     def _steps_at_once(self, Y, starts, stops):
         if not np.all(stops - starts == 1):
             return super()._steps_at_once(Y, starts, stops)
-        theta = rows_of(self.steps, starts, self.bk)
+        theta = layers_params(self.steps, starts, self.bk)
         h = np.full(len(starts), self.net.h)
         Y_next, Z = self.net.step.forward_batched(theta, Y, h, self.bk)
         for j, a in enumerate(starts.tolist()):
@@ -258,7 +255,7 @@ class CapturingAdjoint(AdjointPropagator):
         layers = stops.tolist()
         if any(a not in self.caches for a in layers):  # a block's first step (MPI): per step
             return self.bk.xp.stack([self.step(L[j], a + 1, a) for j, a in enumerate(layers)])
-        theta = rows_of(self.steps, stops, self.bk)
+        theta = layers_params(self.steps, stops, self.bk)
         Y = self.bk.xp.stack([self.caches[a][0] for a in layers])  # k,*S
         Z = self.bk.xp.stack([self.caches[a][1] for a in layers])
         h = np.full(len(layers), self.net.h)

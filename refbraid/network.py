@@ -119,6 +119,19 @@ def layer_params(steps: dict[str, Any], n: int) -> dict[str, Any]:
     return {k: row(v, n) for k, v in steps.items()}
 
 
+def stacked_rows(rows, idx: np.ndarray, bk: Backend):
+    """Rows ``idx`` of stacked layer data (an array (N, ...), or a ``{row: array}`` mapping as
+    the distributed trainer's) as one array (len(idx), ...)."""
+    if hasattr(rows, "shape"):
+        return rows[idx]
+    return bk.xp.stack([rows[i] for i in idx.tolist()])
+
+
+def layers_params(steps: dict[str, Any], idx: np.ndarray, bk: Backend) -> dict[str, Any]:
+    """The stacked weights of layers ``idx``: ``{name: (len(idx), ...)}``."""
+    return {k: stacked_rows(v, idx, bk) for k, v in steps.items()}
+
+
 def to_backend(params: Params, bk: Backend | str) -> Params:
     bk = get_backend(bk)
     return {k: bk.asarray(v) for k, v in params.items()}
