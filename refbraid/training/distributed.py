@@ -322,18 +322,26 @@ class DistributedGradient:
         self.last_solves = {"forward": fwd, "backward": bwd, **adjoint.counts}
         world = self.topo.world
         loss_total = world.allreduce_sum(loss_part)
-        steps_here = fwd.total_steps + bwd.total_steps
-        stats = {  # the keys of LayerParallelInfo.stats(), and this rank's share of the work
-            "fwd_res": float(fwd.norms[-1]),
-            "fwd_iters": float(fwd.iterations),
-            "bwd_res": float(bwd.norms[-1]),
-            "bwd_iters": float(bwd.iterations),
-            "phi_calls": world.allreduce_sum(steps_here) / self.topo.n_groups,
-            "rank_phi_calls": float(steps_here),
-        }
+        stats = solve_stats(fwd, bwd, world, copies=self.topo.n_groups)
         self.last_timings = {"fwd_s": fwd.solve_seconds, "bwd_s": bwd.solve_seconds,
                              "gradient_s": time.perf_counter() - t_start}
         return loss_total, part, stats
+
+
+def solve_stats(fwd, bwd, world, copies: int) -> dict[str, float]:
+    """The keys of LayerParallelInfo.stats() for one distributed gradient, and this rank's
+    share of the work. ``phi_calls`` counts one copy of the network: the step applications
+    of all ranks (a collective sum) divided by the ``copies`` of it that ran (data-parallel
+    groups, times space ranks where each applies every step to its part of the state)."""
+    steps_here = fwd.total_steps + bwd.total_steps
+    return {
+        "fwd_res": float(fwd.norms[-1]),
+        "fwd_iters": float(fwd.iterations),
+        "bwd_res": float(bwd.norms[-1]),
+        "bwd_iters": float(bwd.iterations),
+        "phi_calls": world.allreduce_sum(steps_here) / copies,
+        "rank_phi_calls": float(steps_here),
+    }
 
 
 def _pack(arrays: dict[str, np.ndarray]) -> np.ndarray:

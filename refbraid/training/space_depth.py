@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from ..errors import CollectiveError
 from ..layer_parallel import CachingForward, CapturingAdjoint, LayerParallelSettings
@@ -34,7 +33,7 @@ from ..mgrit import Problem, solve
 from ..network import Network, check_batch, group
 from ..parallel.mpi import MPIComm, Topology, mpi_module
 from ..space import RowSplit, SpatialClassifier, SpatialConvLift, SpatialConvStep
-from .distributed import DistributedGradient, shard_sizes
+from .distributed import DistributedGradient, shard_sizes, solve_stats
 from .ownership import Rows
 
 
@@ -160,14 +159,7 @@ class SpaceDepthGradient(DistributedGradient):
         self.last_solves = {"forward": fwd, "backward": bwd, **adjoint.counts}
         world = self.topo.world
         loss_total = world.allreduce_sum(loss_part)
-        steps_here = fwd.total_steps + bwd.total_steps
-        stats: dict[str, Any] = {
-            "fwd_res": float(fwd.norms[-1]), "fwd_iters": float(fwd.iterations),
-            "bwd_res": float(bwd.norms[-1]), "bwd_iters": float(bwd.iterations),
-            "phi_calls": world.allreduce_sum(steps_here) / (self.topo.n_groups
-                                                            * self.space.size),
-            "rank_phi_calls": float(steps_here),
-        }
+        stats = solve_stats(fwd, bwd, world, copies=self.topo.n_groups * self.space.size)
         self.last_timings = {"fwd_s": fwd.solve_seconds, "bwd_s": bwd.solve_seconds,
                              "gradient_s": time.perf_counter() - t_start}
         return loss_total, part, stats
