@@ -48,7 +48,7 @@ from .network import (
     layer_params,
     layers_params,
     row,
-    set_row,
+    set_rows_from,
     stacked_rows,
 )
 
@@ -316,9 +316,9 @@ def captured_gradient(adjoint: CapturingAdjoint, steps: dict[str, Any], layers) 
     if missing:  # cannot happen: the final relaxation makes every fine adjoint step
         raise RuntimeError(f"no captured gradient for layers {missing[:8]}.")
     dsteps = {k: adjoint.bk.xp.zeros_like(v) for k, v in steps.items()}
-    for a in layers:
-        for k, v in adjoint.grads[int(a)].items():
-            set_row(dsteps[k], int(a), v)
+    rows = [int(a) for a in layers]
+    for k, v in dsteps.items():
+        set_rows_from(v, rows, [adjoint.grads[a][k] for a in rows])
     return dsteps
 
 

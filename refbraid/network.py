@@ -114,6 +114,16 @@ def set_row(a, n: int, value) -> None:
         a[n, ...] = value
 
 
+def set_rows_from(a, rows: list[int], values: list) -> None:
+    """``a[rows[j], ...] = values[j]`` for every j: one stacked assignment into a NumPy
+    array, else row by row (:func:`set_row`)."""
+    if isinstance(a, np.ndarray) and rows:
+        a[rows] = np.stack(values)
+        return
+    for n, value in zip(rows, values, strict=True):
+        set_row(a, n, value)
+
+
 def layer_params(steps: dict[str, Any], n: int) -> dict[str, Any]:
     """Layer n's weights as views into the stacked step parameters."""
     return {k: row(v, n) for k, v in steps.items()}
@@ -121,7 +131,13 @@ def layer_params(steps: dict[str, Any], n: int) -> dict[str, Any]:
 
 def stacked_rows(rows, idx: np.ndarray, bk: Backend):
     """Rows ``idx`` of stacked layer data (an array (N, ...), or a ``{row: array}`` mapping as
-    the distributed trainer's) as one array (len(idx), ...)."""
+    the distributed trainer's) as one array (len(idx), ...). Evenly spaced rows of a NumPy
+    array (MGRIT's sweeps) come as a strided view, without gathering a copy."""
+    if isinstance(rows, np.ndarray):
+        k = len(idx)
+        stride = int(idx[1] - idx[0]) if k > 1 else 1
+        if k and stride > 0 and (k < 3 or np.all(np.diff(idx) == stride)):
+            return rows[int(idx[0]) : int(idx[-1]) + 1 : stride]
     if hasattr(rows, "shape"):
         return rows[idx]
     return bk.xp.stack([rows[i] for i in idx.tolist()])

@@ -91,9 +91,10 @@ def correct(u, c_pos, w, v, inplace: bool = False, interpolate=None):
     return out
 
 
-def inject_up(u, c_pos, w):
-    """``u[C] = w``: start a finer level from a coarse solution (nested iteration)."""
-    return set_rows(u, c_pos, w)
+def inject_up(u, c_pos, w, inplace: bool = False):
+    """``u[C] = w``: start a finer level from a coarse solution (nested iteration); a copy,
+    or ``u`` itself with ``inplace``."""
+    return set_rows(u, c_pos, w, inplace)
 
 
 def forward_substitution(g, points, step: StepFn, ghost=None, ghost_point=None):

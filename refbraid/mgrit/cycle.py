@@ -257,7 +257,8 @@ class Cycler:
                 st[ell].u = correct(st[ell].u, st[ell].c_pos, st[ell + 1].u, v,
                                     interpolate=lambda d, ell=ell: self.to_fine(ell, d))
             else:
-                st[ell].u = inject_up(st[ell].u, st[ell].c_pos, st[ell + 1].u)
+                # in place: the level arrays are the cycle's own (no copy of the whole level)
+                st[ell].u = inject_up(st[ell].u, st[ell].c_pos, st[ell + 1].u, inplace=True)
             if ell > 0:
                 for _ in range(vcycles):
                     self.cycle(ell, "V")

@@ -223,7 +223,7 @@ def solve(
     states = build_states(hierarchy, layout, position, problem)
     lo, hi = layout.bounds(position)
     g_all = rhs_solver_order(problem)
-    states[0].g = copy(g_all[lo:hi, ...])
+    states[0].g = g_all[lo:hi, ...]  # a view: g_all is this solve's own (nothing writes g)
     states[0].u = _initial_iterate(problem, u_init, states[0].g, slice(lo, hi))
     cycler = Cycler(states, settings, scomm)
     start = _start(cycler, len(hierarchy), settings, warm=u_init is not None)
