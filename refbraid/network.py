@@ -39,6 +39,7 @@ import numpy as np
 from .backends import Backend, get_backend
 from .backends.dtypes import dtype_kind
 from .backends.host import all_finite, host_float, to_host
+from .indexing import even_slice
 from .layers.init import NonFiniteError, check_positive_int
 
 Params = dict[str, Any]
@@ -133,11 +134,9 @@ def stacked_rows(rows, idx: np.ndarray, bk: Backend):
     """Rows ``idx`` of stacked layer data (an array (N, ...), or a ``{row: array}`` mapping as
     the distributed trainer's) as one array (len(idx), ...). Evenly spaced rows of a NumPy
     array (MGRIT's sweeps) come as a strided view, without gathering a copy."""
-    if isinstance(rows, np.ndarray):
-        k = len(idx)
-        stride = int(idx[1] - idx[0]) if k > 1 else 1
-        if k and stride > 0 and (k < 3 or np.all(np.diff(idx) == stride)):
-            return rows[int(idx[0]) : int(idx[-1]) + 1 : stride]
+    if isinstance(rows, np.ndarray) and len(idx):
+        even = even_slice(idx)
+        return rows[idx] if even is None else rows[even]
     if hasattr(rows, "shape"):
         return rows[idx]
     return bk.xp.stack([rows[i] for i in idx.tolist()])

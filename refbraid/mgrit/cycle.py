@@ -61,7 +61,7 @@ from .coarse import (
 from .grid import Hierarchy, Level
 from .problem import CountingStep, Problem
 from .record import LevelVisit
-from .relax import c_relax, copy, f_relax, propagate_at, take_rows
+from .relax import c_relax, copy, f_relax, propagate_at, rows_view
 from .settings import MGRITSettings
 
 
@@ -163,12 +163,12 @@ class Cycler:
         sweeps = 0 if s.coarsest else self.settings.sweeps_on(ell)
         u_first = (copy(s.u) if sweeps else s.u) if snapshot else None
         pu = self._propagate_c(s)
-        r = r_first = pu - take_rows(s.u, s.c_pos)
+        r = r_first = pu - rows_view(s.u, s.c_pos)
         for _ in range(sweeps):
             s.u = c_relax(s.u, pu, s.c_pos, inplace=True)
             self._f_relax(s)
             pu = self._propagate_c(s)
-            r = pu - take_rows(s.u, s.c_pos)
+            r = pu - rows_view(s.u, s.c_pos)
         return r, r_first, u_first
 
     def interpolate(self, ell: int) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.portable import asarray_on
+from ..indexing import even_slice
 from .arrays import namespace
 
 StepFn = Callable[[Any, int, int], Any]
@@ -47,17 +48,18 @@ def take_rows(u, positions):
     return xp.take(u, asarray_on(u, np.asarray(positions, dtype=np.int64)), axis=0)
 
 
+def rows_view(u, positions):
+    """Rows ``u[positions]`` for reading only: a view for a NumPy array and evenly spaced
+    positions (no copy), else :func:`take_rows`."""
+    rows = row_slice(positions) if isinstance(u, np.ndarray) else None
+    return take_rows(u, positions) if rows is None else u[rows, ...]
+
+
 def row_slice(positions) -> slice | None:
     """``positions`` as a slice when they are evenly spaced and increasing (MGRIT's C-points
     and the rows of one batched F-sweep always are), else None. A NumPy array indexed by a
     slice is a view: rows are read and written in place, without gathering copies."""
-    pos = np.asarray(positions, dtype=np.int64)
-    if pos.size == 0:
-        return slice(0, 0)
-    step = int(pos[1] - pos[0]) if pos.size > 1 else 1
-    if step < 1 or (pos.size > 2 and not np.all(np.diff(pos) == step)):
-        return None
-    return slice(int(pos[0]), int(pos[-1]) + 1, step)
+    return even_slice(positions)
 
 
 def set_rows(u, positions, values, inplace: bool = False):
