@@ -51,6 +51,7 @@ from .network import (
     set_rows_from,
     stacked_rows,
 )
+from .relative_error import relative_gradient_error  # noqa: F401  (re-exported)
 
 
 def _default_forward() -> MGRITSettings:
@@ -179,6 +180,9 @@ class AdjointPropagator:
         theta = layers_params(self.steps, stops, self.bk)
         hc = (starts - stops) * self.net.h
         Y = stacked_rows(self.states, stops, self.bk)  # k,*S
+        if tuple(L.shape[1:]) != tuple(Y.shape[1:]):  # coarse in space: R y per step
+            return self.bk.xp.stack([self.step(L[j], a, b) for j, (a, b) in
+                                     enumerate(zip(starts.tolist(), stops.tolist(), strict=True))])
         _, Z = self.net.step.forward_batched(theta, Y, hc, self.bk)
         L_prev, _ = self.net.step.adjoint_batched(theta, Y, Z, L, hc, self.bk, grads=False)
         return L_prev
@@ -387,14 +391,3 @@ def layer_parallel_gradient(
     grads.update({f"closing.{k}": v for k, v in dclose.items()})
     info = LayerParallelInfo(fwd, bwd, states, adjoints, logits)
     return host_float(loss), {k: grads[k] for k in params}, info
-
-
-def relative_gradient_error(grads: Params, reference: Params, bk: Backend | str = "numpy") -> float:
-    """‖g − g_ref‖ / ‖g_ref‖ over all parameter arrays together (2-norm of the flat vector)."""
-    bk = get_backend(bk)
-    num = den = 0.0
-    for k, ref in reference.items():
-        r, g = bk.to_numpy(ref), bk.to_numpy(grads[k])
-        num += float(np.sum((g - r) ** 2))
-        den += float(np.sum(r**2))
-    return float(np.sqrt(num / den)) if den > 0 else float(np.sqrt(num))

@@ -130,12 +130,13 @@ def layer_params(steps: dict[str, Any], n: int) -> dict[str, Any]:
     return {k: row(v, n) for k, v in steps.items()}
 
 
-def stacked_rows(rows, idx: np.ndarray, bk: Backend):
+def stacked_rows(rows, idx: np.ndarray, bk: Backend, even: slice | None = None):
     """Rows ``idx`` of stacked layer data (an array (N, ...), or a ``{row: array}`` mapping as
     the distributed trainer's) as one array (len(idx), ...). Evenly spaced rows of a NumPy
-    array (MGRIT's sweeps) come as a strided view, without gathering a copy."""
+    array (MGRIT's sweeps) come as a strided view, without gathering a copy (``even``: the
+    caller's ``even_slice(idx)``, computed here when not given)."""
     if isinstance(rows, np.ndarray) and len(idx):
-        even = even_slice(idx)
+        even = even_slice(idx) if even is None else even
         return rows[idx] if even is None else rows[even]
     if hasattr(rows, "shape"):
         return rows[idx]
@@ -143,8 +144,10 @@ def stacked_rows(rows, idx: np.ndarray, bk: Backend):
 
 
 def layers_params(steps: dict[str, Any], idx: np.ndarray, bk: Backend) -> dict[str, Any]:
-    """The stacked weights of layers ``idx``: ``{name: (len(idx), ...)}``."""
-    return {k: stacked_rows(v, idx, bk) for k, v in steps.items()}
+    """The stacked weights of layers ``idx``: ``{name: (len(idx), ...)}`` (views where
+    :func:`stacked_rows` can; the spacing of ``idx`` is checked once for all names)."""
+    even = even_slice(idx) if len(idx) else None
+    return {k: stacked_rows(v, idx, bk, even) for k, v in steps.items()}
 
 
 def to_backend(params: Params, bk: Backend | str) -> Params:
