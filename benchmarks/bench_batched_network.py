@@ -19,6 +19,14 @@ with their batched steps (``DenseStep.forward_batched`` / ``adjoint_batched``, w
 gradient runs) and with ``batched_step`` removed, for the batch sizes of ``--batches``.
 CPU seconds of this process (``time.process_time``), medians of ``--repeat``. The adoption
 decision: docs/batched.md.
+
+``--conv`` times instead the whole layer-parallel gradient of TorchBraid's MNIST conv network
+(``--model conv``: ConvLift(1→4) + ReLU, N ConvSteps 3×3 on 28×28, batch 50, TorchBraid's
+settings) with batched conv steps (``ConvStep.forward_batched`` / ``adjoint_batched``, NumPy
+reference) against per-step calls (``batchable`` patched off), in float64 and float32, and
+beside them the per-step gradient on the Numba backend (which has no batched conv step):
+
+    python benchmarks/bench_batched_network.py --conv [--conv-layers 32 128] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -123,6 +131,43 @@ def solve_rows(n_layers: int, C: int, B: int, repeat: int) -> list[str]:
     return rows
 
 
+def conv_rows(layers: list[int], repeat: int) -> None:
+    """The conv network's layer-parallel gradient: NumPy batched vs per-step, and Numba."""
+    from unittest import mock
+
+    import refbraid.layer_parallel as lp
+    from refbraid.training.models import build_network
+
+    print(f"TorchBraid's MNIST conv network (4 channels, 28×28, batch 50), layer-parallel "
+          f"gradient, TorchBraid's settings; CPU ms per gradient, median of {repeat}; load "
+          f"{os.getloadavg()[0]:.2f}")
+    head = (f"{'N':>5} {'dtype':>8} {'numpy per-step':>15} {'numpy batched':>14} {'speedup':>7} "
+            f"{'max |Δ|':>8} {'numba per-step':>15}")
+    print(head)
+    print("-" * len(head))
+    rng = np.random.default_rng(0)
+    for N in layers:
+        net = build_network("conv", (1, 28, 28), 10, N, 4, 1.0, "relu")
+        for dtype in (np.float64, np.float32):
+            params = {k: v.astype(dtype) for k, v in init_params(net, 0).items()}
+            x = rng.standard_normal((50, 1, 28, 28)).astype(dtype)
+            y = rng.integers(0, 10, 50)
+
+            def grad(bk, p=params, x=x, y=y, net=net):
+                return lp.layer_parallel_gradient(net, p, x, y, LayerParallelSettings(), bk)
+
+            t_b = median_time(lambda g=grad: g(get_backend("numpy")), repeat)
+            g_b = grad(get_backend("numpy"))[1]
+            with mock.patch.object(lp, "batchable", lambda net, bk: False):
+                t_p = median_time(lambda g=grad: g(get_backend("numpy")), repeat)
+                g_p = grad(get_backend("numpy"))[1]
+            t_n = median_time(lambda g=grad: g(get_backend("numba")), repeat)
+            d = max(float(np.max(np.abs(g_b[k] - g_p[k]))) for k in g_p)
+            print(f"{N:>5} {np.dtype(dtype).name:>8} {1e3 * t_p:>15.1f} {1e3 * t_b:>14.1f} "
+                  f"{t_p / t_b:>7.2f} {d:>8.1e} {1e3 * t_n:>15.1f}", flush=True)
+    print("max |Δ| = 0: batched and per-step gradients are bit-identical.")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--width", type=int, default=32)
@@ -131,7 +176,12 @@ def main(argv=None) -> None:
     ap.add_argument("--k", type=int, nargs="+", default=[8, 32, 128, 512])
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 64])
     ap.add_argument("--layers", type=int, default=512)
+    ap.add_argument("--conv", action="store_true",
+                    help="time the MNIST conv network's gradient instead (module docstring)")
+    ap.add_argument("--conv-layers", type=int, nargs="+", default=[32, 128])
     args = ap.parse_args(argv)
+    if args.conv:
+        return conv_rows(args.conv_layers, args.repeat)
     rng = np.random.default_rng(0)
     print(f"dense ODE step, width {args.width}, batch {args.batch}, tanh, float64, NumPy; CPU µs "
           f"per step application, median of {args.repeat}; load {os.getloadavg()[0]:.2f}")
