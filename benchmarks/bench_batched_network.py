@@ -23,8 +23,9 @@ decision: docs/batched.md.
 ``--conv`` times instead the whole layer-parallel gradient of TorchBraid's MNIST conv network
 (``--model conv``: ConvLift(1→4) + ReLU, N ConvSteps 3×3 on 28×28, batch 50, TorchBraid's
 settings) with batched conv steps (``ConvStep.forward_batched`` / ``adjoint_batched``, NumPy
-reference) against per-step calls (``batchable`` patched off), in float64 and float32, and
-beside them the per-step gradient on the Numba backend (which has no batched conv step):
+reference; ``ConvStep.batched_sweeps_pay`` is False, so these rows patch it on) against
+per-step calls (``batchable`` patched off), in float64 and float32, and beside them the
+per-step gradient on the Numba backend (which has no batched conv step):
 
     python benchmarks/bench_batched_network.py --conv [--conv-layers 32 128] [--repeat 3]
 """
@@ -136,6 +137,7 @@ def conv_rows(layers: list[int], repeat: int) -> None:
     from unittest import mock
 
     import refbraid.layer_parallel as lp
+    from refbraid.layers import ConvStep
     from refbraid.training.models import build_network
 
     print(f"TorchBraid's MNIST conv network (4 channels, 28×28, batch 50), layer-parallel "
@@ -156,8 +158,9 @@ def conv_rows(layers: list[int], repeat: int) -> None:
             def grad(bk, p=params, x=x, y=y, net=net):
                 return lp.layer_parallel_gradient(net, p, x, y, LayerParallelSettings(), bk)
 
-            t_b = median_time(lambda g=grad: g(get_backend("numpy")), repeat)
-            g_b = grad(get_backend("numpy"))[1]
+            with mock.patch.object(ConvStep, "batched_sweeps_pay", True):  # off by default
+                t_b = median_time(lambda g=grad: g(get_backend("numpy")), repeat)
+                g_b = grad(get_backend("numpy"))[1]
             with mock.patch.object(lp, "batchable", lambda net, bk: False):
                 t_p = median_time(lambda g=grad: g(get_backend("numpy")), repeat)
                 g_p = grad(get_backend("numpy"))[1]

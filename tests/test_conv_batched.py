@@ -136,6 +136,8 @@ def test_conv_layer_parallel_gradient_batched_is_bit_identical_to_per_step(monke
                                                                            spatial):
     net, params, x, y = _conv_case(dtype=dtype, H=8, Wd=6)
     settings = _spatial() if spatial else LayerParallelSettings()
+    assert not lp.batchable(net, BK)  # off by default: it does not pay on the CPU
+    monkeypatch.setattr(ConvStep, "batched_sweeps_pay", True)
     assert lp.batchable(net, BK)
     loss_b, g_b, info_b = layer_parallel_gradient(net, params, x, y, settings)
     monkeypatch.setattr(lp, "batchable", lambda net, bk: False)
@@ -148,7 +150,8 @@ def test_conv_layer_parallel_gradient_batched_is_bit_identical_to_per_step(monke
     assert info_b.stats() == info_p.stats()
 
 
-def test_conv_batched_forward_solve_on_uneven_thread_ranks_equals_one_rank():
+def test_conv_batched_forward_solve_on_uneven_thread_ranks_equals_one_rank(monkeypatch):
+    monkeypatch.setattr(ConvStep, "batched_sweeps_pay", True)
     net, params, x, _ = _conv_case(n_layers=67)  # 5 coarsest intervals on 3 ranks: uneven
     s = LayerParallelSettings().forward
 

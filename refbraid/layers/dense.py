@@ -38,6 +38,11 @@ class DenseStep:
     width: int
     activation: str = "tanh"
 
+    #: MGRIT's sweeps call :meth:`forward_batched` / :meth:`adjoint_batched` (one call for k
+    #: intervals): 1.6–5× less time per step at width 32 (benchmarks/bench_batched_network.py,
+    #: docs/batched.md), where the Python of a per-step call outweighs its arithmetic.
+    batched_sweeps_pay = True
+
     def __post_init__(self):
         check_positive_int("width", self.width)
         check_activation(self.activation)
