@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.host import all_finite as holds_only_finite
+from ..backends.portable import zeros_on
 from ..parallel.comm import SerialComm
 from ..parallel.layout import Layout, check_layout, partition
 from .arrays import namespace
@@ -104,11 +105,31 @@ def _check_comm(comm) -> None:
         )
 
 
-def _initial_iterate(problem: Problem, u_init, g_block, rows: slice):
+def _overwritten(problem: Problem, u_init, settings: MGRITSettings, n_levels: int) -> bool:
+    """Whether the start replaces every value of level 0's initial iterate before reading it:
+    the exact one-level solve, and nested iteration without a spatial transfer (its
+    restriction of u_0 to the coarse levels is overwritten there by the coarsest solve, the
+    injections and the interpolating F-sweeps; with a transfer, u_ℓ[C] += P(w − R u_ℓ[C])
+    reads it)."""
+    if u_init is not None or problem.guess is not None:
+        return False
+    nested = settings.fmg or settings.skip_first_down
+    return n_levels == 1 or (nested and problem.transfer is None)
+
+
+def _initial_iterate(problem: Problem, u_init, g_block, rows: slice, overwritten: bool = False):
     """Solver-order block of the initial iterate: u_init if given, else the problem's
-    ``guess(i)`` at every fine index i (u0 at the initial point), else u0 everywhere."""
+    ``guess(i)`` at every fine index i (u0 at the initial point), else u0 everywhere.
+
+    ``overwritten`` (:func:`_overwritten`): the start replaces every value, so the block is
+    zeros (lazily zeroed pages: no pass over the whole trajectory) with u0 at s = 0."""
     xp = namespace(problem.u0)
     n = rows.stop - rows.start
+    if overwritten:
+        u = zeros_on(problem.u0, (n, *problem.state_shape))
+        if rows.start == 0:
+            u[0, ...] = g_block[0, ...]
+        return u
     if u_init is None and problem.guess is not None:
         u = xp.stack([problem.guess(problem.to_fine(s)) for s in range(rows.start, rows.stop)])
         if rows.start == 0:
@@ -224,7 +245,8 @@ def solve(
     lo, hi = layout.bounds(position)
     g_all = rhs_solver_order(problem)
     states[0].g = g_all[lo:hi, ...]  # a view: g_all is this solve's own (nothing writes g)
-    states[0].u = _initial_iterate(problem, u_init, states[0].g, slice(lo, hi))
+    states[0].u = _initial_iterate(problem, u_init, states[0].g, slice(lo, hi),
+                                   _overwritten(problem, u_init, settings, len(hierarchy)))
     cycler = Cycler(states, settings, scomm)
     start = _start(cycler, len(hierarchy), settings, warm=u_init is not None)
     setup = time.perf_counter() - t0
