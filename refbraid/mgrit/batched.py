@@ -33,6 +33,8 @@ Shape legend: n points in the block, S the state shape, k rows of one batched ca
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from .arrays import namespace
@@ -57,20 +59,42 @@ def f_sweeps(f_pos) -> list[np.ndarray]:
     return [f[offset == j] for j in range(int(offset.max()) + 1)]
 
 
-def f_relax(u, g, points, sweeps: list[np.ndarray], step, inplace: bool = False):
-    """F-relaxation with one batched call per sweep: ``u[F_j] = Φ(u[F_j - 1]) + g[F_j]``.
+class Sweep(NamedTuple):
+    """One F-sweep of a level's block, ready to run: the rows it writes and reads (slices,
+    i.e. views, when evenly spaced, as they always are in MGRIT) and their solver indices."""
 
-    ``sweeps`` from :func:`f_sweeps`; ``step`` a :class:`~refbraid.mgrit.problem.CountingStep`;
-    g None: zero forcing.
-    Same values as :func:`refbraid.mgrit.relax.f_relax` (module docstring on round-off).
-    """
-    out = u if inplace else copy(u)
+    rows: slice | np.ndarray  # positions F_j
+    prev: slice | np.ndarray  # positions F_j - 1
+    starts: np.ndarray  # points[F_j - 1]
+    stops: np.ndarray  # points[F_j]
+
+
+def sweep_plan(sweeps: list[np.ndarray], points) -> list[Sweep]:
+    """:func:`f_sweeps`' groups as :class:`Sweep` records for the block with ``points`` (the
+    cycle makes them once per level, not once per relaxation)."""
+    out = []
     for rows in sweeps:
         prev = rows - 1
+        out.append(Sweep(row_slice(rows) or rows, row_slice(prev) or prev, points[prev],
+                         points[rows]))
+    return out
+
+
+def f_relax(u, g, points, sweeps: list, step, inplace: bool = False):
+    """F-relaxation with one batched call per sweep: ``u[F_j] = Φ(u[F_j - 1]) + g[F_j]``.
+
+    ``sweeps`` from :func:`f_sweeps` (or already planned by :func:`sweep_plan` for these
+    ``points``); ``step`` a :class:`~refbraid.mgrit.problem.CountingStep`; g None: zero
+    forcing. Same values as :func:`refbraid.mgrit.relax.f_relax` (module docstring on
+    round-off).
+    """
+    out = u if inplace else copy(u)
+    if sweeps and not isinstance(sweeps[0], Sweep):
+        sweeps = sweep_plan(sweeps, points)
+    for sw in sweeps:
         # the rows of one sweep are evenly spaced: slices (views), no gathered copies
-        r, rp = row_slice(rows) or rows, row_slice(prev) or prev
-        val = step.many(out[rp, ...], points[prev], points[rows])
-        out[r, ...] = val if g is None else val + g[r, ...]
+        val = step.many(out[sw.prev, ...], sw.starts, sw.stops)
+        out[sw.rows, ...] = val if g is None else val + g[sw.rows, ...]
     return out
 
 

@@ -80,9 +80,10 @@ class LevelState:
     g: Any = None  # (n, *S)
 
     @cached_property
-    def f_sweeps(self) -> list[np.ndarray]:
-        """F-positions grouped by sweep, for the batched F-relaxation (batched.f_sweeps)."""
-        return batched.f_sweeps(self.f_pos)
+    def f_sweeps(self) -> list[batched.Sweep]:
+        """F-positions grouped by sweep, planned for the batched F-relaxation once per level
+        (batched.f_sweeps, batched.sweep_plan)."""
+        return batched.sweep_plan(batched.f_sweeps(self.f_pos), self.points)
 
 
 def build_states(
