@@ -33,8 +33,11 @@ levels, cfactor 4, 2 forward / 1 adjoint iterations), one training step (gradien
 
 The closing lines decompose (2-rank − serial) into named parts that add up exactly:
 
-    (ideal − serial step work) + (steps − ideal steps) + (wait − ideal wait) + send
-        + reductions + (Python gap − serial rest)
+    (ideal − serial step work) + (steps − ideal steps) + (waits − ideal waits) + sends
+        + (Python gap − serial rest)
+
+with the serial step work N·(fine fwd + fine adj) at the step costs traced in the 2-rank run
+(the schedule term then compares like with like) and the serial rest = serial − that.
 
 and name the largest, i.e. the category that keeps 2 ranks above serial, in ms. On a shared
 machine the numbers are only indicative (the load is printed); rerun on an idle one.
@@ -226,15 +229,20 @@ def report(one: dict, many: dict, layers: int) -> list[str]:
                  f" {with_msgs * ms:.1f} ms; with the serial run's unit costs (c_f, c_bg, "
                  f"c_bc): {ideal_units * ms:.1f} ms against its serial step work "
                  f"{serial_steps * ms:.1f} ms ({ideal_units / serial_steps:.2f}×)")
+    # the serial step work at the traced costs, so that the schedule term compares like with
+    # like (on a loaded machine the unit costs of the serial run and the traced ones differ)
+    traced_steps = layers * (costs(0, "forward") + costs(0, "backward"))
+    lines.append(f"serial step work at the traced costs N·(fine fwd + fine adj): "
+                 f"{traced_steps * ms:.1f} ms; ideal / that = {ideal / traced_steps:.2f}×")
     q = max(range(P), key=lambda r: per[r]["wall"])
     r = per[q]
     steps = sum(r[c][1] for c in ("fine fwd", "fine adj", "coarse fwd", "coarse adj"))
     parts = {
-        "schedule (ideal path − serial step work)": ideal - serial_steps,
+        "schedule (ideal path − serial step work)": ideal - traced_steps,
         "steps slower than in the ideal": steps - vper[q]["steps"],
         "waits beyond the ideal": r["wait"][1] + r["reductions"][1] - vper[q]["wait"],
         "sends": r["send"][1],
-        "Python gap − serial rest": r["gap"] - serial_rest,
+        "Python gap − serial rest": r["gap"] - (serial - traced_steps),
     }
     excess = r["wall"] - serial
     lines.append(f"traced step on rank {q} (the slowest): {r['wall'] * ms:.1f} ms, "
