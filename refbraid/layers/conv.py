@@ -43,7 +43,7 @@ class ConvStep:
     activation: str = "relu"
 
     #: MGRIT's sweeps keep per-step calls: k steps at once (:meth:`forward_batched`) measured
-    #: 0.78–1.06× the per-step time on the NumPy reference (4 channels, 28×28, batch 50, k = 2…32:
+    #: 0.70–1.06× the per-step time on the NumPy reference (4 channels, 28×28, batch 50, k = 2…32:
     #: ``benchmarks/bench_batched_network.py --conv``, docs/batched.md). A step's arithmetic
     #: (~3–5 ms) dwarfs the Python of a call (~20 µs), and k stacked states (k × 1.25 MB) leave
     #: the cache that one state stays in. The batched methods stay, tested, for a device where
