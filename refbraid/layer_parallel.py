@@ -113,10 +113,10 @@ class LayerParallelSettings:
 def batchable(net: Network, bk: Backend) -> bool:
     """Whether the propagators offer MGRIT batched steps (one call per sweep,
     :mod:`refbraid.mgrit.batched`): for a step layer with ``forward_batched`` /
-    ``adjoint_batched`` on the NumPy backend, where they are bit-identical to per-step calls
-    (docs/batched.md has the measurements)."""
+    ``adjoint_batched`` on the NumPy and numba backends, bit-identical to per-step calls on
+    each (docs/batched.md has the measurements)."""
     layer = getattr(net, "step", None)
-    return bk.name == "numpy" and callable(getattr(layer, "forward_batched", None))
+    return bk.name in ("numpy", "numba") and callable(getattr(layer, "forward_batched", None))
 
 
 @dataclass(frozen=True, eq=False)
