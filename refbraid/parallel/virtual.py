@@ -59,7 +59,8 @@ from .virtual_world import Group, VirtualRecorder, VirtualWorld, detach
 STACK_BYTES = 4 * 1024 * 1024
 
 __all__ = ["CostModel", "DeadlockError", "StepCosts", "VirtualComm", "VirtualRecorder",
-           "VirtualRun", "as_cost", "ceil_log2", "collective_cost", "simulate"]
+           "VirtualRun", "as_cost", "ceil_log2", "collective_cost", "simulate",
+           "virtual_topology"]
 
 
 def _check_root(root, size: int) -> int:
@@ -201,6 +202,23 @@ class VirtualComm(SolverOrder):
     def __repr__(self) -> str:
         return (f"VirtualComm(rank={self.rank}, size={self.size}, world_rank="
                 f"{self.world_rank}, reverted={self._reverted})")
+
+
+def virtual_topology(comm: VirtualComm, data_parallel: int = 1):
+    """``comm``'s ranks split into ``data_parallel`` groups as
+    :func:`refbraid.parallel.mpi.split_world` splits an MPI world: world rank w is in group
+    g = w // Q at layer rank q = w % Q (Q = P / D); the layer communicator reduces norms over
+    the whole of ``comm``. Returns a :class:`~refbraid.parallel.mpi.Topology` of
+    :class:`VirtualComm` s, which :class:`~refbraid.training.distributed.DistributedGradient`
+    takes as it takes the MPI one. No messages: every rank computes the same split."""
+    from .mpi import Topology, check_split
+
+    members = comm._group.members
+    q = check_split(comm.size, data_parallel)
+    group, layer_rank = divmod(comm.rank, q)
+    layer = comm.subgroup([members[group * q + i] for i in range(q)], reduce_members=members)
+    data = comm.subgroup([members[d * q + layer_rank] for d in range(int(data_parallel))])
+    return Topology(world=comm, layer=layer, data=data, group=group, n_groups=int(data_parallel))
 
 
 # ----------------------------------------------------------------------------- running
