@@ -107,3 +107,78 @@ def simulate_distributed_gradient(net: Network, params: Params, x, labels, size:
     t0 = first["t0"]
     step_time = max(r["t1"] for r in run.results) - t0
     return DistributedStepRun(run, first["loss"], first["grads"], step_time, t0)
+
+
+# ----------------------------------------------------------------------------- predictions
+@dataclass(frozen=True)
+class StepPrediction:
+    """Predicted seconds of one distributed training step on ``ranks`` = D × Q ranks.
+
+    step       the virtual run's step time + the machine's ``extra`` (scaled to the shard)
+    comm       seconds of the timed critical path spent in messages and collectives
+    solves     the solves-only prediction of :func:`refbraid.scaling.predict.predict` for the
+               same split (the MGRIT schedule + extra + the groups' ring allreduce)
+    """
+
+    ranks: int
+    groups: int  # D
+    step: float
+    comm: float
+    solves: float | None
+
+
+def predict_steps(machine, net: Network, params: Params, x, labels, bk,
+                  max_ranks: int = 4) -> list[StepPrediction]:
+    """:class:`StepPrediction` for every power-of-two split D × Q ≤ ``max_ranks`` that the
+    network and the batch allow, from :func:`simulate_distributed_gradient` (sharded) with the
+    machine's step costs (scaled to the shard's batch as :func:`~refbraid.scaling.predict.
+    predict` does), α and β; ``machine`` is a :class:`~refbraid.scaling.predict.Machine`."""
+    import math
+
+    from ..parallel.trace import path_breakdown
+    from ..training.ownership import BlockPlan
+    from .predict import _lp_virtual, _scaled, ring_allreduce
+
+    B, full = machine.batch, machine.serial[max(machine.serial)]
+    out, p = [], 1
+    while p <= max_ranks:
+        d = 1
+        while d <= min(p, B):
+            q = p // d
+            try:
+                BlockPlan.build(machine.n_layers, machine.settings, q)
+            except ValueError:
+                d *= 2
+                continue
+            b = math.ceil(B / d)
+            scale = machine.serial.get(b, full * b / B) / full
+            res = simulate_distributed_gradient(net, params, x, labels, p, d, machine.settings,
+                                                _scaled(machine.costs, scale), machine.alpha,
+                                                machine.beta, bk)
+            timed = [e for e in res.run.critical_path if e.t0 >= res.t0]  # not the setup
+            comm = sum(v for k, v in path_breakdown(timed).items() if not k.startswith("step"))
+            solves = _lp_virtual(machine, q, scale)
+            if solves is not None:  # as predict(): + extra, + the groups' ring allreduce
+                solves += machine.extra * scale + ring_allreduce(
+                    machine.grad_bytes / q, d, machine.alpha, machine.beta)
+            out.append(StepPrediction(p, d, res.step_time + machine.extra * scale, comm,
+                                      solves))
+            d *= 2
+        p *= 2
+    return out
+
+
+def format_steps(rows: list[StepPrediction], serial: float) -> str:
+    """The table ``refbraid scale`` prints under the scaling table."""
+    lines = ["whole distributed training step (DistributedGradient, sharded, on the virtual "
+             "cluster: ghost weights, both solves, λ[N] and y[0] broadcasts, state rows, "
+             "gradient rows home, ring allreduce over the groups) + extra",
+             f"{'P':>5} {'D×Q':>6} {'step ms':>8} {'×serial':>8} {'comm ms':>8} "
+             f"{'solves-only ms':>14}"]
+    lines.append("-" * len(lines[-1]))
+    for r in rows:
+        solves = "-" if r.solves is None else f"{1e3 * r.solves:.2f}"
+        lines.append(f"{r.ranks:5d} {f'{r.groups}×{r.ranks // r.groups}':>6} "
+                     f"{1e3 * r.step:8.2f} {serial / r.step:8.2f} {1e3 * r.comm:8.3f} "
+                     f"{solves:>14}")
+    return "\n".join(lines)
