@@ -104,7 +104,8 @@ def test_refbraid_scale_prints_the_table_and_writes_the_figures(tmp_path, capsys
     (["--model", "gru"], "`--model gru`: `refbraid scale` models the resnet and conv"),
     (["--layers", "0"], "`--layers` must be a positive integer"),
     (["--out", "/dev/null"], "`--out` '/dev/null' is not a folder"),
-], ids=["max-ranks", "timeline-ranks", "step-ranks", "one-level", "sequence-model", "layers", "out"])
+], ids=["max-ranks", "timeline-ranks", "step-ranks", "one-level", "sequence-model", "layers",
+        "out"])
 def test_bad_scale_flags_are_named(flags, pattern, capsys, tmp_path):
     argv = ["scale", "--step-cost", "1e-4", "--alpha", "1e-6", "--beta", "1e-10", *flags]
     if "--out" not in flags:
