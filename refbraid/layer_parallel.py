@@ -112,9 +112,8 @@ class LayerParallelSettings:
 # ----------------------------------------------------------------------------- the two problems
 def batchable(net: Network, bk: Backend) -> bool:
     """Whether the propagators offer MGRIT batched steps (one call per sweep,
-    :mod:`refbraid.mgrit.batched`): for a step layer with ``forward_batched`` /
-    ``adjoint_batched`` on the NumPy and numba backends, bit-identical to per-step calls on
-    each (docs/batched.md has the measurements)."""
+    :mod:`refbraid.mgrit.batched`): a step layer with ``forward_batched`` / ``adjoint_batched``
+    on the numpy or numba backend, bit-identical to its per-step calls (docs/batched.md)."""
     layer = getattr(net, "step", None)
     return bk.name in ("numpy", "numba") and callable(getattr(layer, "forward_batched", None))
 

@@ -106,3 +106,51 @@ def test_layer_parallel_gradient_on_numba_is_bit_identical_batched_or_not(monkey
     np.testing.assert_array_equal(info_b.states, info_p.states)
     np.testing.assert_array_equal(info_b.adjoints, info_p.adjoints)
     assert info_b.stats() == info_p.stats()
+
+
+# ----------------------------------------------------------------------------- cuda backend
+@pytest.mark.parametrize("shape", [(3, 4, 5), (2, 16, 16)], ids=["per-element", "tiled"])
+@pytest.mark.parametrize("act,dtype", [("tanh", np.float64), ("relu", np.float32),
+                                       ("gelu", np.float32)])
+def test_cuda_batched_step_equals_cuda_per_step(shape, act, dtype):
+    """The cuda backend (in the simulator on CI: sizes ≤ 16) batched against per step."""
+    pytest.importorskip("numba.cuda")
+    from refbraid.backends import numba_cuda_batched
+
+    k, B, C = shape
+    bk = get_backend("cuda")
+    rng = np.random.default_rng(6)
+    layer = DenseStep(C, act)
+    params, Y, dY, h = _stack(rng, k=k, B=B, C=C, dtype=dtype)
+    assert numba_cuda_batched.applies(act, Y, params["W"], params["b"])
+    Y_next, Z = layer.forward_batched(params, Y, h, bk)
+    dY_prev, d = layer.adjoint_batched(params, Y, Z, dY, h, bk)
+    for j in range(k):
+        p = {n: v[j] for n, v in params.items()}
+        y_next, cache = layer.forward(p, Y[j], float(h[j]), bk)
+        dy, dp = layer.adjoint(p, cache, dY[j], float(h[j]), bk)
+        np.testing.assert_array_equal(Y_next[j], y_next)
+        np.testing.assert_array_equal(Z[j], cache[1])
+        np.testing.assert_array_equal(dY_prev[j], dy)
+        for n in dp:
+            np.testing.assert_array_equal(d[n][j], dp[n], err_msg=n)
+    R_next, _ = layer.forward_batched(params, Y, h, get_backend("numpy"))
+    np.testing.assert_allclose(Y_next, R_next, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+def test_layer_parallel_gradient_on_cuda_is_bit_identical_batched_or_not(monkeypatch):
+    """Not switched on for cuda in batchable() (docs/batched.md says why); switched on here,
+    the gradient keeps its bits."""
+    pytest.importorskip("numba.cuda")
+    net = Network(DenseLift(3, 4), DenseStep(4, "tanh"), Classifier((4,), 3), 8, 1.0)
+    rng = np.random.default_rng(0)
+    params = init_params(net, 0)
+    x, y = rng.standard_normal((3, 3)), rng.integers(0, 3, 3)
+    settings = LayerParallelSettings.with_iterations(1, 1, levels=2, cfactor=2, min_coarse=1)
+    assert not lp.batchable(net, get_backend("cuda"))
+    loss_p, g_p, _ = layer_parallel_gradient(net, params, x, y, settings, bk="cuda")
+    monkeypatch.setattr(lp, "batchable", lambda net, bk: True)
+    loss_b, g_b, _ = layer_parallel_gradient(net, params, x, y, settings, bk="cuda")
+    assert loss_b == loss_p
+    for k in g_p:
+        np.testing.assert_array_equal(g_b[k], g_p[k], err_msg=k)

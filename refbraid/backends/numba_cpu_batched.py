@@ -19,7 +19,8 @@ product per row), as in the per-step path; the element-wise work is fused (no hÂ
 temporaries over the whole stack).
 
 These are not entries of :data:`refbraid.backends.KERNELS` (no other backend has them):
-:meth:`DenseStep.forward_batched` calls them on the numba backend when :func:`applies`.
+:meth:`DenseStep.forward_batched` calls them on the numba backend when :func:`applies`
+(:mod:`refbraid.backends.numba_cuda_batched` is the cuda backend's twin).
 
 Shape legend: k rows (intervals), B batch, C width.
 """
@@ -109,7 +110,8 @@ def _rows(a: np.ndarray) -> np.ndarray:
 
 def dense_forward_batched(Y, W, b, h, act: str):
     """(Y_next, Z) of k dense steps (module docstring). Y (k,B,C), W (k,C,C), b (k,C),
-    h (k,) in Y's dtype."""
+    h (k,) step sizes (cast to Y's dtype, as the per-step path casts a Python float)."""
+    h = np.asarray(h, dtype=Y.dtype)
     Z = np.matmul(Y, W.transpose(0, 2, 1))  # k,B,C
     Z += b[:, None, :]
     code = activation_code(act)
@@ -120,6 +122,7 @@ def dense_forward_batched(Y, W, b, h, act: str):
 
 def dense_adjoint_batched(Y, Z, dY_next, W, h, act: str, grads: bool = True):
     """(dY, {"W": dW, "b": db} or None) of k dense adjoint steps (module docstring)."""
+    h = np.asarray(h, dtype=dY_next.dtype)
     code = activation_code(act)
     S = np.tanh(Z) if code == TANH else np.empty_like(Z)
     _scaled_adjoint_rows(_rows(S), _rows(Z), _rows(dY_next), h, code)  # k,B,C
