@@ -81,11 +81,12 @@ def test_refbraid_scale_prints_the_table_and_writes_the_figures(tmp_path, capsys
                  "--step-cost", "1e-4,2e-4", "--alpha", "1e-6", "--beta", "1e-10",
                  "--max-ranks", "64", "--step-ranks", "2", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "P    LP ms" in text and "wrote scaling.png, timeline.png, scaling.json" in text
+    assert "P    LP ms" in text and \
+        "wrote scaling.png, timeline.png, timeline_step.png, scaling.json" in text
     assert "whole distributed training step" in text
     # 7 rows P = 1..64, then the training-step rows 1×1, 1×2, 2×1
     assert len([ln for ln in text.splitlines() if ln.strip().split(" ")[0].isdigit()]) == 10
-    for name in ("scaling.png", "timeline.png"):
+    for name in ("scaling.png", "timeline.png", "timeline_step.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     saved = json.loads((out / "scaling.json").read_text())
     assert [r["ranks"] for r in saved["rows"]] == [1, 2, 4, 8, 16, 32, 64]

@@ -7,6 +7,8 @@ the costs, runs the real MGRIT schedule on a virtual cluster for P = 1, 2, 4, �
     scaling.png    speedup vs P: layer-parallel, data-parallel, best DP × LP, ideal
     timeline.png   one virtual layer-parallel gradient on --timeline-ranks ranks: what every
                    rank does when, waits, and the critical path
+    timeline_step.png  the whole distributed training step (DistributedGradient) on the most
+                   layer ranks ≤ --step-ranks: exchanges, broadcasts, reductions included
     scaling.json   the table and the machine model behind it
 
 Examples::
@@ -140,7 +142,15 @@ def run(args: argparse.Namespace) -> int:
                                   f"({1e3 * run_.wall_time:.2f} ms)"),
                     out / "timeline.png"),
         write_json(out / "scaling.json", {"config": config.to_dict(), **as_json(machine, rows),
-                                          "training_step_rows": [r.__dict__ for r in step_rows]}),
+                                          "training_step_rows": [r.as_dict() for r in step_rows]}),
     ]
+    pure = [r for r in step_rows if r.groups == 1 and r.ranks > 1]
+    if pure:  # the whole training step on the most layer ranks: its timed part
+        step = pure[-1].run
+        figure = plot_timeline(step.run.trace, step.run.critical_path,
+                               t_range=(step.t0, step.t0 + step.step_time),
+                               title=f"one distributed training step on {pure[-1].ranks} "
+                               f"virtual ranks ({1e3 * step.step_time:.2f} ms + extra)")
+        files.insert(2, save_figure(figure, out / "timeline_step.png"))
     print(f"wrote {', '.join(f.name for f in files)} to {out}/", file=sys.stdout, flush=True)
     return 0

@@ -34,7 +34,7 @@ Shape legend: P ranks, D data-parallel groups, Q = P / D layer ranks, N layers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends import Backend
@@ -125,6 +125,12 @@ class StepPrediction:
     step: float
     comm: float
     solves: float | None
+    run: DistributedStepRun | None = field(default=None, repr=False, compare=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The numbers (not the run), for ``scaling.json``."""
+        return {"ranks": self.ranks, "groups": self.groups, "step": self.step,
+                "comm": self.comm, "solves": self.solves}
 
 
 def predict_steps(machine, net: Network, params: Params, x, labels, bk,
@@ -162,7 +168,7 @@ def predict_steps(machine, net: Network, params: Params, x, labels, bk,
                 solves += machine.extra * scale + ring_allreduce(
                     machine.grad_bytes / q, d, machine.alpha, machine.beta)
             out.append(StepPrediction(p, d, res.step_time + machine.extra * scale, comm,
-                                      solves))
+                                      solves, res))
             d *= 2
         p *= 2
     return out
