@@ -147,8 +147,8 @@ class VirtualComm(SolverOrder):
 
     def allreduce_sum(self, value: float) -> float:
         group = self._reduce
-        values = self._world.collective(group, group.members.index(self.world_rank),
-                                        "allreduce", float(value))
+        rank = self.rank if group is self._group else group.members.index(self.world_rank)
+        values = self._world.collective(group, rank, "allreduce", float(value))
         return float(sum(values))  # rank order on every rank: the same float
 
     def gather(self, value: Any, root: int = 0) -> list[Any] | None:

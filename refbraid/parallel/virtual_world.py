@@ -163,7 +163,8 @@ class VirtualWorld:
 
     def collective(self, group: Group, rank: int, kind: str, value: Any,
                    nbytes: int | None = None, model: str | None = None) -> list[Any]:
-        """Every member's ``value`` in group order, after synchronising the members' clocks.
+        """Every member's ``value`` (a copy taken on arrival) in group order, after
+        synchronising the members' clocks.
         ``rank`` is the caller's rank in the group; ``nbytes`` its payload for the cost
         (default ``sizeof(value)``); ``model`` the cost rule of
         :func:`~refbraid.parallel.costs.collective_cost` (default ``kind``, the name the
@@ -179,7 +180,8 @@ class VirtualWorld:
                                f"the same order.")
         me = group.members[rank]
         rec = self.recorders[me]
-        rnd.values[rank], rnd.clocks[rank] = value, rec.clock
+        rnd.values[rank], rnd.clocks[rank] = detach(value), rec.clock  # the caller may
+        # change its arrays before the last member has read them
         rnd.nbytes[rank] = self.sizeof(value) if nbytes is None else int(nbytes)
         rnd.arrived += 1
         if rnd.arrived < group.size:
