@@ -1,24 +1,28 @@
 """Is a batched dense ODE step worth it? k network steps in one call against k calls.
 
-    python benchmarks/bench_batched_network.py [--width 32] [--batch 64] [--repeat 7]
+    python benchmarks/bench_batched_network.py [--backend numpy|numba] [--width 32]
+        [--batch 64] [--repeat 7]
 
 The layer-parallel gradient applies the dense ResNet step ``y_next = y + h σ(y Wᵀ + b)`` (and
 its adjoint ``dy = dy_next + (h σ'(z) ⊙ dy_next) W``) to the k intervals of an F-sweep. This
-times, per step application, on the NumPy backend:
+times, per step application, on the chosen backend:
 
 * per-step   k calls of ``DenseStep.forward`` / ``.adjoint`` (what MGRIT's relaxation does
-             today through the propagators, with the layer's argument checks);
-* batched    one call on stacked states Y (k, B, C), per-interval weights W (k, C, C) and
-             biases (k, C): ``np.matmul`` (a loop of GEMMs inside NumPy) and the elementwise
-             update on the whole stack.
+             without batched steps, with the layer's argument checks);
+* batched    one call of ``DenseStep.forward_batched`` / ``.adjoint_batched`` on stacked
+             states Y (k, B, C), per-interval weights W (k, C, C) and biases (k, C):
+             ``np.matmul`` (a loop of GEMMs inside NumPy) and the element-wise update on the
+             whole stack (fused Numba kernels on the numba backend,
+             :mod:`refbraid.backends.numba_cpu_batched`);
+* numpy b.   (numba only) the NumPy backend's batched call, for comparison (and, in the
+             solve table, the NumPy backend's batched solve and its time over numba's).
 
-It prints µs per step application, the speedup and the largest difference between the two
-(0: bit-identical). A second table times the whole MGRIT forward solve of a dense network
-and its adjoint solve (N = 512, TorchBraid's settings) with the layer-parallel propagators,
-with their batched steps (``DenseStep.forward_batched`` / ``adjoint_batched``, what the
-gradient runs) and with ``batched_step`` removed, for the batch sizes of ``--batches``.
-CPU seconds of this process (``time.process_time``), medians of ``--repeat``. The adoption
-decision: docs/batched.md.
+It prints µs per step application, the speedup and the largest difference between per-step
+and batched (0: bit-identical). A second table times the whole MGRIT forward solve of a dense
+network and its adjoint solve (N = 512, TorchBraid's settings) with the layer-parallel
+propagators, with their batched steps (what the gradient runs) and with ``batched_step``
+removed, for the batch sizes of ``--batches``. CPU seconds of this process
+(``time.process_time``), medians of ``--repeat``. The adoption decision: docs/batched.md.
 
 ``--conv`` times instead the whole layer-parallel gradient of TorchBraid's MNIST conv network
 (``--model conv``: ConvLift(1→4) + ReLU, N ConvSteps 3×3 on 28×28, batch 50, TorchBraid's
@@ -59,29 +63,16 @@ def median_time(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
-def batched_forward(W, b, Y, h):
-    """Y (k,B,C), W (k,C,C), b (k,C), h a number or (k,1,1): ``Z = Y Wᵀ + b``,
-    ``Y + h tanh(Z)``; returns (Y_next, Z)."""
-    Z = np.matmul(Y, np.swapaxes(W, 1, 2)) + b[:, None, :]
-    return Y + h * np.tanh(Z), Z
-
-
-def batched_adjoint(W, Z, dY, h):
-    """``dY + (h σ'(Z) ⊙ dY) W`` per interval, σ = tanh."""
-    t = np.tanh(Z)
-    S = h * ((1.0 - t * t) * dY)
-    return dY + np.matmul(S, W)
-
-
-def row(k: int, C: int, B: int, h: float, repeat: int, rng) -> str:
-    """One table row: k intervals, per-step loop against one batched call."""
-    bk = get_backend("numpy")
+def row(k: int, C: int, B: int, h: float, repeat: int, rng, backend: str) -> str:
+    """One table row: k intervals, per-step loop against one batched call (the adjoint
+    without weight gradients, as MGRIT's coarse and relaxation sweeps call it)."""
+    bk, ref = get_backend(backend), get_backend("numpy")
     layer = DenseStep(C, "tanh")
-    W = rng.uniform(-0.2, 0.2, (k, C, C))
-    b = rng.uniform(-0.2, 0.2, (k, C))
+    stacked = {"W": rng.uniform(-0.2, 0.2, (k, C, C)), "b": rng.uniform(-0.2, 0.2, (k, C))}
     Y = rng.standard_normal((k, B, C))
     dY = rng.standard_normal((k, B, C))
-    params = [{"W": W[j], "b": b[j]} for j in range(k)]
+    hs = np.full(k, h)
+    params = [{n: v[j] for n, v in stacked.items()} for j in range(k)]
 
     def fwd_loop():
         return [layer.forward(params[j], Y[j], h, bk) for j in range(k)]
@@ -92,25 +83,37 @@ def row(k: int, C: int, B: int, h: float, repeat: int, rng) -> str:
         return [layer.adjoint(params[j], caches[j], dY[j], h, bk, grads=False)[0]
                 for j in range(k)]
 
-    Y_next, Z = batched_forward(W, b, Y, h)
+    def fwd_batched(backend=bk):
+        return layer.forward_batched(stacked, Y, hs, backend)
+
+    Y_next, Z = fwd_batched()
+
+    def adj_batched(backend=bk):
+        return layer.adjoint_batched(stacked, Y, Z, dY, hs, backend, grads=False)[0]
+
     t_fl = median_time(fwd_loop, repeat)
-    t_fb = median_time(lambda: batched_forward(W, b, Y, h), repeat)
+    t_fb = median_time(fwd_batched, repeat)
     t_al = median_time(adj_loop, repeat)
-    t_ab = median_time(lambda: batched_adjoint(W, Z, dY, h), repeat)
+    t_ab = median_time(adj_batched, repeat)
     d_f = np.max(np.abs(np.stack([y for y, _ in fwd_loop()]) - Y_next))
-    d_a = np.max(np.abs(np.stack(adj_loop()) - batched_adjoint(W, Z, dY, h)))
+    d_a = np.max(np.abs(np.stack(adj_loop()) - adj_batched()))
     us = 1e6 / k
-    return (f"{k:>5} {t_fl * us:>12.2f} {t_fb * us:>11.2f} {t_fl / t_fb:>7.2f} {d_f:>9.1e}   "
-            f"{t_al * us:>12.2f} {t_ab * us:>11.2f} {t_al / t_ab:>7.2f} {d_a:>9.1e}")
+    line = (f"{k:>5} {t_fl * us:>12.2f} {t_fb * us:>11.2f} {t_fl / t_fb:>7.2f} {d_f:>9.1e}")
+    if bk is not ref:
+        line += f" {median_time(lambda: fwd_batched(ref), repeat) * us:>9.2f}"
+    line += f"   {t_al * us:>12.2f} {t_ab * us:>11.2f} {t_al / t_ab:>7.2f} {d_a:>9.1e}"
+    if bk is not ref:
+        line += f" {median_time(lambda: adj_batched(ref), repeat) * us:>9.2f}"
+    return line
 
 
-def solve_rows(n_layers: int, C: int, B: int, repeat: int) -> list[str]:
+def solve_rows(n_layers: int, C: int, B: int, repeat: int, backend: str) -> list[str]:
     """MGRIT forward and adjoint solves of a dense network with the propagators of
     refbraid.layer_parallel: their batched steps (as the gradient runs them) against the same
     problems with ``batched_step`` removed (one call per interval)."""
     import dataclasses
 
-    bk = get_backend("numpy")
+    bk = get_backend(backend)
     net = Network(DenseLift(2, C), DenseStep(C, "tanh"), Classifier((C,), 5), n_layers, 3.0)
     params = init_params(net, 0)
     steps = group(params, "steps")
@@ -118,17 +121,26 @@ def solve_rows(n_layers: int, C: int, B: int, repeat: int) -> list[str]:
     y0, _ = net.opening.forward(group(params, "opening"), rng.standard_normal((B, 2)), bk)
     fwd = forward_problem(net, steps, y0, bk)
     states = sequential_solve(fwd)  # (N + 1, B, C), fine order
-    adj = adjoint_problem(net, steps, states, rng.standard_normal((B, C)), bk)
+    lam_N = rng.standard_normal((B, C))
+    adj = adjoint_problem(net, steps, states, lam_N, bk)
+    ref = get_backend("numpy")  # the same problems on the NumPy backend (numba: a column)
+    ref_fwd = forward_problem(net, steps, y0, ref)
+    ref_adj = adjoint_problem(net, steps, states, lam_N, ref)
     rows = []
-    for name, batched, settings in (("forward", fwd, LayerParallelSettings().forward),
-                                    ("adjoint", adj, LayerParallelSettings().backward)):
+    for name, batched, numpy_batched, settings in (
+            ("forward", fwd, ref_fwd, LayerParallelSettings().forward),
+            ("adjoint", adj, ref_adj, LayerParallelSettings().backward)):
         assert batched.batched_step is not None
         per_step = dataclasses.replace(batched, batched_step=None)
         t_p = median_time(lambda p=per_step, s=settings: solve(p, s), repeat)
         t_b = median_time(lambda p=batched, s=settings: solve(p, s), repeat)
         d = np.max(np.abs(solve(per_step, settings).solution - solve(batched, settings).solution))
-        rows.append(f"{name:<8} {n_layers:>5} {B:>6} {1e3 * t_p:>12.2f} {1e3 * t_b:>11.2f} "
-                    f"{t_p / t_b:>7.2f} {d:>9.1e}")
+        line = (f"{name:<8} {n_layers:>5} {B:>6} {1e3 * t_p:>12.2f} {1e3 * t_b:>11.2f} "
+                f"{t_p / t_b:>7.2f} {d:>9.1e}")
+        if bk is not ref:
+            t_n = median_time(lambda p=numpy_batched, s=settings: solve(p, s), repeat)
+            line += f" {1e3 * t_n:>11.2f} {t_n / t_b:>9.2f}"
+        rows.append(line)
     return rows
 
 
@@ -182,25 +194,32 @@ def main(argv=None) -> None:
     ap.add_argument("--conv", action="store_true",
                     help="time the MNIST conv network's gradient instead (module docstring)")
     ap.add_argument("--conv-layers", type=int, nargs="+", default=[32, 128])
+    ap.add_argument("--backend", choices=("numpy", "numba"), default="numpy")
     args = ap.parse_args(argv)
     if args.conv:
         return conv_rows(args.conv_layers, args.repeat)
     rng = np.random.default_rng(0)
-    print(f"dense ODE step, width {args.width}, batch {args.batch}, tanh, float64, NumPy; CPU µs "
-          f"per step application, median of {args.repeat}; load {os.getloadavg()[0]:.2f}")
-    head = (f"{'k':>5} {'fwd per-step':>12} {'fwd batched':>11} {'speedup':>7} {'max |Δ|':>9}   "
-            f"{'adj per-step':>12} {'adj batched':>11} {'speedup':>7} {'max |Δ|':>9}")
+    print(f"dense ODE step, width {args.width}, batch {args.batch}, tanh, float64, backend "
+          f"{args.backend}; CPU µs per step application, median of {args.repeat}; load "
+          f"{os.getloadavg()[0]:.2f}")
+    extra = f" {'numpy b.':>9}" if args.backend != "numpy" else ""
+    head = (f"{'k':>5} {'fwd per-step':>12} {'fwd batched':>11} {'speedup':>7} {'max |Δ|':>9}"
+            f"{extra}   {'adj per-step':>12} {'adj batched':>11} {'speedup':>7} {'max |Δ|':>9}"
+            f"{extra}")
     print(head)
     print("-" * len(head))
     for k in args.k:
-        print(row(k, args.width, args.batch, 0.01, args.repeat, rng), flush=True)
-    print("\nMGRIT solves of the dense network (TorchBraid's settings), CPU ms")
+        print(row(k, args.width, args.batch, 0.01, args.repeat, rng, args.backend), flush=True)
+    print(f"\nMGRIT solves of the dense network (TorchBraid's settings), backend "
+          f"{args.backend}, CPU ms")
     head = (f"{'solve':<8} {'N':>5} {'batch':>6} {'per-step ms':>12} {'batched ms':>11} "
             f"{'speedup':>7} {'max |Δ|':>9}")
+    if args.backend != "numpy":
+        head += f" {'numpy b. ms':>11} {'vs numpy':>9}"
     print(head)
     print("-" * len(head))
     for B in args.batches:
-        for line in solve_rows(args.layers, args.width, B, args.repeat):
+        for line in solve_rows(args.layers, args.width, B, args.repeat, args.backend):
             print(line, flush=True)
 
 

@@ -113,11 +113,11 @@ class LayerParallelSettings:
 # ----------------------------------------------------------------------------- the two problems
 def batchable(net: Network, bk: Backend) -> bool:
     """Whether the propagators offer MGRIT batched steps (one call per sweep,
-    :mod:`refbraid.mgrit.batched`): for a step layer with ``forward_batched`` /
-    ``adjoint_batched`` on the NumPy backend, where they are bit-identical to per-step calls,
-    and that says batching pays (``batched_sweeps_pay``; docs/batched.md has the measurements)."""
+    :mod:`refbraid.mgrit.batched`): a step layer with ``forward_batched`` / ``adjoint_batched``
+    on the numpy or numba backend, bit-identical to its per-step calls, that says batching pays
+    (``batched_sweeps_pay``; docs/batched.md has the measurements)."""
     layer = getattr(net, "step", None)
-    return (bk.name == "numpy" and callable(getattr(layer, "forward_batched", None))
+    return (bk.name in ("numpy", "numba") and callable(getattr(layer, "forward_batched", None))
             and getattr(layer, "batched_sweeps_pay", False))
 
 

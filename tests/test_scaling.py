@@ -79,25 +79,34 @@ def test_refbraid_scale_prints_the_table_and_writes_the_figures(tmp_path, capsys
     out = tmp_path / "scale"
     assert main(["scale", "--layers", "64", "--width", "4", "--samples", "200",
                  "--step-cost", "1e-4,2e-4", "--alpha", "1e-6", "--beta", "1e-10",
-                 "--max-ranks", "64", "--out", str(out)]) == 0
+                 "--max-ranks", "64", "--step-ranks", "2", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "P    LP ms" in text and "wrote scaling.png, timeline.png, scaling.json" in text
-    assert len([ln for ln in text.splitlines() if ln.strip().split(" ")[0].isdigit()]) == 7
-    for name in ("scaling.png", "timeline.png"):
+    assert "P    LP ms" in text and \
+        "wrote scaling.png, timeline.png, timeline_step.png, scaling.json" in text
+    assert "whole distributed training step" in text
+    # 7 rows P = 1..64, then the training-step rows 1×1, 1×2, 2×1
+    assert len([ln for ln in text.splitlines() if ln.strip().split(" ")[0].isdigit()]) == 10
+    for name in ("scaling.png", "timeline.png", "timeline_step.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     saved = json.loads((out / "scaling.json").read_text())
     assert [r["ranks"] for r in saved["rows"]] == [1, 2, 4, 8, 16, 32, 64]
     assert saved["source"]["steps"] == "given (--step-cost)"
+    steps = saved["training_step_rows"]
+    assert [(r["ranks"], r["groups"]) for r in steps] == [(1, 1), (2, 1), (2, 2)]
+    assert steps[0]["step"] == pytest.approx(steps[0]["solves"], rel=1e-9)  # P = 1: no glue
+    assert steps[1]["comm"] > 0  # two ranks: messages on the critical path
 
 
 @pytest.mark.parametrize("flags, pattern", [
     (["--max-ranks", "0"], "`--max-ranks` must be a positive integer"),
     (["--timeline-ranks", "0"], "`--timeline-ranks` must be a positive integer"),
+    (["--step-ranks", "-1"], "`--step-ranks` must be 0 (skip) or a positive integer"),
     (["--levels", "1"], "`--levels` must be at least 2"),
     (["--model", "gru"], "`--model gru`: `refbraid scale` models the resnet and conv"),
     (["--layers", "0"], "`--layers` must be a positive integer"),
     (["--out", "/dev/null"], "`--out` '/dev/null' is not a folder"),
-], ids=["max-ranks", "timeline-ranks", "one-level", "sequence-model", "layers", "out"])
+], ids=["max-ranks", "timeline-ranks", "step-ranks", "one-level", "sequence-model", "layers",
+        "out"])
 def test_bad_scale_flags_are_named(flags, pattern, capsys, tmp_path):
     argv = ["scale", "--step-cost", "1e-4", "--alpha", "1e-6", "--beta", "1e-10", *flags]
     if "--out" not in flags:

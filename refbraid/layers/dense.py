@@ -31,6 +31,20 @@ from .init import (
 )
 
 
+def _fused_batched(bk, act: str, *arrays):
+    """The backend's own batched dense kernels when they take these arrays, else None (the
+    array-API code of the methods runs): numba :mod:`refbraid.backends.numba_cpu_batched`,
+    cuda :mod:`refbraid.backends.numba_cuda_batched`, each bit-identical to its backend's
+    per-step path."""
+    if bk.name == "numba":
+        from ..backends import numba_cpu_batched as fused
+    elif bk.name == "cuda":
+        from ..backends import numba_cuda_batched as fused
+    else:
+        return None
+    return fused if fused.applies(act, *arrays) else None
+
+
 @dataclass(frozen=True)
 class DenseStep:
     """One forward-Euler ResNet step ``y_next = y + h σ(W y + b)`` of width ``width``."""
@@ -75,13 +89,16 @@ class DenseStep:
         return dy_next + ds_W, {"W": dW, "b": db}
 
 
-    # -- k steps at once (MGRIT's batched sweeps; reference backend) -----------------------
+    # -- k steps at once (MGRIT's batched sweeps; NumPy, numba and cuda backends) ---------
     def forward_batched(self, params, Y, h, bk):
         """k steps at once, row j as :meth:`forward` with ``params[·][j]`` and ``h[j]``:
         ``Z = Y Wᵀ + b``, ``Y_next = Y + h σ(Z)``. Y (k,B,C), W (k,C,C), b (k,C), h (k,);
         returns (Y_next, Z). The same floating-point operations per row as :meth:`forward` on
         the NumPy backend (``np.matmul`` runs the 2-D product per row): bit-identical there."""
         xp = bk.xp
+        fused = _fused_batched(bk, self.activation, Y, params["W"], params["b"])
+        if fused is not None:  # h as its backend's per-step path takes it
+            return fused.dense_forward_batched(Y, params["W"], params["b"], h, self.activation)
         h = asarray_on(Y, h, dtype=Y.dtype)[:, None, None]  # as a Python float h is: Y's dtype
         Z = xp.matmul(Y, xp.permute_dims(params["W"], (0, 2, 1))) + params["b"][:, None, :]  # k,B,C
         return Y + h * bk.activation(Z, self.activation), Z
@@ -90,6 +107,10 @@ class DenseStep:
         """:meth:`adjoint` of k steps at once: ``S = h σ'(Z) ⊙ dY_next``, ``dY = dY_next + S W``,
         with grads ``dW = Sᵀ Y``, ``db = Σ_B S`` per row. Returns (dY, dparams stacked or None)."""
         xp = bk.xp
+        fused = _fused_batched(bk, self.activation, Y, Z, dY_next, params["W"])
+        if fused is not None:
+            return fused.dense_adjoint_batched(Y, Z, dY_next, params["W"], h, self.activation,
+                                               grads)
         h = asarray_on(dY_next, h, dtype=dY_next.dtype)[:, None, None]
         S = h * bk.activation_adjoint(Z, dY_next, self.activation)  # k,B,C
         dY = dY_next + xp.matmul(S, params["W"])

@@ -17,7 +17,10 @@ launch.py      ``mpiexec -n N python -m mpi4py ...`` with timeouts and one threa
 trace.py       opt-in execution trace (steps, messages, collectives) and the
                critical path; the hooks cost one lookup when off
 virtual.py     the virtual cluster: P ranks on virtual clocks (step costs, α + β·bytes
-               per message), predicted wall time, timeline and critical path
+               per message), predicted wall time, timeline and critical path; its
+               communicators and their D × Q split (virtual_topology)
+virtual_world  what the virtual ranks share: clocks, mailboxes, communicator groups
+.py            and their collectives
 costs.py       its cost model: step costs per level and direction, collectives
 scheduler.py   runs the virtual ranks' threads one at a time
 plots.py       the timeline figure (imported on demand: matplotlib)

@@ -7,7 +7,12 @@ step Φ on level ℓ      ``cost(ℓ, direction)``: a :class:`StepCosts` table, 
                        ``cost(level, direction) -> seconds``, or one number for all
 message of b bytes     ``α + β·b`` from the send to the earliest receive
 allreduce, bcast       ``⌈log₂ P⌉ · (α + β·b)``  (binomial tree, b = largest contribution)
-gather, allgather      ``⌈log₂ P⌉ · α + (P − 1) · β·b``  (P − 1 blocks reach the root)
+gather, allgather,     ``⌈log₂ P⌉ · α + (P − 1) · β·b``  (P − 1 blocks reach the root;
+scatter                scatter: b = the largest block)
+alltoall               ``⌈log₂ P⌉ · α + β·b``  (b = the most bytes one rank sends to the
+                       others; every rank's sends overlap)
+ring (sum of arrays)   ``2(P − 1) · α + 2(P − 1)/P · β·b``  (ring allreduce of b bytes,
+                       REFERENCES.md §4: the gradient reductions of ``sum_to_all``)
 =====================  ============================================================
 
 Used by :mod:`refbraid.parallel.virtual`; numbers can come from a calibration (time one step
@@ -84,9 +89,15 @@ def ceil_log2(n: int) -> int:
 
 def collective_cost(kind: str, size: int, nbytes: int, alpha: float, beta: float) -> float:
     """Seconds a collective adds after the last rank arrives (module docstring)."""
+    if size <= 1:
+        return 0.0
     rounds = ceil_log2(size)
-    if kind in ("gather", "allgather"):
+    if kind in ("gather", "allgather", "scatter"):
         return rounds * alpha + (size - 1) * beta * nbytes
+    if kind == "alltoall":
+        return rounds * alpha + beta * nbytes
+    if kind == "ring":
+        return 2 * (size - 1) * alpha + 2 * (size - 1) / size * beta * nbytes
     return rounds * (alpha + beta * nbytes)
 
 

@@ -9,11 +9,14 @@ clock that advances by a cost model instead of by the wall clock::
     send (non-blocking)                the message leaves at the sender's clock t_s;
                                        the sender's clock does not move
     receive                            clock = max(clock, t_s + α + β·nbytes)
-    collective over P ranks            every clock = max over ranks of the entry clocks
-                                                     + cost(kind, P, nbytes)
+    collective over G ranks            every clock = max over ranks of the entry clocks
+                                                     + cost(kind, G, nbytes)
 
-with the costs of :mod:`refbraid.parallel.costs` (e.g. an allreduce over P ranks adds
-⌈log₂ P⌉·(α + β·b); with P = 1 a collective is free). A gather synchronises every rank (a
+with the costs of :mod:`refbraid.parallel.costs` (e.g. an allreduce over G ranks adds
+⌈log₂ G⌉·(α + β·b), a ``sum_to_all`` of b bytes the ring allreduce 2(G−1)α + 2(G−1)/G·β·b;
+with G = 1 a collective is free). A collective synchronises the ranks of ITS communicator
+(the world, or a layer- or data-parallel group from :meth:`VirtualComm.subgroup`; the shared
+state is :mod:`refbraid.parallel.virtual_world`). A gather synchronises every member (a
 simplification: in MPI only the root has to wait); a barrier is an allreduce of 0 bytes.
 Work that is not a step application (the opening and closing layers, the loss, array copies,
 the solver's bookkeeping) costs nothing: the model charges what scales with the number of
@@ -39,157 +42,25 @@ Shape legend: P ranks, E events.
 from __future__ import annotations
 
 import threading
-from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 
 from .comm import SolverOrder
-from .costs import (
-    DIRECTIONS,
-    CostModel,
-    StepCosts,
-    as_cost,
-    ceil_log2,
-    check_seconds,
-    collective_cost,
-)
-from .scheduler import Aborted, DeadlockError, Scheduler
-from .trace import (
-    RECV,
-    STEP,
-    Event,
-    Recorder,
-    Trace,
-    critical_path,
-    path_breakdown,
-    payload_bytes,
-    recording,
-)
+from .costs import CostModel, StepCosts, as_cost, ceil_log2, check_seconds, collective_cost
+from .scheduler import Aborted, DeadlockError
+from .trace import RECV, Event, Trace, critical_path, path_breakdown, payload_bytes, recording
+from .virtual_world import Group, VirtualRecorder, VirtualWorld, detach
 
 #: Stack size of a simulated rank's thread (the MGRIT recursion is shallow).
 STACK_BYTES = 4 * 1024 * 1024
 
 __all__ = ["CostModel", "DeadlockError", "StepCosts", "VirtualComm", "VirtualRecorder",
-           "VirtualRun", "as_cost", "ceil_log2", "collective_cost", "simulate"]
-
-
-# ----------------------------------------------------------------------------- one rank's clock
-class VirtualRecorder(Recorder):
-    """A rank's recorder whose time is its virtual ``clock`` (origin 0).
-
-    The step hook ignores the measured times and advances the clock by ``cost(level,
-    direction)``; the communicator sets the clock for messages and collectives.
-    """
-
-    def __init__(self, rank: int, cost: Callable[[int, str], float]):
-        super().__init__(rank, origin=0.0)
-        self.clock = 0.0
-        self._cost = cost
-        self._table: dict[tuple[int, bool], float] = {}
-
-    def step(self, level: int, start: int, stop: int, t0: float = 0.0, t1: float = 0.0) -> None:
-        back = start > stop
-        c = self._table.get((level, back))
-        if c is None:
-            c = check_seconds("costs(level, direction)", self._cost(level, DIRECTIONS[back]))
-            self._table[(level, back)] = c
-        t = self.clock
-        self.clock = t + c
-        self.events.append(Event(STEP, self.rank, t, t + c, level, start, stop))
-
-    def steps(self, level: int, starts, stops, t0: float = 0.0, t1: float = 0.0) -> None:
-        """A batched call: each of its k applications costs what it costs alone."""
-        for start, stop in zip(starts, stops, strict=True):
-            self.step(level, int(start), int(stop))
-
-
-# ----------------------------------------------------------------------------- the world
-@dataclass(eq=False)
-class _Round:
-    """One collective in progress: every rank's value, entry clock and payload size."""
-
-    kind: str
-    values: list[Any]
-    clocks: list[float]
-    nbytes: list[int]
-    arrived: int = 0
-    waiters: list[int] = field(default_factory=list)
-    t_end: float = 0.0
-
-
-def _detach(value):
-    """A copy sharing no memory with ``value`` (arrays, and dicts/lists/tuples of them)."""
-    if isinstance(value, dict):
-        return {k: _detach(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_detach(v) for v in value)
-    copy = getattr(value, "copy", None)
-    return copy() if callable(copy) else value
-
-
-class _VirtualWorld:
-    """Mailboxes, collectives, clocks (the ranks' :class:`VirtualRecorder`) and the scheduler."""
-
-    def __init__(self, size: int, cost, alpha: float, beta: float, sizeof):
-        self.size = size
-        self.alpha, self.beta, self.sizeof = alpha, beta, sizeof
-        self.sched = Scheduler(size)
-        self.recorders = [VirtualRecorder(r, cost) for r in range(size)]
-        self.mail: dict[tuple[int, int], deque] = defaultdict(deque)
-        self.waiting: dict[tuple[int, int], int] = {}
-        self.round: _Round | None = None
-
-    def send(self, src: int, dst: int, value: Any) -> None:
-        rec = self.recorders[src]
-        nbytes = self.sizeof(value)
-        self.mail[(src, dst)].append((_detach(value), rec.clock, nbytes))
-        rec.send(dst, nbytes, rec.clock, rec.clock)
-        waiter = self.waiting.pop((src, dst), None)
-        if waiter is not None:
-            self.sched.make_ready(waiter)
-
-    def recv(self, src: int, dst: int) -> Any:
-        box = self.mail[(src, dst)]
-        while not box:
-            self.waiting[(src, dst)] = dst
-            self.sched.block(dst, f"a message from rank {src}")
-        value, t_sent, nbytes = box.popleft()
-        rec = self.recorders[dst]
-        c0 = rec.clock
-        rec.clock = max(c0, t_sent + self.alpha + self.beta * nbytes)
-        rec.recv(src, nbytes, c0, rec.clock)
-        return value
-
-    def collective(self, rank: int, kind: str, value: Any) -> list[Any]:
-        """Every rank's ``value`` in rank order, after synchronising the clocks."""
-        rnd = self.round
-        if rnd is None:
-            n = self.size
-            rnd = self.round = _Round(kind, [None] * n, [0.0] * n, [0] * n)
-        elif rnd.kind != kind:
-            raise RuntimeError(f"rank {rank} called {kind} while other ranks are in "
-                               f"{rnd.kind}: every rank must call the same collectives in "
-                               f"the same order.")
-        rec = self.recorders[rank]
-        rnd.values[rank], rnd.clocks[rank] = value, rec.clock
-        rnd.nbytes[rank] = self.sizeof(value)
-        rnd.arrived += 1
-        if rnd.arrived < self.size:
-            rnd.waiters.append(rank)
-            self.sched.block(rank, f"the other ranks in {kind}")
-        else:
-            self.round = None
-            rnd.t_end = max(rnd.clocks) + collective_cost(kind, self.size, max(rnd.nbytes),
-                                                          self.alpha, self.beta)
-            for w in rnd.waiters:
-                self.sched.make_ready(w)
-        rec.collective(kind, rnd.nbytes[rank], rnd.clocks[rank], rnd.t_end)
-        rec.clock = rnd.t_end
-        return rnd.values
+           "VirtualRun", "as_cost", "ceil_log2", "collective_cost", "simulate",
+           "virtual_topology"]
 
 
 def _check_root(root, size: int) -> int:
@@ -200,67 +71,159 @@ def _check_root(root, size: int) -> int:
 
 class VirtualComm(SolverOrder):
     """One rank of a virtual cluster: MGRIT's communicator interface (as
-    :class:`~refbraid.parallel.comm.ThreadComm`) plus ``bcast``, ``allgather``, ``send_to``,
-    ``recv_from`` and ``barrier`` for glue code. Values sent are copied (no shared memory).
-    Created by :func:`simulate`; ``clock`` is this rank's virtual time.
+    :class:`~refbraid.parallel.comm.ThreadComm`) plus what the distributed gradient and
+    :mod:`refbraid.parallel.ops` need from :class:`~refbraid.parallel.mpi.MPIComm`:
+    ``bcast``, ``allgather``, ``alltoall``, ``scatter``, ``sum_to_all``, ``barrier``, and
+    ``send_to`` / ``recv_from`` for glue code. Values sent are copied (no shared memory).
+
+    Created by :func:`simulate` (the world); :meth:`subgroup` gives the communicator of some
+    of its ranks (:func:`refbraid.parallel.virtual_topology.virtual_topology` splits a world
+    into layer-parallel and data-parallel groups as :func:`~refbraid.parallel.mpi.split_world`
+    does). ``rank`` and ``size`` are this communicator's; ``clock`` is this rank's virtual
+    time. ``allreduce_sum`` reduces over ``reduce_group`` (default: this communicator's ranks),
+    like MPIComm's ``reduce_comm``.
     """
 
-    def __init__(self, world: _VirtualWorld, rank: int, reverted: bool = False):
+    def __init__(self, world: VirtualWorld, rank: int, reverted: bool = False,
+                 group: Group | None = None, reduce_group: Group | None = None):
         self._world = world
+        self._group = world.everyone if group is None else group
+        self._reduce = self._group if reduce_group is None else reduce_group
         self.rank = rank
-        self.size = world.size
+        self.size = self._group.size
         self._reverted = reverted
+
+    @property
+    def world_rank(self) -> int:
+        """This rank's number in the whole virtual world."""
+        return self._group.members[self.rank]
 
     @property
     def clock(self) -> float:
         """This rank's virtual time in seconds."""
-        return self._world.recorders[self.rank].clock
+        return self._world.recorders[self.world_rank].clock
 
     def reverted(self) -> VirtualComm:
-        return VirtualComm(self._world, self.rank, not self._reverted)
+        return VirtualComm(self._world, self.rank, not self._reverted, self._group, self._reduce)
+
+    def subgroup(self, members, reduce_members=None) -> VirtualComm:
+        """The communicator of world ranks ``members`` (in that rank order; this rank must be
+        one of them), reducing norms over ``reduce_members`` (default ``members``)."""
+        members = tuple(int(m) for m in members)
+        if self.world_rank not in members:
+            raise ValueError(f"`members` must include this rank ({self.world_rank}), got "
+                             f"{members!r}.")
+        group = self._world.group(members)
+        reduce = None if reduce_members is None else \
+            self._world.group(tuple(int(m) for m in reduce_members))
+        return VirtualComm(self._world, members.index(self.world_rank), False, group, reduce)
 
     # -- neighbours (MGRIT) ------------------------------------------------------------------
     def send_next(self, value: Any) -> None:
         nxt = self._neighbour(+1)
         if nxt is not None:
-            self._world.send(self.rank, nxt, value)
+            self._world.send(self._group, self.world_rank, self._group.members[nxt], value)
 
     def recv_prev(self) -> Any | None:
         prv = self._neighbour(-1)
-        return None if prv is None else self._world.recv(prv, self.rank)
+        if prv is None:
+            return None
+        return self._world.recv(self._group, self._group.members[prv], self.world_rank)
 
     # -- any pair ----------------------------------------------------------------------------
     def send_to(self, dest: int, value: Any) -> None:
         """Non-blocking send of ``value`` to rank ``dest``."""
-        self._world.send(self.rank, _check_root(dest, self.size), value)
+        dest = self._group.members[_check_root(dest, self.size)]
+        self._world.send(self._group, self.world_rank, dest, value)
 
     def recv_from(self, source: int) -> Any:
         """The next message from rank ``source`` (waits for it)."""
-        return self._world.recv(_check_root(source, self.size), self.rank)
+        source = self._group.members[_check_root(source, self.size)]
+        return self._world.recv(self._group, source, self.world_rank)
 
     # -- collectives -------------------------------------------------------------------------
+    def _collective(self, kind: str, value: Any, **cost) -> list[Any]:
+        return self._world.collective(self._group, self.rank, kind, value, **cost)
+
     def allreduce_sum(self, value: float) -> float:
-        values = self._world.collective(self.rank, "allreduce", float(value))
+        group = self._reduce
+        rank = self.rank if group is self._group else group.members.index(self.world_rank)
+        values = self._world.collective(group, rank, "allreduce", float(value))
         return float(sum(values))  # rank order on every rank: the same float
 
     def gather(self, value: Any, root: int = 0) -> list[Any] | None:
         root = _check_root(root, self.size)
-        values = self._world.collective(self.rank, "gather", value)
-        return [_detach(v) for v in values] if self.rank == root else None
+        values = self._collective("gather", value)
+        return [detach(v) for v in values] if self.rank == root else None
 
     def allgather(self, value: Any) -> list[Any]:
-        return [_detach(v) for v in self._world.collective(self.rank, "allgather", value)]
+        return [detach(v) for v in self._collective("allgather", value)]
 
     def bcast(self, value: Any, root: int = 0) -> Any:
         root = _check_root(root, self.size)
         mine = value if self.rank == root else None
-        return _detach(self._world.collective(self.rank, "bcast", mine)[root])
+        return detach(self._collective("bcast", mine)[root])
+
+    def alltoall(self, values: list[Any]) -> list[Any]:
+        """``values[q]`` goes to rank q; returns what every rank sent to this one. Costed by
+        the bytes this rank sends to the others (:mod:`refbraid.parallel.costs`)."""
+        if len(values) != self.size:
+            raise ValueError(f"`values` must hold one entry per rank ({self.size}), "
+                             f"got {len(values)}.")
+        sent = sum(self._world.sizeof(v) for q, v in enumerate(values) if q != self.rank)
+        every = self._collective("alltoall", list(values), nbytes=sent)
+        return [detach(every[p][self.rank]) for p in range(self.size)]
+
+    def scatter(self, values: list[Any] | None, root: int = 0) -> Any:
+        """``values[q]`` (given on ``root``) to rank q; costed by the largest block."""
+        root = _check_root(root, self.size)
+        if self.rank == root and (values is None or len(values) != self.size):
+            raise ValueError(f"`values` on the root must hold one entry per rank ({self.size}).")
+        mine = list(values) if self.rank == root else None
+        block = max((self._world.sizeof(v) for v in mine), default=0) if mine else 0
+        return detach(self._collective("scatter", mine, nbytes=block)[root][self.rank])
+
+    def sum_to_all(self, array: np.ndarray) -> np.ndarray:
+        """Σ over ranks of ``array`` on every rank, the same bits everywhere, added as a
+        binomial tree: ranks 2i and 2i+1 first, then pairs of pairs, … — the association of
+        MPICH's ``MPI_Reduce`` (binomial, or reduce-scatter for long arrays) that
+        :meth:`MPIComm.sum_to_all` runs, so the bits match the MPI run (tested for P ≤ 4).
+        Costed as a ring allreduce (REFERENCES.md §4); traced as ``allreduce``."""
+        if not isinstance(array, np.ndarray) or array.dtype.kind not in "fc":
+            raise TypeError(f"`array` must be a floating-point NumPy array, got "
+                            f"{getattr(array, 'dtype', type(array).__name__)}.")
+        parts = [np.array(p, copy=True) for p in self._collective("allreduce", array,
+                                                                   model="ring")]
+        mask = 1
+        while mask < len(parts):
+            for i in range(0, len(parts) - mask, 2 * mask):
+                parts[i] = parts[i] + parts[i + mask]
+            mask *= 2
+        return parts[0]
 
     def barrier(self) -> None:
-        self._world.collective(self.rank, "allreduce", None)
+        self._collective("allreduce", None)
 
     def __repr__(self) -> str:
-        return f"VirtualComm(rank={self.rank}, size={self.size}, reverted={self._reverted})"
+        return (f"VirtualComm(rank={self.rank}, size={self.size}, world_rank="
+                f"{self.world_rank}, reverted={self._reverted})")
+
+
+def virtual_topology(comm: VirtualComm, data_parallel: int = 1):
+    """``comm``'s ranks split into ``data_parallel`` groups as
+    :func:`refbraid.parallel.mpi.split_world` splits an MPI world: world rank w is in group
+    g = w // Q at layer rank q = w % Q (Q = P / D); the layer communicator reduces norms over
+    the whole of ``comm``. Returns a :class:`~refbraid.parallel.mpi.Topology` of
+    :class:`VirtualComm` s, which :class:`~refbraid.training.distributed.DistributedGradient`
+    takes as it takes the MPI one. No messages: every rank computes the same split."""
+    from .mpi import Topology, check_split
+
+    members = comm._group.members
+    q = check_split(comm.size, data_parallel)
+    group, layer_rank = divmod(comm.rank, q)
+    layer = comm.subgroup([members[group * q + i] for i in range(q)], reduce_members=members)
+    data = comm.subgroup([members[d * q + layer_rank] for d in range(int(data_parallel))])
+    return Topology(world=comm, layer=layer, data=data, group=group, n_groups=int(data_parallel))
 
 
 # ----------------------------------------------------------------------------- running
@@ -320,7 +283,7 @@ def simulate(fn: Callable[[VirtualComm], Any], size: int, costs: CostModel = 1.0
     alpha, beta = check_seconds("alpha", alpha), check_seconds("beta", beta)
     if not callable(sizeof):
         raise TypeError(f"`sizeof` must be a callable value -> bytes, got {sizeof!r}.")
-    world = _VirtualWorld(size, cost, alpha, beta, sizeof)
+    world = VirtualWorld(size, cost, alpha, beta, sizeof)
     sched = world.sched
     results: list[Any] = [None] * size
     errors: list[BaseException | None] = [None] * size

@@ -13,6 +13,9 @@ schedule.py       MGRIT solves on P virtual ranks: with arithmetic, or cost-only
                   stand-in problem with the same schedule, for N and P in the 10⁵/10³)
 virtual_step.py   the layer-parallel gradient (forward solve, λ[N] broadcast, state
                   rows, adjoint solve) on P virtual ranks; arithmetic or cost-only
+virtual_training  the whole distributed training-step gradient (DistributedGradient,
+.py               the MPI program, D × Q ranks) on the virtual cluster; the
+                  ``refbraid scale`` training-step table
 ================  ==================================================================
 """
 
@@ -24,11 +27,13 @@ from .schedule import (
     whole_solution,
 )
 from .virtual_step import assemble_gradient, simulate_gradient, simulate_gradient_schedule
+from .virtual_training import simulate_distributed_gradient
 
 __all__ = [
     "assemble_gradient",
     "cost_only_problem",
     "replay_settings",
+    "simulate_distributed_gradient",
     "simulate_gradient",
     "simulate_gradient_schedule",
     "simulate_schedule",

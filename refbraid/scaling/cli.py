@@ -7,6 +7,8 @@ the costs, runs the real MGRIT schedule on a virtual cluster for P = 1, 2, 4, �
     scaling.png    speedup vs P: layer-parallel, data-parallel, best DP × LP, ideal
     timeline.png   one virtual layer-parallel gradient on --timeline-ranks ranks: what every
                    rank does when, waits, and the critical path
+    timeline_step.png  the whole distributed training step (DistributedGradient) on the most
+                   layer ranks ≤ --step-ranks: exchanges, broadcasts, reductions included
     scaling.json   the table and the machine model behind it
 
 Examples::
@@ -66,6 +68,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--timeline-ranks", type=int, default=4, metavar="P",
                    help="ranks of the virtual run drawn in timeline.png (default: 4, or the "
                    "most the network allows)")
+    g.add_argument("--step-ranks", type=int, default=4, metavar="P",
+                   help="run the whole distributed training step (real values) on the "
+                   "virtual cluster for every D x Q split up to P ranks (default: 4; 0: skip)")
     g.add_argument("--out", dest="out", default=None, metavar="DIR",
                    help="output folder (default: runs/scale-<data>-<model>)")
     p.set_defaults(func=run)
@@ -90,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
 
     max_ranks = _check_ranks("max-ranks", args.max_ranks)
     timeline_ranks = _check_ranks("timeline-ranks", args.timeline_ranks)
+    if args.step_ranks < 0:
+        raise ValueError(f"`--step-ranks` must be 0 (skip) or a positive integer, got "
+                         f"{args.step_ranks}.")
     out_arg = args.out
     config = config_from_args(argparse.Namespace(**{**vars(args), "out": None}))
     if config.levels < 2:
@@ -107,6 +115,14 @@ def run(args: argparse.Namespace) -> int:
     title = (f"{config.data}-{config.model}: N = {config.layers}, width {config.width}, batch "
              f"{config.batch_size}, {config.levels} levels, cfactor {config.cfactor}")
     print(format_table(machine, rows, title), flush=True)
+    step_rows = []
+    if args.step_ranks:
+        from .predict import _batch
+        from .virtual_training import format_steps, predict_steps
+
+        net, params, x, y, bk = _batch(config)
+        step_rows = predict_steps(machine, net, params, x, y, bk, args.step_ranks)
+        print(format_steps(step_rows, serial_time(machine)), flush=True)
 
     settings = layer_parallel_settings(config)
     q = timeline_ranks
@@ -125,7 +141,16 @@ def run(args: argparse.Namespace) -> int:
                                   title=f"one layer-parallel gradient on {q} virtual ranks "
                                   f"({1e3 * run_.wall_time:.2f} ms)"),
                     out / "timeline.png"),
-        write_json(out / "scaling.json", {"config": config.to_dict(), **as_json(machine, rows)}),
+        write_json(out / "scaling.json", {"config": config.to_dict(), **as_json(machine, rows),
+                                          "training_step_rows": [r.as_dict() for r in step_rows]}),
     ]
+    pure = [r for r in step_rows if r.groups == 1 and r.ranks > 1]
+    if pure:  # the whole training step on the most layer ranks: its timed part
+        step = pure[-1].run
+        figure = plot_timeline(step.run.trace, step.run.critical_path,
+                               t_range=(step.t0, step.t0 + step.step_time),
+                               title=f"one distributed training step on {pure[-1].ranks} "
+                               f"virtual ranks ({1e3 * step.step_time:.2f} ms + extra)")
+        files.insert(2, save_figure(figure, out / "timeline_step.png"))
     print(f"wrote {', '.join(f.name for f in files)} to {out}/", file=sys.stdout, flush=True)
     return 0

@@ -1,0 +1,191 @@
+"""Numba CUDA kernels (backend ``"cuda"``): the dense ODE step on k intervals at once.
+
+The batched twin of the per-step cuda path of :class:`refbraid.layers.DenseStep` (as
+:mod:`refbraid.backends.numba_cpu_batched` is for the numba backend): row j of the stack has
+its own weights ``W[j]``, bias ``b[j]`` and step size ``h[j]``::
+
+    forward   Z[j] = Y[j] W[j]ᵀ + b[j]              one batched GEMM launch (grid z = j)
+              Y_next[j] = Y[j] + h[j] σ(Z[j])       one element-wise launch over the stack
+    adjoint   S[j] = h[j] (σ'(Z[j]) ⊙ dY_next[j])   one element-wise launch, h· on the host
+              dY[j] = dY_next[j] + S[j] W[j]        one batched GEMM launch, + on the host
+              dW[j] = S[j]ᵀ Y[j],  db[j] = Σ_B S[j]   one batched GEMM, one column-sum launch
+
+k launches and 2k host↔device copies per array become one of each. Every row does what the
+per-step path does (:mod:`refbraid.backends.numba_cuda_dense`'s tiled or per-element GEMM,
+chosen per row by the same rule, float64 accumulation in the same order; the element-wise
+kernels of :mod:`refbraid.backends.numba_cuda`; ``h`` in float64 in the Euler update and in
+the array dtype in the adjoint's host multiply, as the per-step calls take it), so the two are
+bit-identical (tests/test_numba_batched.py, in the CUDA simulator).
+
+Not switched on in :func:`refbraid.layer_parallel.batchable` for cuda: the backend's contract
+is that every host↔device copy happens inside a catalogued kernel
+(:data:`refbraid.backends.KERNELS`, counted by tests/test_cudasim_training_step.py), so the
+batched step would first have to become a catalogue entry with a reference version and test
+cases; and whether it pays needs a GPU to measure. :meth:`DenseStep.forward_batched` /
+``adjoint_batched`` use it on the cuda backend.
+
+Shape legend: k rows, B batch, C width; op(A) is A or Aᵀ per row.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from .numba_cpu import activation_code
+from .numba_cuda import (
+    THREADS,
+    _act_dev,
+    _activation_adjoint_kernel,
+    blocks,
+    cuda,
+    cuda_jit,
+    no_bias,
+    to_device,
+)
+from .numba_cuda_dense import SMALL_BLOCK, TILE
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def applies(act: str, *arrays) -> bool:
+    """True when these kernels take the arguments: numba-cuda present, a known activation,
+    and float32/float64 NumPy arrays of one dtype (else the array-API code runs)."""
+    if cuda is None or activation_code(act) < 0:
+        return False
+    dtype = arrays[0].dtype if type(arrays[0]) is np.ndarray else None
+    return dtype in _FLOATS and all(type(a) is np.ndarray and a.dtype == dtype for a in arrays)
+
+
+# ----------------------------------------------------------------------------- kernels
+@cuda_jit
+def _gemm_batched_kernel(A, B, C, trans_a, trans_b, bias, has_bias):
+    """C[j] = op(A[j]) op(B[j]) (+ bias[j]) for j = blockIdx.z: the tiled GEMM of
+    numba_cuda_dense._gemm_kernel on one row of the stack per grid layer."""
+    sA = cuda.shared.array((TILE, TILE + 1), numba.float64)
+    sB = cuda.shared.array((TILE, TILE + 1), numba.float64)
+    j = cuda.blockIdx.z
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    row0 = cuda.blockIdx.y * TILE
+    col0 = cuda.blockIdx.x * TILE
+    row = row0 + ty
+    col = col0 + tx
+    M, N = C.shape[1], C.shape[2]
+    K = A.shape[1] if trans_a else A.shape[2]
+    acc = 0.0
+    for t0 in range(0, K, TILE):
+        if trans_a:
+            k, i = t0 + ty, row0 + tx
+            sA[tx, ty] = A[j, k, i] if k < K and i < M else 0.0
+        else:
+            i, k = row, t0 + tx
+            sA[ty, tx] = A[j, i, k] if i < M and k < K else 0.0
+        if trans_b:
+            jj, k = col0 + ty, t0 + tx
+            sB[tx, ty] = B[j, jj, k] if jj < N and k < K else 0.0
+        else:
+            k, jj = t0 + ty, col
+            sB[ty, tx] = B[j, k, jj] if k < K and jj < N else 0.0
+        cuda.syncthreads()
+        for kk in range(TILE):
+            acc += sA[ty, kk] * sB[kk, tx]
+        cuda.syncthreads()
+    if row < M and col < N:
+        if has_bias:
+            acc += bias[j, col]
+        C[j, row, col] = acc
+
+
+@cuda_jit
+def _gemm_batched_small_kernel(A, B, C, trans_a, trans_b, bias, has_bias):
+    """The per-element GEMM of numba_cuda_dense._gemm_small_kernel, row j = blockIdx.z."""
+    j = cuda.blockIdx.z
+    row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    col = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
+    M, N = C.shape[1], C.shape[2]
+    if row >= M or col >= N:
+        return
+    K = A.shape[1] if trans_a else A.shape[2]
+    acc = 0.0
+    for k in range(K):
+        a = A[j, k, row] if trans_a else A[j, row, k]
+        b = B[j, col, k] if trans_b else B[j, k, col]
+        acc += a * b
+    if has_bias:
+        acc += bias[j, col]
+    C[j, row, col] = acc
+
+
+@cuda_jit
+def _euler_rows_kernel(y, z, h, n, code, out):
+    """out[i] = y[i] + h[i // n] σ(z[i]) on the flat stack (k rows of n values).
+
+    ``float(h[…])`` is a no-op on a GPU (h is float64 there, as the per-step kernel's scalar
+    h); in the simulator it makes h a Python float like the per-step argument, whose NumPy
+    promotion rules differ from a float64 scalar's."""
+    i = cuda.grid(1)
+    if i < z.size:
+        out[i] = y[i] + float(h[i // n]) * _act_dev(z[i], code)
+
+
+@cuda_jit
+def _column_sums_kernel(S, out):
+    """out[j, c] = Σ_n S[j, n, c]: one thread per (j, c), n in order."""
+    t = cuda.grid(1)
+    C = S.shape[2]
+    if t < S.shape[0] * C:
+        j, c = t // C, t % C
+        acc = 0.0
+        for n in range(S.shape[1]):
+            acc += S[j, n, c]
+        out[j, c] = acc
+
+
+# ----------------------------------------------------------------------------- host side
+def _gemm(A, B, trans_a: bool, trans_b: bool, k: int, M: int, N: int, dtype, bias=None):
+    """k GEMMs in one launch on device arrays (tiled, or per element below one tile of
+    output per row: the per-step rule); returns the device array C (k, M, N)."""
+    C = cuda.device_array((k, M, N), dtype=dtype)
+    b = bias if bias is not None else no_bias(dtype).reshape(1, 1)
+    if M * N < TILE * TILE:
+        block = (min(M, SMALL_BLOCK), min(N, SMALL_BLOCK))
+        grid = (blocks(M, block[0]), blocks(N, block[1]), k)
+        _gemm_batched_small_kernel[grid, block](A, B, C, trans_a, trans_b, b, bias is not None)
+        return C
+    grid = (blocks(N, TILE), blocks(M, TILE), k)
+    _gemm_batched_kernel[grid, (TILE, TILE)](A, B, C, trans_a, trans_b, b, bias is not None)
+    return C
+
+
+def dense_forward_batched(Y, W, b, h, act: str):
+    """(Y_next, Z) of k dense steps (module docstring); host arrays in and out."""
+    dtype = Y.dtype
+    k, B, C = Y.shape
+    Yd = to_device(Y, dtype)
+    Zd = _gemm(Yd, to_device(W, dtype), False, True, k, B, C, dtype, to_device(b, dtype))
+    hd = cuda.to_device(np.ascontiguousarray(h, dtype=np.float64))  # float(h), as per step
+    out = cuda.device_array(k * B * C, dtype=dtype)
+    _euler_rows_kernel[blocks(out.size), THREADS](Yd.reshape(out.size), Zd.reshape(out.size),
+                                                  hd, B * C, activation_code(act), out)
+    return out.copy_to_host().reshape(Y.shape), Zd.copy_to_host()
+
+
+def dense_adjoint_batched(Y, Z, dY_next, W, h, act: str, grads: bool = True):
+    """(dY, {"W": dW, "b": db} or None) of k dense adjoint steps (module docstring)."""
+    dtype = Y.dtype
+    k, B, C = Y.shape
+    n = k * B * C
+    A = cuda.device_array(n, dtype=dtype)
+    _activation_adjoint_kernel[blocks(n), THREADS](to_device(Z, dtype).reshape(n),
+                                                   to_device(dY_next, dtype).reshape(n),
+                                                   activation_code(act), A)
+    S = np.asarray(h, dtype=dtype)[:, None, None] * A.copy_to_host().reshape(Y.shape)
+    Sd, Wd = to_device(S, dtype), to_device(W, dtype)
+    dY = dY_next + _gemm(Sd, Wd, False, False, k, B, C, dtype).copy_to_host()
+    if not grads:
+        return dY, None
+    dW = _gemm(Sd, to_device(Y, dtype), True, False, k, C, C, dtype)
+    db = cuda.device_array((k, C), dtype=dtype)
+    _column_sums_kernel[blocks(k * C), THREADS](Sd, db)
+    return dY, {"W": dW.copy_to_host(), "b": db.copy_to_host()}
