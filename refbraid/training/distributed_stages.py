@@ -33,11 +33,12 @@ sweep (:mod:`refbraid.stages.batchnorm`). Over MPI each rank reads the statistic
 steps it made, the lists are gathered over the layer ranks, and every rank folds the same
 list into its model's running statistics (``model.record_batch_stats``): every rank's model
 then holds the running statistics one process would have, which is what evaluation and
-checkpoints read. With data parallelism (D > 1) a BN step would need the statistics of the
-full batch (a sync-BN allreduce inside every BN application, forward and adjoint); that is
-not built, so ``--batch-norm`` with D > 1 is refused (:class:`~refbraid.errors.
-CollectiveError`, the same message on every rank). Without BN, D groups take contiguous batch
-shards with weights B_g/B and the gradient matches one process to round-off.
+checkpoints read. With data parallelism (D > 1) the D groups take contiguous batch shards
+with weights B_g/B; a BN layer then normalises with the statistics of the FULL batch
+(synchronised batch norm, :mod:`refbraid.training.sync_batchnorm`: one sum over the data
+communicator inside every training-mode BN forward and adjoint), and the final sweep's
+statistics are combined over the groups before the update. The gradient and the running
+statistics then match one process to round-off (not bit for bit: the sums are regrouped).
 
 Parameters are replicated: every rank holds all parameters and takes the same optimizer step
 on the same assembled gradient (the replicated mode of :mod:`refbraid.training.distributed`;
@@ -71,6 +72,7 @@ from ..stages.network import StagedNetwork, accumulate
 from ..stages.packing import PackedTransfer, Packing
 from .distributed import _pack, _unpack, shard_sizes, solve_stats
 from .ownership import BlockPlan
+from .sync_batchnorm import combined_batch_stats, synchronised_backend
 
 
 def staged_network_of(model) -> StagedNetwork | None:
@@ -126,12 +128,10 @@ class StagedDistributedGradient:
             raise CollectiveError(f"`bk`: the MPI gradient sends host (NumPy) arrays; backend "
                                   f"{self.bk.name!r} keeps them on a device. Use numpy or numba.")
         self.batch_norm = has_batch_norm(net)
-        if self.batch_norm and topology.n_groups > 1:
-            raise CollectiveError(
-                f"`--batch-norm` with `--data-parallel {topology.n_groups}` is not built: each "
-                f"group would normalise with the statistics of its own batch shard instead of "
-                f"the full batch (sync-BN is not implemented). Use layer parallelism only "
-                f"(--data-parallel 1) or drop --batch-norm.")
+        #: the backend of the staged steps: full-batch BN statistics over the groups (D > 1)
+        self.sync_bn = self.batch_norm and topology.n_groups > 1
+        self.step_bk = synchronised_backend(self.bk, topology.data) if self.sync_bn \
+            else self.bk
         self.model, self.net, self.topo = model, net, topology
         self.settings = as_settings(LayerParallelSettings() if settings is None else settings)
         self.plan = BlockPlan.build(net.n_steps, self.settings, topology.layer.size)
@@ -223,8 +223,9 @@ class StagedDistributedGradient:
         if self.q == 0:
             y0, open_cache = net.opening.forward(group(params, "opening"), xs, bk)
         y0 = self.bcast_y0.forward(y0)
-        forward = StagedForward(net, params, pk, bk)
-        y_guess, adjoint_guess = stage_guesses(net, params, y0, bk)
+        step_bk = self.step_bk  # the staged steps' (BN synchronised over the groups)
+        forward = StagedForward(net, params, pk, step_bk)
+        y_guess, adjoint_guess = stage_guesses(net, params, y0, step_bk)
         fwd = solve(Problem(forward, pk.pack(y0, 0), N, transfer=fwd_transfer,
                             guess=lambda i: pk.pack(y_guess(i), 0)), s.forward, comm=layer,
                     layout=self.plan.forward_layout)
@@ -234,6 +235,8 @@ class StagedDistributedGradient:
             raise RuntimeError(f"rank {self.q}: no forward cache of fine steps {missing[:8]}.")
         made = {a: forward.caches[a] for a in self.made}
         stats_here = final_sweep_stats(net, made, bk, self.made) if self.batch_norm else []
+        if self.sync_bn:  # the full batch's statistics (collective over the groups)
+            stats_here = combined_batch_stats(stats_here, self.topo.data)
         part = {k: np.zeros_like(v) for k, v in params.items()}
         lam_N, loss_part = None, 0.0
         if self.q == self.last:
@@ -250,7 +253,7 @@ class StagedDistributedGradient:
         states.update({i: pk.pack(y, 0) for i, y in fetched.items()})
         caches = {**made, **self._fetch_caches(made)}
         restriction = s.spatial.restriction if s.spatial else "average"
-        adjoint = StagedAdjoint(net, params, pk, states, caches, bk, restriction)
+        adjoint = StagedAdjoint(net, params, pk, states, caches, step_bk, restriction)
         lam_guess = adjoint_guess(lam_N)
         bwd = solve(Problem(adjoint, pk.pack(lam_N, 0), N, direction="backward",
                             transfer=bwd_transfer, guess=lambda i: pk.pack(lam_guess(i), 0)),

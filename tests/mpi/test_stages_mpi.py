@@ -8,13 +8,12 @@ statistics. Pure layer parallelism must give the SAME BITS (gradient, loss, runn
 statistics, trained parameters) at every world size 1..4 — with N = 16 fine steps the 3-level
 grid's 4 coarsest intervals and the 2-level grid's 8 are split unevenly over 3 ranks, and the
 transition (fine step 7 → 8) crosses a block boundary at 2 and 4 ranks. Data parallelism
-(no BN) matches to round-off; BN with data parallelism is refused with a clear error.
+matches to round-off, with BN through synchronised (full-batch) statistics.
 """
 
 import numpy as np
 import pytest
 
-from refbraid.errors import CollectiveError
 from refbraid.layer_parallel import LayerParallelSettings, relative_gradient_error
 from refbraid.mgrit import MGRITSettings
 from refbraid.mgrit.transfer import SpatialCoarsening
@@ -102,32 +101,31 @@ def test_batch_norm_training_matches_one_process(world, opt="adam"):
                                                                           settings.forward))
 
 
-@pytest.mark.parametrize("transition", ["pool", "strided"])
-def test_data_parallel_splits_equal_the_full_batch(world, transition):
+@pytest.mark.parametrize("batch_norm,transition", [(False, "pool"), (True, "strided")])
+def test_data_parallel_splits_equal_the_full_batch(world, batch_norm, transition):
+    """D groups of P/D layer ranks; with BN every group normalises with the full batch's
+    statistics (synchronised BN), so gradient and running statistics match to round-off."""
     settings = SETTINGS["fcf-3-levels"]
-    model = _model(False, transition)
-    params = model.init_params(np.random.default_rng(1))
+    serial = _model(batch_norm, transition)
+    params = serial.init_params(np.random.default_rng(1))
     x, y = _batch(B=11)  # shards of unequal size for D = 2, 3, 4
-    loss0, g0, _ = model.layer_parallel_gradient(params, x, y, settings)
+    loss0, g0, info = serial.layer_parallel_gradient(params, x, y, settings)
+    serial.record_batch_stats(info)
     for D in divisors(world.size):
+        model = _model(batch_norm, transition)
         grad = staged_distributed_gradient(model, settings, data_parallel=D)
         assert grad.topo.n_groups == D and grad.topo.layer.size == world.size // D
+        assert grad.sync_bn == (batch_norm and D > 1)
         loss, g, _ = grad(params, x, y)
         err = relative_gradient_error(g, g0)
         assert err <= TOL, f"D={D}: relative gradient error {err:.2e}"
         assert loss == pytest.approx(loss0, rel=TOL)
-        others = world.allgather(g["stage0.W"] if "stage0.W" in g else g["closing.W"])
+        for k, v in serial.running.items():
+            np.testing.assert_allclose(model.running[k], v, rtol=TOL, atol=TOL,
+                                       err_msg=f"D={D}: {k}")
+        others = world.allgather(g["stage0.W"])
         for other in others:  # the same gradient on every rank
             np.testing.assert_array_equal(other, others[0])
-
-
-def test_batch_norm_with_data_parallelism_is_refused_on_every_rank(world):
-    if world.size == 1:
-        pytest.skip("data parallelism needs at least 2 ranks")
-    D = world.size
-    with pytest.raises(CollectiveError, match=f"`--batch-norm` with `--data-parallel {D}`"
-                                              ".*sync-BN"):
-        staged_distributed_gradient(_model(True, "pool"), SETTINGS["exact"], data_parallel=D)
 
 
 def test_bad_arguments_name_themselves(world):
