@@ -13,11 +13,11 @@ from refbraid.training.sync_batchnorm import combined_batch_stats, synchronised_
 class OneGroup:
     """The data communicator of a single group: sums and gathers of one rank."""
 
-    def sum_to_all(self, array):
-        return np.array(array, copy=True)
-
     def allgather(self, value):
         return [value]
+
+    def sum_to_all(self, array):
+        return np.array(array, copy=True)
 
 
 @pytest.mark.parametrize("shape", [(4, 3, 6, 6), (3, 2, 4, 4, 4)])

@@ -5,10 +5,13 @@ The batch-norm kernels of a backend (``batchnorm_stats``, ``batchnorm_adjoint``,
 :mod:`refbraid.backends.reference_spatial`) compute per-channel means over the samples and
 space of the array they get. :func:`synchronised_backend` returns the same backend whose two
 kernels take those means over all groups: each group adds its partial sums, one sum over the
-``data`` communicator (the D ranks holding the same layer block) gives the totals. With
+``data`` communicator (the D ranks holding the same layer block) gives the totals (every
+rank combines the same gathered parts in the same order: the same bits everywhere). With
 n_g = B_g·|S| values per channel in group g and N = Σ_g n_g::
 
-    forward    μ = Σ_g Σ x / N,   σ² = Σ_g Σ (x − μ)² / N,   r = 1/√(σ² + eps)  (two passes)
+    forward    per group n_g, μ_g = mean x, M_g = Σ (x − μ_g)²  (gathered: one collective)
+               μ = Σ_g n_g μ_g / N,   σ² = Σ_g (M_g + n_g (μ_g − μ)²) / N   (Chan et al.'s
+               pairwise merge, as stable as two passes),   r = 1/√(σ² + eps)
     adjoint    g = dy ⊙ γ,  x̂ = (x − μ) r
                dx = r (g − Σ_g Σ g / N − x̂ Σ_g Σ (g ⊙ x̂) / N)          (training mode)
                dγ = Σ dy ⊙ x̂,  dβ = Σ dy        (this group's part: the gradient assembly
@@ -49,12 +52,15 @@ def synchronised_backend(bk: Backend, data) -> Backend:
 
     def batchnorm_stats(x, eps: float):
         axes, C = _axes(x), x.shape[1]
-        total = group_sum(np.sum(x, axis=axes), [x.size // C])
-        n = total[C]
-        mean = (total[:C] / n).astype(x.dtype, copy=False)
-        xc = x - _per_channel(mean, x.ndim)
-        var = group_sum(np.sum(xc * xc, axis=axes)) / n
-        return mean, (1.0 / np.sqrt(var + eps)).astype(x.dtype, copy=False)
+        n_g = x.size // C
+        m_g = np.mean(x, axis=axes)
+        xc = x - _per_channel(m_g, x.ndim)
+        parts = data.allgather((n_g, m_g, np.sum(xc * xc, axis=axes)))  # one collective
+        n = sum(p[0] for p in parts)
+        mean = sum(p[0] * p[1] for p in parts) / n
+        m2 = sum(p[2] + p[0] * (p[1] - mean) ** 2 for p in parts)  # Chan et al.'s merge
+        return mean.astype(x.dtype, copy=False), \
+            (1.0 / np.sqrt(m2 / n + eps)).astype(x.dtype, copy=False)
 
     def batchnorm_adjoint(x, mean, rstd, gamma, dy, batch_stats: bool):
         if not batch_stats:
