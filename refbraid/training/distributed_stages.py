@@ -69,6 +69,7 @@ from ..parallel.ops import Broadcast, RowExchange
 from ..stages.batchnorm import final_sweep_stats, has_batch_norm
 from ..stages.layer_parallel import StagedAdjoint, StagedForward, stage_guesses
 from ..stages.network import StagedNetwork, accumulate
+from ..stages.network import forward as staged_forward
 from ..stages.packing import PackedTransfer, Packing
 from .distributed import _pack, _unpack, shard_sizes, solve_stats
 from .ownership import BlockPlan
@@ -175,7 +176,9 @@ class StagedDistributedGradient:
     def logits(self, params: Params, x):
         """The forward pass this gradient trains, in this process (evaluation mode): MGRIT's
         forward solve, or the sequential forward with one level (as one process)."""
-        if self.settings.forward.levels == 1 or not hasattr(self.model, "mgrit_logits"):
+        if isinstance(self.model, StagedNetwork):  # a bare network (no running statistics)
+            return staged_forward(self.model, params, x, self.bk)[0]
+        if self.settings.forward.levels == 1:
             return self.model.logits(params, x, self.bk)
         spatial = {"spatial": self.settings.spatial} if self.settings.spatial else {}
         return self.model.mgrit_logits(params, x, self.settings.forward, self.bk, **spatial)

@@ -137,3 +137,19 @@ def test_bad_arguments_name_themselves(world):
         StagedDistributedGradient(build_network("resnet", (2,), 2, 8, 4, 1.0), topo)
     with pytest.raises(TypeError, match="`topology` must be"):
         StagedDistributedGradient(_model(False, "pool"), "world")
+
+
+def test_a_bare_staged_network_gives_sequential_backprop(world):
+    """A StagedNetwork (no model around it) with one MGRIT level: sequential backprop's
+    gradient, and the sequential forward pass as its logits."""
+    from refbraid.stages import backprop, forward
+
+    net = _model(False, "strided").net
+    params = _model(False, "strided").init_params(np.random.default_rng(4))
+    x, y = _batch(seed=4)
+    loss0, g0, _ = backprop(net, params, x, y)
+    grad = staged_distributed_gradient(net, SETTINGS["exact"])
+    loss, g, _ = grad(params, x, y)
+    assert loss == pytest.approx(loss0, rel=TOL)
+    assert relative_gradient_error(g, g0) <= TOL
+    np.testing.assert_array_equal(grad.logits(params, x), forward(net, params, x)[0])
