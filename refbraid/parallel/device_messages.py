@@ -83,6 +83,8 @@ def stage_tree(tree: Any, to_device: ToDevice | None) -> Any:
     """``tree`` with every device array replaced by a :class:`Staged` host copy."""
     if isinstance(tree, dict):
         return {k: stage_tree(v, to_device) for k, v in tree.items()}
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a NamedTuple (BatchStats)
+        return type(tree)(*(stage_tree(v, to_device) for v in tree))
     if isinstance(tree, (list, tuple)):
         return type(tree)(stage_tree(v, to_device) for v in tree)
     if is_device_array(tree):
@@ -96,6 +98,8 @@ def unstage_tree(tree: Any, to_device: ToDevice | None) -> Any:
     """Inverse of :func:`stage_tree`: each :class:`Staged` goes onto the device."""
     if isinstance(tree, dict):
         return {k: unstage_tree(v, to_device) for k, v in tree.items()}
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):  # a NamedTuple (BatchStats)
+        return type(tree)(*(unstage_tree(v, to_device) for v in tree))
     if isinstance(tree, (list, tuple)):
         return type(tree)(unstage_tree(v, to_device) for v in tree)
     if isinstance(tree, Staged):

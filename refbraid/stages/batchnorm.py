@@ -61,12 +61,14 @@ def init_running(net: StagedNetwork, dtype=np.float64) -> dict[str, np.ndarray]:
     return out
 
 
-def final_sweep_stats(net: StagedNetwork, caches, bk: Backend
+def final_sweep_stats(net: StagedNetwork, caches, bk: Backend, steps=None
                       ) -> list[tuple[str, int | None, BatchStats]]:
     """(name prefix, row or None, batch statistics) of every BN layer, from the fine-step
-    caches ``caches[i]``, i = 0..N-1 (a list, or ``StagedForward.caches``)."""
+    caches ``caches[i]``, i = 0..N-1 (a list, or ``StagedForward.caches``); ``steps``: only
+    those fine steps i (one MPI rank's part of the sweep), in increasing order."""
     out = []
-    for i, fs in enumerate(net.fine_steps):
+    for i in range(net.n_steps) if steps is None else sorted(int(i) for i in steps):
+        fs = net.fine_steps[i]
         if fs.kind == "ode":
             step = net.stages[fs.stage].step
             if is_normalised(step):

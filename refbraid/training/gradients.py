@@ -128,6 +128,11 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend, multilevel: 
         return "mgopt", mgopt_gradient(config, net, bk)
     from ..parallel.mpi import world_size
 
+    if config.model == "conv-stages" and (config.space_parallel > 1 or config.dp_groups > 1
+                                          or config.global_sync_every > 1):
+        raise CollectiveError("`--model conv-stages` over MPI trains with layer and data "
+                              "parallelism only; `--space-parallel` and DASO (`--dp-groups`, "
+                              "`--global-sync-every`) are not built for it.")
     if config.space_parallel > 1:  # data × space × depth (refbraid/training/space_depth.py)
         from .space_depth import space_depth_gradient
 
@@ -160,14 +165,19 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend, multilevel: 
             raise CollectiveError("`--bias-control` runs in one process only (it compares with "
                                   "sequential backprop on the whole batch); drop it under "
                                   "mpiexec.")
+        settings = LayerParallelSettings.exact() if config.serial else \
+            layer_parallel_settings(config)
+        if config.model == "conv-stages":  # a staged network (training/distributed_stages.py)
+            from .distributed_stages import staged_distributed_gradient
+
+            return "layer-parallel-mpi", staged_distributed_gradient(
+                net, settings, bk, config.data_parallel)
         block = net if isinstance(net, Network) else getattr(net, "mpi_network", None)
         if block is None:  # every rank sees the same model: say it once
             raise CollectiveError(f"`--model {config.model}`: training over MPI supports the "
                                   "resnet, conv, transformer, gpt-untied models (one block "
-                                  "whose parameters are the network's); train this model in "
-                                  "one process.")
-        settings = LayerParallelSettings.exact() if config.serial else \
-            layer_parallel_settings(config)
+                                  "whose parameters are the network's) and conv-stages; "
+                                  "train this model in one process.")
         return "layer-parallel-mpi", ShardedGradient(distributed_gradient(
             block, settings, bk, config.data_parallel))  # each rank steps its own layers
     if config.serial:
