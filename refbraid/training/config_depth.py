@@ -35,10 +35,6 @@ def check_stage_options(config) -> None:
         raise ValueError("`--batch-norm` cannot be combined with `--bias-control` yet: its "
                          "extra gradient evaluations would have to skip the running-"
                          "statistics update, which is not built.")
-    if config.batch_norm and config.resume:
-        raise ValueError("`--batch-norm` cannot be combined with `--resume` yet: the BN "
-                         "running statistics are not stored in checkpoints, so a resumed "
-                         "run would evaluate with reset ones.")
 
 
 def check_nested(config) -> None:
