@@ -31,10 +31,6 @@ def check_stage_options(config) -> None:
         flag = "--batch-norm" if config.batch_norm else "--transition"
         raise ValueError(f"`{flag}` applies to `--model conv-stages` only, got "
                          f"`--model {config.model}`.")
-    if config.batch_norm and getattr(config, "bias_control", "off") != "off":
-        raise ValueError("`--batch-norm` cannot be combined with `--bias-control` yet: its "
-                         "extra gradient evaluations would have to skip the running-"
-                         "statistics update, which is not built.")
 
 
 def check_nested(config) -> None:

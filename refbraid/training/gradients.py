@@ -221,4 +221,5 @@ def controlled_gradient(net, settings: LayerParallelSettings, bk: Backend,
     layers = getattr(net, "layers", net.n_layers)  # all steps (a GPT's buffers included)
     return ControlledGradient(backprop_fn, layer_parallel_fn, (sequential_logits, mgrit_logits),
                               settings, control, layers, bk, say=say,
-                              serial_steps=layers - net.n_layers)
+                              serial_steps=layers - net.n_layers,
+                              record=lambda info: _record_batch_stats(net, info, bk))
