@@ -68,5 +68,17 @@ def test_cli_accepts_batch_norm_with_bias_control(tmp_path):
     assert main(["train", "--model", "conv-stages", "--batch-norm", "--bias-control",
                  "iterations", "--bias-every", "1", "--bias-micro", "2", "--samples", "80",
                  "--layers", "4", "--width", "2", "--levels", "2", "--epochs", "1",
+                 "--spatial-levels", "1",
                  "--batch-size", "20", "--quiet", "--out", str(out)]) == 0
     assert json.loads((out / "bias_control.json").read_text())["measurements"]
+
+
+def test_more_iterations_keeps_spatial_coarsening():
+    from refbraid.training.bias_control import more_iterations
+
+    s = layer_parallel_settings(TrainConfig(model="conv-stages", layers=8, levels=2,
+                                            spatial_levels="1"))
+    t = more_iterations(s, 8)
+    assert t.spatial == s.spatial and t.spatial is not None
+    assert (t.forward.max_iter, t.backward.max_iter) == (s.forward.max_iter + 1,
+                                                         s.backward.max_iter + 1)

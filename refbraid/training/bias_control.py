@@ -127,10 +127,11 @@ def bias_and_noise(backprop, params, x, labels, g_lp, micro: int, bk: Backend) -
 
 
 def more_iterations(settings: LayerParallelSettings, cap: int) -> LayerParallelSettings:
-    """One more forward and one more adjoint cycle, each at most ``cap``."""
+    """One more forward and one more adjoint cycle, each at most ``cap`` (the rest of the
+    settings, e.g. spatial coarsening, kept)."""
     f, b = settings.forward, settings.backward
-    return LayerParallelSettings(
-        forward=dataclasses.replace(f, max_iter=min(f.max_iter + 1, cap)),
+    return dataclasses.replace(
+        settings, forward=dataclasses.replace(f, max_iter=min(f.max_iter + 1, cap)),
         backward=dataclasses.replace(b, max_iter=min(b.max_iter + 1, cap)))
 
 

@@ -214,8 +214,9 @@ def controlled_gradient(net, settings: LayerParallelSettings, bk: Backend,
 
     def mgrit_logits(params, x, s):
         if isinstance(net, Network):
-            return mgrit_forward(net, params, x, s, bk)[0]
-        return net.mgrit_logits(params, x, s, bk)
+            return mgrit_forward(net, params, x, s, bk, transfer=settings.forward_transfer)[0]
+        spatial = {"spatial": settings.spatial} if settings.spatial is not None else {}
+        return net.mgrit_logits(params, x, s, bk, **spatial)
 
     say = (lambda *a, **k: None) if config.quiet else print
     layers = getattr(net, "layers", net.n_layers)  # all steps (a GPT's buffers included)
