@@ -248,6 +248,27 @@ for label in ("converged MGRIT", "one MGRIT F-cycle"):
     assert label != "converged MGRIT" or gap < 1e-10
 assert all(m.updates == 3 for m in bn_runs.values())
 
+# %% [markdown]
+# The running statistics are *state*, not weights: `checkpoint.npz` saves them beside the
+# weights (`buffer/stage0.running_mean`, …), so `--resume` continues with them, and
+# `--bias-control`'s exact backprops fold nothing into them. In depth a conv-stages network
+# moves stage by stage (every stage halved; transitions copied; BN's γ, β moved like the
+# convolution), and MG/Opt's coherence holds for it exactly as for the plain ResNet:
+
+# %%
+staged_model = ConvStagesModel((1, 8, 8), 10, 8, 2, 1.0, "tanh", batch_norm=True)
+ps = staged_model.init_params(np.random.default_rng(1))
+xs, ys = xt[:32].reshape(-1, 1, 8, 8), yt[:32]
+mg_s = MGOpt.build(staged_model, sequential_gradient, MGOptSettings(levels=2))
+_, g, _ = mg_s.gradients[0](ps, xs, ys)
+theta_c, v = mg_s.coarse_correction_term(0, ps, g, xs, ys)
+_, g_c, _ = mg_s.gradients[1](theta_c, xs, ys)
+want = restrict_gradient(g, mg_s.nets[1].n_layers)
+gap = max(float(np.max(np.abs((g_c[k] - v[k]) - want[k]))) for k in want)
+print(f"stages {[st.n_layers for st in mg_s.nets[1].net.stages]} on the coarse level; "
+      f"max |∇ψ_c(R θ) − Pᵀ ∇f(θ)| = {gap:.1e}")
+assert gap < 1e-12
+
 
 # %% [markdown]
 # ## Exercises: the restriction R and its transpose

@@ -91,9 +91,6 @@ def test_conv_stages_batch_norm_on_mnist_idx(tmp_path):
     (["--model", "resnet", "--batch-norm"], "`--batch-norm` applies to `--model conv-stages`"),
     (["--model", "conv", "--transition", "strided"], "`--transition` applies to"),
     (["--model", "conv-stages", "--transition", "max"], "`--transition` must be one of"),
-    (["--model", "conv-stages", "--batch-norm", "--resume", "x"], "`--batch-norm` cannot be"),
-    (["--model", "conv-stages", "--batch-norm", "--bias-control", "measure"],
-     "`--batch-norm` cannot be combined with `--bias-control`"),
 ])
 def test_bad_stage_flags_name_the_flag(flags, match, capsys, tmp_path):
     assert main(["train", *flags, "--out", str(tmp_path / "r")]) == 2

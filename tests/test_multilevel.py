@@ -170,7 +170,9 @@ def test_nested_init_from_the_command_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("flags,match", [
-    (["--model", "conv-stages", "--nested-init", "1"], "`--nested-init` needs `--model resnet`"),
+    (["--model", "transformer", "--nested-init", "1"], "`--nested-init` needs `--model resnet`"),
+    (["--model", "conv-stages", "--layers", "6", "--nested-init", "1"],
+     "(two stages, each halved): the layers must be divisible by 4"),
     (["--layers", "6", "--nested-init", "2"], "divisible by 4"),
     (["--nested-init", "1", "--nested-interp", "cubic"], "`--nested-interp` must be one of"),
     (["--nested-init", "-1"], "`--nested-init`"),
@@ -229,7 +231,7 @@ def test_mgopt_from_the_command_line(tmp_path):
     (["--mgopt-levels", "1"], "at least 2"),
     (["--layers", "6", "--mgopt-levels", "3", "--optimizer", "sgd", "--momentum", "0"],
      "divisible by 4"),
-    (["--model", "conv-stages", "--mgopt-levels", "2"], "`--mgopt-levels` needs"),
+    (["--model", "gru", "--mgopt-levels", "2"], "`--mgopt-levels` needs"),
 ])
 def test_bad_mgopt_flags_name_the_flag(flags, match, capsys, tmp_path):
     from refbraid.cli import main

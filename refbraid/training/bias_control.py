@@ -32,6 +32,15 @@ counts Φ applications of the training gradient (MGRIT's ``phi_calls``, 2N per s
 backprop: N forward steps, N adjoint steps), ``measure_applications`` those of the
 measurements.
 
+Batch norm (``--model conv-stages --batch-norm``): the running statistics are updated once per
+training step, from the forward sweep of the gradient that is taken (the final fine MGRIT
+sweep, or the serial forward pass once switched to serial), through ``record(info)``; the
+measurement's backprops (whole batch and micro-batches) fold nothing into them. With BN the
+loss of a batch is not a sum over samples (every sample is normalised with the batch's
+statistics), so the micro-batch gradients g_i are gradients of micro-batch-normalised losses
+and ``noise`` is an estimate of the spread of the gradient under resampling of the batch, not
+of an exact batch mean: the ratio stays a heuristic signal there.
+
 Where this differs from the paper: the stored sources here give the paper's abstract only
 (detect the transition, then switch to serial or raise the solve accuracy), not its exact
 test; this module's test is the bias/noise ratio the issue describes, measured exactly
@@ -118,10 +127,11 @@ def bias_and_noise(backprop, params, x, labels, g_lp, micro: int, bk: Backend) -
 
 
 def more_iterations(settings: LayerParallelSettings, cap: int) -> LayerParallelSettings:
-    """One more forward and one more adjoint cycle, each at most ``cap``."""
+    """One more forward and one more adjoint cycle, each at most ``cap`` (the rest of the
+    settings, e.g. spatial coarsening, kept)."""
     f, b = settings.forward, settings.backward
-    return LayerParallelSettings(
-        forward=dataclasses.replace(f, max_iter=min(f.max_iter + 1, cap)),
+    return dataclasses.replace(
+        settings, forward=dataclasses.replace(f, max_iter=min(f.max_iter + 1, cap)),
         backward=dataclasses.replace(b, max_iter=min(b.max_iter + 1, cap)))
 
 
@@ -132,12 +142,15 @@ class ControlledGradient:
     model's two gradients; ``forwards`` = (sequential logits, MGRIT logits(settings)) for
     evaluation; ``n_layers`` prices a serial backprop at 2N step applications, and the
     ``serial_steps`` a layer-parallel gradient runs outside MGRIT (buffer layers) add 2 each.
+    ``record(info)`` is called once per call with the info of the gradient taken (batch norm's
+    running statistics; module docstring), never for the measurement's backprops.
     """
 
     def __init__(self, backprop, layer_parallel, forwards, settings: LayerParallelSettings,
                  control: BiasControl, n_layers: int, bk: Backend, say=print,
-                 serial_steps: int = 0):
+                 serial_steps: int = 0, record=None):
         self.backprop, self.layer_parallel = backprop, layer_parallel
+        self.record = record if record is not None else (lambda info: None)
         self.sequential_logits, self.mgrit_logits = forwards
         self.settings, self.control, self.n_layers, self.bk = settings, control, n_layers, bk
         self.say, self.serial_steps = say, serial_steps
@@ -154,12 +167,13 @@ class ControlledGradient:
     def __call__(self, params, x, labels):
         self.calls += 1
         if self.serial:
-            loss, grads, _ = self.backprop(params, x, labels)
+            loss, grads, info = self.backprop(params, x, labels)
             stats = {"serial": 1.0, "phi_calls": 2.0 * self.n_layers}
         else:
             loss, grads, info = self.layer_parallel(params, x, labels, self.settings)
             stats = {**info.stats(), "serial": 0.0}
             stats["phi_calls"] += 2.0 * self.serial_steps
+        self.record(info)  # the step taken, once (batch norm's running statistics)
         self.step_applications += stats["phi_calls"]
         due = not self.serial and self.control.mode != "off" \
             and self.calls % self.control.every == 0

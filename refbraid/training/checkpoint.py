@@ -4,13 +4,17 @@ Layout of the archive (``numpy.savez``, loaded with ``allow_pickle=False``)::
 
     param/<name>     the network parameters, e.g. ``param/steps.W`` (N, C, C)
     optim/<name>     the optimizer state, e.g. ``optim/step`` (), ``optim/exp_avg/steps.W``
+    buffer/<name>    the model's buffers, if it has any: batch norm's running statistics,
+                     e.g. ``buffer/stage0.running_mean`` (n_0, C), and ``buffer/updates`` ()
+                     (:mod:`refbraid.training.buffers`; absent in checkpoints written before)
     meta             a JSON string: format tag and version, epoch, the training config,
                      the optimizer name and hyper-parameters, the shuffling RNG's
                      ``bit_generator.state`` and the log history so far
 
 The file is written atomically (temporary file + ``os.replace``), so an interrupted run
 leaves the previous checkpoint intact. Resuming restores the parameters, the optimizer
-state and the RNG state exactly, so the continued run equals an uninterrupted one bit for bit.
+state, the buffers and the RNG state exactly, so the continued run equals an uninterrupted
+one bit for bit.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class Checkpoint:
     rng_state: dict[str, Any]
     config: dict[str, Any]
     history: list[dict[str, Any]] = field(default_factory=list)
+    buffers: dict[str, np.ndarray] = field(default_factory=dict)
 
     def rng(self) -> np.random.Generator:
         """A Generator in exactly the saved state."""
@@ -66,10 +71,13 @@ def _host(a) -> np.ndarray:
 
 def save_checkpoint(path: str | os.PathLike, *, epoch: int, params: dict[str, Any], optimizer,
                     rng: np.random.Generator, config: dict[str, Any],
-                    history: list[dict[str, Any]]) -> Path:
-    """Write a checkpoint atomically; ``optimizer`` is an :class:`~.optim.Optimizer`."""
+                    history: list[dict[str, Any]],
+                    buffers: dict[str, Any] | None = None) -> Path:
+    """Write a checkpoint atomically; ``optimizer`` is an :class:`~.optim.Optimizer`,
+    ``buffers`` the model's (:func:`refbraid.training.buffers.model_buffers`)."""
     arrays = {f"param/{k}": _host(v) for k, v in params.items()}
     arrays.update({f"optim/{k}": v for k, v in optimizer.state_dict().items()})
+    arrays.update({f"buffer/{k}": _host(v) for k, v in (buffers or {}).items()})
     meta = {
         "format": FORMAT,
         "version": VERSION,
@@ -118,6 +126,7 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
             rng_state=dict(meta["rng_state"]),
             config=dict(meta["config"]),
             history=list(meta["history"]),
+            buffers={k[7:]: v for k, v in arrays.items() if k.startswith("buffer/")},
         )
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"checkpoint {str(path)!r} is incomplete: {err!r} missing or "

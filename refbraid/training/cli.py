@@ -131,17 +131,18 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
          "log the relative gradient error (0: never)", metavar="K")
     g.add_argument("--batch-norm", dest="batch_norm", action="store_true",
                    help="conv-stages: batch-normalised ODE steps y + h σ(BN(W * y)) and a BN "
-                   "transition (running statistics from the final fine sweep)")
+                   "transition (running statistics from the final fine sweep, in checkpoints)")
     _add(g, "transition", str, "conv-stages: the down-sampling transition, pool (2×2 average "
          "pool + zero channels) or strided (stride-2 conv)", metavar="KIND")
     _add(g, "nested_init", int, "nested initialisation: first train N/2^K, …, N/2 layers "
-         "(resnet, conv), interpolating the weights in t to the next depth", metavar="K")
+         "(resnet, conv, conv-stages: every stage), interpolating the weights in t to the next "
+         "depth", metavar="K")
     _add(g, "nested_epochs", int, "epochs at each shallower depth of --nested-init",
          metavar="E")
     _add(g, "nested_interp", str, "--nested-init weights in t: constant or linear",
          metavar="KIND")
     _add(g, "mgopt_levels", int, "one MG/Opt cycle in depth per step over L levels (N, "
-         "N/2, …; resnet, conv; needs --optimizer sgd --momentum 0)", metavar="L")
+         "N/2, …; resnet, conv, conv-stages; needs --optimizer sgd --momentum 0)", metavar="L")
     _add(g, "spatial_levels", str, "coarse levels that also halve the feature maps (spatial "
          "coarsening, TorchBraid's levels_to_coarsen), comma-separated, e.g. 1 or 1,2; conv "
          "models only; the levels above them need FCF relaxation", metavar="LIST")

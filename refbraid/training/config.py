@@ -54,7 +54,8 @@ DTYPES = ("float64", "float32")
 #: models whose states are feature maps (``--spatial-levels`` applies)
 SPATIAL_MODELS = ("conv", "conv-stages")
 RESUME_MUST_MATCH = ("data", "samples", "val_fraction", "model", "layers", "width", "T",
-                     "activation", "dtype", "optimizer", "seed", "batch_size", "buffer")
+                     "activation", "dtype", "optimizer", "seed", "batch_size", "buffer",
+                     "batch_norm", "transition")
 
 
 def flag(field_name: str) -> str:

@@ -31,50 +31,51 @@ def check_stage_options(config) -> None:
         flag = "--batch-norm" if config.batch_norm else "--transition"
         raise ValueError(f"`{flag}` applies to `--model conv-stages` only, got "
                          f"`--model {config.model}`.")
-    if config.batch_norm and getattr(config, "bias_control", "off") != "off":
-        raise ValueError("`--batch-norm` cannot be combined with `--bias-control` yet: its "
-                         "extra gradient evaluations would have to skip the running-"
-                         "statistics update, which is not built.")
-    if config.batch_norm and config.resume:
-        raise ValueError("`--batch-norm` cannot be combined with `--resume` yet: the BN "
-                         "running statistics are not stored in checkpoints, so a resumed "
-                         "run would evaluate with reset ones.")
+
+
+DEPTH_MODELS = ("resnet", "conv", "conv-stages")  # nested init and MG/Opt
+
+
+def _check_depth_divides(config, flag: str, halvings: int) -> None:
+    """N divisible by 2^halvings (conv-stages: each of its two stages, so 2^(halvings+1))."""
+    stages = 2 if config.model == "conv-stages" else 1
+    need = stages * 2**halvings
+    if config.layers % need:
+        per = " (two stages, each halved)" if stages == 2 else ""
+        raise ValueError(f"`{flag}` halves `--layers {config.layers}` {halvings} times{per}: "
+                         f"the layers must be divisible by {need}.")
 
 
 def check_nested(config) -> None:
-    """``--nested-init K``: resnet/conv models, N divisible by 2^K, no resume."""
+    """``--nested-init K``: resnet/conv/conv-stages, N divisible by 2^K, no resume."""
     _positive_int(config, "nested_init", allow_zero=True)
     _positive_int(config, "nested_epochs")
     _choice("nested_interp", config.nested_interp, ("constant", "linear"))
     if not config.nested_init:
         return
-    if config.model not in ("resnet", "conv"):
-        raise ValueError(f"`--nested-init` needs `--model resnet` or `conv`, got "
-                         f"`--model {config.model}`.")
-    if config.layers % 2**config.nested_init:
-        raise ValueError(f"`--nested-init {config.nested_init}` halves `--layers "
-                         f"{config.layers}` {config.nested_init} times: the layers must be "
-                         f"divisible by {2**config.nested_init}.")
+    if config.model not in DEPTH_MODELS:
+        raise ValueError(f"`--nested-init` needs `--model resnet`, `conv` or `conv-stages`, "
+                         f"got `--model {config.model}`.")
+    _check_depth_divides(config, f"--nested-init {config.nested_init}", config.nested_init)
     if config.resume:
         raise ValueError("`--nested-init` starts a run from nested training; it cannot "
                          "be combined with `--resume`.")
 
 
 def check_mgopt(config) -> None:
-    """``--mgopt-levels L``: resnet/conv, N divisible by 2^(L-1), SGD without momentum."""
+    """``--mgopt-levels L``: resnet/conv/conv-stages, N divisible by 2^(L-1), SGD without
+    momentum."""
     _positive_int(config, "mgopt_levels", allow_zero=True)
     if not config.mgopt_levels:
         return
     if config.mgopt_levels < 2:
         raise ValueError(f"`--mgopt-levels` must be 0 (off) or at least 2, got "
                          f"{config.mgopt_levels}.")
-    if config.model not in ("resnet", "conv"):
-        raise ValueError(f"`--mgopt-levels` needs `--model resnet` or `conv`, got "
-                         f"`--model {config.model}`.")
-    if config.layers % 2 ** (config.mgopt_levels - 1):
-        raise ValueError(f"`--mgopt-levels {config.mgopt_levels}` halves `--layers "
-                         f"{config.layers}` {config.mgopt_levels - 1} times: the layers must "
-                         f"be divisible by {2 ** (config.mgopt_levels - 1)}.")
+    if config.model not in DEPTH_MODELS:
+        raise ValueError(f"`--mgopt-levels` needs `--model resnet`, `conv` or `conv-stages`, "
+                         f"got `--model {config.model}`.")
+    _check_depth_divides(config, f"--mgopt-levels {config.mgopt_levels}",
+                         config.mgopt_levels - 1)
     if config.optimizer != "sgd" or config.momentum != 0:
         raise ValueError("`--mgopt-levels` steps the weights with MG/Opt's own gradient "
                          "descent (step --lr): use `--optimizer sgd --momentum 0`.")

@@ -224,11 +224,13 @@ def controlled_gradient(net, settings: LayerParallelSettings, bk: Backend,
 
     def mgrit_logits(params, x, s):
         if isinstance(net, Network):
-            return mgrit_forward(net, params, x, s, bk)[0]
-        return net.mgrit_logits(params, x, s, bk)
+            return mgrit_forward(net, params, x, s, bk, transfer=settings.forward_transfer)[0]
+        spatial = {"spatial": settings.spatial} if settings.spatial is not None else {}
+        return net.mgrit_logits(params, x, s, bk, **spatial)
 
     say = (lambda *a, **k: None) if config.quiet else print
     layers = getattr(net, "layers", net.n_layers)  # all steps (a GPT's buffers included)
     return ControlledGradient(backprop_fn, layer_parallel_fn, (sequential_logits, mgrit_logits),
                               settings, control, layers, bk, say=say,
-                              serial_steps=layers - net.n_layers)
+                              serial_steps=layers - net.n_layers,
+                              record=lambda info: _record_batch_stats(net, info, bk))

@@ -10,12 +10,21 @@ coarse correction). The trainer applies a step as ``θ ← θ − lr·d``, so th
     d = (θ − θ⁺) / lr          (θ − lr·d = θ⁺ up to rounding)
 
 which is why MG/Opt runs with ``--optimizer sgd --momentum 0`` (checked in the config).
+
+Models: ``resnet``, ``conv`` and ``conv-stages`` (coarse levels: every stage half as deep,
+:mod:`refbraid.stages.depth`; weights restricted and interpolated per stage). Batch norm: a
+training step updates the running statistics ONCE, from the fine forward sweep of the
+gradient at the step's starting weights θ (the call that also gives the logged loss) —
+the analogue of a plain step, whose statistics come from the gradient at θ. The cycle's
+further fine evaluations (smoothing, line search) run with the statistics kept
+(:func:`refbraid.training.buffers.buffers_kept`); coarse levels have their own.
 """
 
 from __future__ import annotations
 
 from ..backends import Backend
 from ..network import Network
+from .buffers import buffers_kept
 from .config import TrainConfig
 from .multilevel import MGOpt, MGOptSettings
 
@@ -39,9 +48,9 @@ def mgopt_gradient(config: TrainConfig, net: Network, bk: Backend):
     from ..parallel.mpi import world_size
     from .gradients import select_gradient
 
-    if not isinstance(net, Network):
-        raise ValueError(f"`--mgopt-levels` needs model resnet or conv, got `--model "
-                         f"{config.model}`.")
+    if not isinstance(net, Network) and not hasattr(net, "net"):
+        raise ValueError(f"`--mgopt-levels` needs model resnet, conv or conv-stages, got "
+                         f"`--model {config.model}`.")
     if config.data_parallel > 1 or world_size() > 1:
         raise ValueError("`--mgopt-levels` runs in one process (not under mpiexec).")
     settings = MGOptSettings(levels=config.mgopt_levels, factor=MGOPT_FACTOR, lr=config.lr,
@@ -51,8 +60,9 @@ def mgopt_gradient(config: TrainConfig, net: Network, bk: Backend):
                      settings)
 
     def gradient(params, x, labels):
-        loss = fine(params, x, labels)[0]
-        new, info = mg.cycle(params, x, labels)
+        loss = fine(params, x, labels)[0]  # with BN: this step's running-statistics update
+        with buffers_kept(net):
+            new, info = mg.cycle(params, x, labels)
         d = {k: (params[k] - new[k]) / config.lr for k in params}
         return loss, d, {"gradient_calls": float(info["gradient_calls"] + 1),
                          "beta": float(info.get("beta", 0.0))}

@@ -1,8 +1,10 @@
 """Multilevel training in depth: nested initialisation and MG/Opt (docs/coarsening.md).
 
 A network with N layers over [0, T] has layer n at time t_n = n·h (h = T/N); a coarser one
-has N_c = N/r layers with step r·h. Weights move between them in depth (only ``steps.*``; the
-opening and closing weights are shared, transfer = identity) with
+has N_c = N/r layers with step r·h. Weights move between them in depth (only the weights
+stacked over layers: ``steps.*``, or ``stage{s}.*`` of each stage of a staged network, each
+stage on its own [0, T] with n_s → n_s/r layers; the opening, transition and closing weights
+are shared, transfer = identity) with
 
     P (N × N_c)  interpolation in t:
                  'constant':  θ[n] = θ_c[⌊n/r⌋]
@@ -72,37 +74,82 @@ def restriction_matrix(n_fine: int, n_coarse: int) -> np.ndarray:
     return np.kron(np.eye(n_coarse), np.full((1, r), 1.0 / r))
 
 
-def _apply_depth(M: np.ndarray, params: Params) -> Params:
-    """``M`` along the layer axis of every ``steps.*`` array; other entries copied."""
+def depth_groups(params: Params) -> dict[str, int]:
+    """The stacked-over-layers groups of ``params``: {key prefix: number of layers}.
+
+    ``steps.`` for a plain network (N layers); ``stage{s}.`` for each stage of a staged
+    network (n_s layers; its batch-norm running statistics share the prefix). Everything else
+    (opening, transitions, closing) is not stacked in depth and moves unchanged."""
+    groups: dict[str, int] = {}
+    for k, v in params.items():
+        prefix = _group_of(k)
+        if prefix is not None:
+            groups.setdefault(prefix, int(np.shape(v)[0]))
+    if not groups:
+        raise ValueError("`params` holds no weights stacked over layers (`steps.*` or "
+                         "`stage{s}.*`): nothing to move in depth.")
+    return groups
+
+
+def _group_of(key: str) -> str | None:
+    if key.startswith("steps."):
+        return "steps."
+    head, dot, _ = key.partition(".")
+    if dot and head.startswith("stage") and head[5:].isdigit():
+        return head + "."
+    return None
+
+
+def _apply_depth(matrix: Callable[[int], np.ndarray], params: Params) -> Params:
+    """``matrix(n_g)`` along the layer axis of every array of each depth group (n_g layers);
+    other entries copied."""
     out = {}
     for k, v in params.items():
-        if k.startswith("steps."):
+        prefix = _group_of(k)
+        if prefix is not None:
+            M = matrix(int(np.shape(v)[0]))
             out[k] = np.tensordot(M, np.asarray(v), axes=(1, 0)).astype(v.dtype)
         else:
             out[k] = np.array(v, copy=True)
     return out
 
 
+def _ratio(n_from: int, n_to: int, what: str) -> int:
+    """The depth factor between the totals ``n_from`` and ``n_to`` (the larger / smaller)."""
+    big, small = max(n_from, n_to), min(n_from, n_to)
+    if small < 1 or big % small:
+        raise ValueError(f"`{what}`={n_to} and the weights' {n_from} layers are not "
+                         f"multiples of each other.")
+    return big // small
+
+
 def prolong_weights(params: Params, n_fine: int, kind: str = "constant") -> Params:
-    """``P θ``: the coarse network's weights interpolated in t to ``n_fine`` layers."""
-    n_coarse = next(v for k, v in params.items() if k.startswith("steps.")).shape[0]
-    return _apply_depth(interpolation_matrix(n_coarse, n_fine, kind), params)
+    """``P θ``: the coarse network's weights interpolated in t to ``n_fine`` layers in all
+    (each depth group, e.g. each stage, on its own [0, T]: n_g → r n_g layers)."""
+    r = _ratio(sum(depth_groups(params).values()), n_fine, "n_fine")
+    return _apply_depth(lambda n: interpolation_matrix(n, r * n, kind), params)
 
 
 def restrict_weights(params: Params, n_coarse: int) -> Params:
-    """``R θ``: layer averages over each coarse interval."""
-    n_fine = next(v for k, v in params.items() if k.startswith("steps.")).shape[0]
-    return _apply_depth(restriction_matrix(n_fine, n_coarse), params)
+    """``R θ``: layer averages over each coarse interval (per depth group)."""
+    r = _ratio(sum(depth_groups(params).values()), n_coarse, "n_coarse")
+    return _apply_depth(lambda n: restriction_matrix(n, n // r), params)
 
 
 def restrict_gradient(grads: Params, n_coarse: int, kind: str = "constant") -> Params:
     """``Pᵀ g``: the gradient of ``θ_c ↦ f(P θ_c)`` from the fine gradient ``g``."""
-    n_fine = next(v for k, v in grads.items() if k.startswith("steps.")).shape[0]
-    return _apply_depth(interpolation_matrix(n_coarse, n_fine, kind).T, grads)
+    r = _ratio(sum(depth_groups(grads).values()), n_coarse, "n_coarse")
+    return _apply_depth(lambda n: interpolation_matrix(n // r, n, kind).T, grads)
 
 
-def coarser_network(net: Network, factor: int) -> Network:
-    """The same network with ``n_layers / factor`` layers over the same [0, T]."""
+def coarser_network(net, factor: int):
+    """The same network with ``n_layers / factor`` layers over the same [0, T]; for a staged
+    model (conv-stages) every stage ``n_s / factor`` layers
+    (:func:`refbraid.stages.depth.coarser_model`)."""
+    if not isinstance(net, Network):
+        from ..stages.depth import coarser_model
+
+        return coarser_model(net, factor)
     _check_depths(net.n_layers, net.n_layers // factor if factor > 0 else 0)
     return replace(net, n_layers=net.n_layers // factor)
 

@@ -24,6 +24,7 @@ from ..data import Dataset, load_dataset
 from ..network import Network, init_params, to_backend
 from ..parallel.faults import root_decides
 from .atomic import save_figure, write_json
+from .buffers import restore_buffers
 from .checkpoint import check_params_match, load_checkpoint
 from .config import TrainConfig
 from .gradients import GradientFn, layer_parallel_settings, select_gradient
@@ -62,15 +63,17 @@ def setup(config: TrainConfig) -> tuple[Network, Dataset, TrainState, Backend]:
     optimizer = make_optimizer(config.optimizer, config.lr, config.momentum)
     state = TrainState(params, optimizer, np.random.default_rng(shuffle_seq))
     if config.resume:
-        state = resume_state(config, params, optimizer)
+        state = resume_state(config, params, optimizer, net)
     state.params = to_backend(state.params, bk)
     if config.resume:  # buffers follow the parameters to the backend's arrays
         state.optimizer.load_state_dict(state.optimizer.state_dict(), state.params, bk.asarray)
     return net, data, state, bk
 
 
-def resume_state(config: TrainConfig, params: dict[str, Any], optimizer: Optimizer) -> TrainState:
-    """The state saved in ``config.resume``, checked against the freshly built run."""
+def resume_state(config: TrainConfig, params: dict[str, Any], optimizer: Optimizer,
+                 net=None) -> TrainState:
+    """The state saved in ``config.resume``, checked against the freshly built run; ``net``'s
+    buffers (batch norm's running statistics) are restored from it in place."""
     ckpt = load_checkpoint(config.resume)
     source = f"checkpoint {config.resume!r}"
     try:
@@ -92,6 +95,8 @@ def resume_state(config: TrainConfig, params: dict[str, Any], optimizer: Optimiz
     if ckpt.epoch > config.epochs:
         raise ValueError(f"`--epochs` {config.epochs} is below the checkpoint's epoch "
                          f"{ckpt.epoch}; ask for at least {ckpt.epoch}.")
+    if net is not None:
+        restore_buffers(net, ckpt.buffers, source)
     new_params = {k: np.array(ckpt.params[k]) for k in params}
     try:
         optimizer.load_state_dict(ckpt.optimizer_state, new_params)

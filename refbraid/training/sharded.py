@@ -143,9 +143,10 @@ class ShardedTrainer:
 
     def save_checkpoint(self, path: str | Path, *, epoch: int, rng: np.random.Generator,
                         config: dict[str, Any], history: list[dict[str, Any]],
-                        root: int = 0) -> Path | None:
+                        root: int = 0, buffers: dict[str, Any] | None = None) -> Path | None:
         """Gather shards and optimizer state; world rank ``root`` writes the checkpoint
-        atomically (:func:`refbraid.training.checkpoint.save_checkpoint`). Collective."""
+        atomically (:func:`refbraid.training.checkpoint.save_checkpoint`) with ``buffers``
+        (root's model buffers, :func:`refbraid.training.buffers.model_buffers`). Collective."""
         from .checkpoint import save_checkpoint
 
         params = self.gather_params(root)
@@ -153,4 +154,4 @@ class ShardedTrainer:
         if params is None:
             return None
         return save_checkpoint(path, epoch=epoch, params=params, optimizer=full_opt, rng=rng,
-                               config=config, history=history)
+                               config=config, history=history, buffers=buffers)

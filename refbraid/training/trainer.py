@@ -26,8 +26,9 @@ parameters again on rank 0 (its shard elsewhere).
 Files in the output folder, each written atomically: ``log.json`` (every epoch, and with the
 final status: "finished", "diverged", "interrupted" or "error"), ``curves.png``, ``mgrit.png``
 (at checkpoints and at the end), ``checkpoint.npz`` (every ``checkpoint_every`` epochs and at
-the last epoch). However the loop ends, the log says how, and the exception that ended it
-carries a note saying what the folder kept (:func:`refbraid.errors.add_note`).
+the last epoch; with the model's buffers, batch norm's running statistics). However the loop
+ends, the log says how, and the exception that ended it carries a note saying what the folder
+kept (:func:`refbraid.errors.add_note`).
 
 Shape legend: n training samples, B batch, in_shape one network input.
 """
@@ -49,6 +50,7 @@ from ..layers.init import NonFiniteError
 from ..mgrit import MGRITDiverged
 from ..network import Network
 from .atomic import save_figure, write_json
+from .buffers import model_buffers
 from .checkpoint import FILENAME as CHECKPOINT_FILE
 from .checkpoint import save_checkpoint
 from .divergence import (
@@ -175,12 +177,14 @@ class _RunFiles:
             if solver is not None:
                 self.files["mgrit"] = save_figure(solver, self.out / MGRIT_FILE)
 
-    def checkpoint(self, state: TrainState, params: Params, optimizer: Optimizer) -> None:
+    def checkpoint(self, state: TrainState, params: Params, optimizer: Optimizer,
+                   buffers: dict[str, Any] | None = None) -> None:
         if self.out is None:
             return
         self.files["checkpoint"] = save_checkpoint(
             self.out / CHECKPOINT_FILE, epoch=state.epoch, params=params, optimizer=optimizer,
-            rng=state.rng, config=self.meta.get("config", {}), history=state.history)
+            rng=state.rng, config=self.meta.get("config", {}), history=state.history,
+            buffers=buffers)
         self.checkpoint_epoch = state.epoch
         self.curves(state)
 
@@ -295,7 +299,7 @@ def fit(net: Network, state: TrainState, data: Dataset, gradient: GradientFn, *,
                                                 or epoch == epochs):
                 optimizer = state.optimizer if localize is None else \
                     gradient.gather_optimizer(state.optimizer, params)
-                run_files.checkpoint(state, params, optimizer)
+                run_files.checkpoint(state, params, optimizer, model_buffers(net))
     except BaseException as err:
         if isinstance(err, TrainingDiverged):  # every rank diverges together: gather is safe
             unshard()
