@@ -160,11 +160,20 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend, multilevel: 
             raise CollectiveError("`--bias-control` runs in one process only (it compares with "
                                   "sequential backprop on the whole batch); drop it under "
                                   "mpiexec.")
+        from ..sequence.gru_model import GRUModel
+
+        if isinstance(net, GRUModel):  # MGRIT over the sequence positions (distributed_gru)
+            from .distributed_gru import sequence_parallel_gradient
+
+            return "sequence-parallel-mpi", sequence_parallel_gradient(
+                net, LayerParallelSettings.exact() if config.serial else
+                layer_parallel_settings(config), bk, config.data_parallel)
         block = net if isinstance(net, Network) else getattr(net, "mpi_network", None)
         if block is None:  # every rank sees the same model: say it once
             raise CollectiveError(f"`--model {config.model}`: training over MPI supports the "
-                                  "resnet, conv, transformer, gpt-untied models (one block "
-                                  "whose parameters are the network's); train this model in "
+                                  "resnet, conv, transformer, gpt-untied, gru and implicit-gru "
+                                  "models (one block whose parameters are the network's, or "
+                                  "MGRIT over a GRU's sequence); train this model in "
                                   "one process.")
         settings = LayerParallelSettings.exact() if config.serial else \
             layer_parallel_settings(config)

@@ -1,0 +1,129 @@
+"""The GRU models under MPI (issue 13): MGRIT over the sequence positions split over ranks,
+and data parallelism, as in one process.
+
+Launched like every file here (``mpiexec -n N python -m mpi4py -m pytest tests/mpi``, N = 1..4).
+seq-memory has L = 16 positions: two levels with cfactor 2 give 8 coarsest intervals (3 ranks
+split them 3/3/2), three levels 4 (uneven backward blocks at 3 ranks). Oracles: the model's
+single-process ``layer_parallel_gradient`` (bit-identical with pure sequence parallelism,
+round-off with data parallelism) and ``fit`` in one process, checkpoints resumed across modes.
+"""
+
+import numpy as np
+import pytest
+
+from refbraid.errors import CollectiveError
+from refbraid.layer_parallel import LayerParallelSettings, relative_gradient_error
+from refbraid.training.checkpoint import load_checkpoint
+from refbraid.training.config import TrainConfig
+from refbraid.training.distributed_gru import sequence_parallel_gradient
+from refbraid.training.gradients import mgrit_gradient, select_gradient
+from refbraid.training.models import as_network_input
+from refbraid.training.run import setup
+from refbraid.training.trainer import fit, layer_parallel_settings
+
+
+def _config(model="gru", levels=2, **kw):
+    base = dict(model=model, data="seq-memory", width=6, samples=60, levels=levels, cfactor=2,
+                epochs=1, batch_size=16, seed=4, quiet=True, fwd_iters=1, bwd_iters=1)
+    return TrainConfig(**{**base, **kw})
+
+
+def _largest_divisor(n):
+    return max(d for d in range(1, n + 1) if n % d == 0)
+
+
+@pytest.mark.parametrize("model,levels", [("gru", 2), ("implicit-gru", 3)])
+@pytest.mark.parametrize("split", ["sequence", "data"])
+def test_gru_gradient_over_mpi_equals_one_process(world, model, levels, split):
+    config = _config(model, levels)
+    net, data, state, bk = setup(config)
+    settings = layer_parallel_settings(config)
+    x = as_network_input(net, data.x_train[:11])  # 11 samples: uneven data shards
+    y = data.y_train[:11]
+    loss, g, info = net.layer_parallel_gradient(state.params, x, y, settings, bk)
+    D = 1 if split == "sequence" else _largest_divisor(world.size)
+    grad = sequence_parallel_gradient(net, settings, bk, data_parallel=D)
+    loss_mpi, g_mpi, stats = grad(state.params, x, y)
+    assert set(g_mpi) == set(g)
+    assert stats["phi_calls"] == info.stats()["phi_calls"]
+    if D == 1:  # pure sequence parallelism: the same operations in the same order
+        assert loss_mpi == loss
+        for k in g:
+            np.testing.assert_array_equal(g_mpi[k], g[k], err_msg=k)
+    else:
+        assert loss_mpi == pytest.approx(loss, rel=1e-12)
+        assert relative_gradient_error(g_mpi, g, bk) <= 1e-12
+    everyone = world.allgather(g_mpi["cell.W_hh"])
+    for other in everyone:  # the same gradient on every rank
+        np.testing.assert_array_equal(other, everyone[0])
+
+
+def test_serial_gru_over_mpi_is_data_parallel_backprop(world):
+    config = _config(serial=True, data_parallel=world.size)
+    net, data, state, bk = setup(config)
+    x, y = as_network_input(net, data.x_train[:9]), data.y_train[:9]
+    loss, g, _ = net.backprop(state.params, x, y, bk)
+    name, grad = select_gradient(config, net, bk)
+    assert name == ("sequence-parallel-mpi" if world.size > 1 else "sequential")
+    loss_mpi, g_mpi, _ = grad(state.params, x, y)
+    assert loss_mpi == pytest.approx(loss, rel=1e-12)
+    assert relative_gradient_error(g_mpi, g, bk) <= 1e-12
+
+
+def test_one_level_over_several_sequence_ranks_is_refused(world):
+    if world.size == 1:
+        pytest.skip("needs several sequence ranks")
+    config = _config()
+    net, _, _, bk = setup(config)
+    with pytest.raises(CollectiveError, match="cannot be split over"):
+        sequence_parallel_gradient(net, LayerParallelSettings.exact(), bk)
+
+
+@pytest.mark.parametrize("split", ["sequence", "data"])
+def test_gru_fit_over_mpi_equals_one_process_and_resumes_across_modes(world, shared_tmp, split):
+    """2 epochs in one process == 1 epoch over MPI (checkpoint) + 1 resumed in one process
+    == 1 epoch in one process (checkpoint) + 1 resumed over MPI."""
+    config = _config(epochs=2, optimizer="adam")
+    settings = layer_parallel_settings(config)
+    net, data, state, bk = setup(config)
+    serial = fit(net, state, data, mgrit_gradient(net, settings, bk), epochs=2,
+                 batch_size=config.batch_size, bk=bk, quiet=True)
+    D = 1 if split == "sequence" else _largest_divisor(world.size)
+    tol = 0.0 if D == 1 else 1e-12
+
+    def over_mpi(state, out, epochs):
+        grad = sequence_parallel_gradient(net, settings, bk, data_parallel=D)
+        return fit(net, state, data, grad, epochs=epochs, batch_size=config.batch_size, bk=bk,
+                   out_dir=out if grad.is_root else None, checkpoint_every=1, quiet=True,
+                   meta={"config": config.to_dict()})
+
+    # MPI first, then one process resumes from its checkpoint
+    _, _, state, _ = setup(config)
+    over_mpi(state, shared_tmp / "mpi", 1)
+    world.barrier()
+    resumed = setup(TrainConfig(**{**config.to_dict(), "resume": str(shared_tmp / "mpi")}))[2]
+    assert resumed.epoch == 1
+    first = fit(net, resumed, data, mgrit_gradient(net, settings, bk), epochs=2,
+                batch_size=config.batch_size, bk=bk, quiet=True)
+    # one process first, then MPI resumes
+    _, _, state, _ = setup(config)
+    if world.rank == 0:
+        fit(net, state, data, mgrit_gradient(net, settings, bk), epochs=1,
+            batch_size=config.batch_size, bk=bk, out_dir=shared_tmp / "one", checkpoint_every=1,
+            quiet=True, meta={"config": config.to_dict()})
+    world.barrier()
+    resumed = setup(TrainConfig(**{**config.to_dict(), "resume": str(shared_tmp / "one")}))[2]
+    second = over_mpi(resumed, shared_tmp / "one", 2)
+    for result in (first, second):
+        assert relative_gradient_error(result.state.params, serial.state.params) <= tol
+        if D == 1:
+            assert result.final["train_loss"] == serial.final["train_loss"]
+        else:
+            assert result.final["train_loss"] == pytest.approx(serial.final["train_loss"],
+                                                               rel=1e-12)
+        assert result.final["val_acc"] == serial.final["val_acc"]
+    if world.rank == 0:
+        saved = load_checkpoint(shared_tmp / "one")
+        assert saved.epoch == 2
+        for k, v in serial.state.params.items():
+            np.testing.assert_allclose(saved.params[k], v, rtol=tol, atol=tol)
