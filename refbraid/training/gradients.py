@@ -153,32 +153,18 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend, multilevel: 
                                 max_global_skips=config.global_sync_every)
         return "daso-mpi", daso_gradient(net, schedule, config.epochs, settings, bk)
     if config.data_parallel > 1 or world_size() > 1:  # under mpiexec: ranks share the work
-        from .distributed import distributed_gradient
-        from .sharded import ShardedGradient
+        from .mpi_gradients import mpi_gradient, sequence_parallel
 
-        if config.bias_control != "off":
-            raise CollectiveError("`--bias-control` runs in one process only (it compares with "
-                                  "sequential backprop on the whole batch); drop it under "
-                                  "mpiexec.")
-        from ..sequence.gru_model import GRUModel
-
-        if isinstance(net, GRUModel):  # MGRIT over the sequence positions (distributed_gru)
-            from .distributed_gru import sequence_parallel_gradient
-
-            return "sequence-parallel-mpi", sequence_parallel_gradient(
-                net, LayerParallelSettings.exact() if config.serial else
-                layer_parallel_settings(config), bk, config.data_parallel)
         block = net if isinstance(net, Network) else getattr(net, "mpi_network", None)
-        if block is None:  # every rank sees the same model: say it once
+        if block is None and not sequence_parallel(net):  # every rank sees it: say it once
             raise CollectiveError(f"`--model {config.model}`: training over MPI supports the "
-                                  "resnet, conv, transformer, gpt-untied, gru and implicit-gru "
+                                  "resnet, conv, transformer, gpt-untied, gru, implicit-gru "
                                   "models (one block whose parameters are the network's, or "
                                   "MGRIT over a GRU's sequence); train this model in "
                                   "one process.")
         settings = LayerParallelSettings.exact() if config.serial else \
             layer_parallel_settings(config)
-        return "layer-parallel-mpi", ShardedGradient(distributed_gradient(
-            block, settings, bk, config.data_parallel))  # each rank steps its own layers
+        return mpi_gradient(config, net, block, settings, bk)  # GRU, bias control, shards
     if config.serial:
         return "sequential", sequential_gradient(net, bk)
     settings = layer_parallel_settings(config)
