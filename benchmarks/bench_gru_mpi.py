@@ -80,8 +80,8 @@ def _gru_worker(spec: dict) -> None:
 def _bias_worker(spec: dict) -> None:
     from refbraid.parallel.mpi import MPIComm
     from refbraid.training.config import TrainConfig
-    from refbraid.training.mpi_gradients import mpi_gradient
     from refbraid.training.models import as_network_input
+    from refbraid.training.mpi_gradients import mpi_gradient
     from refbraid.training.run import setup
     from refbraid.training.trainer import layer_parallel_settings
 
