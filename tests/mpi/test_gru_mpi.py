@@ -13,6 +13,7 @@ import pytest
 
 from refbraid.errors import CollectiveError
 from refbraid.layer_parallel import LayerParallelSettings, relative_gradient_error
+from refbraid.sequence.gru_model import GRUModel
 from refbraid.training import trainer
 from refbraid.training.checkpoint import load_checkpoint
 from refbraid.training.config import TrainConfig
@@ -57,6 +58,24 @@ def test_gru_gradient_over_mpi_equals_one_process(world, model, levels, split):
     everyone = world.allgather(g_mpi["cell.W_hh"])
     for other in everyone:  # the same gradient on every rank
         np.testing.assert_array_equal(other, everyone[0])
+
+
+@pytest.mark.parametrize("scheme", ["classic", "implicit"])
+def test_odd_length_gru_with_unmirrored_adjoint_blocks_equals_one_process(world, scheme):
+    """L = 13 with cfactor 2: the adjoint blocks are not the forward ones shifted by one
+    (BlockPlan.mirrored is False), so states and adjoints cross ranks for the sum."""
+    model = GRUModel(13, 3, 5, 3, scheme=scheme)
+    rng = np.random.default_rng(7)
+    params = model.init_params(rng)
+    x, y = rng.standard_normal((6, 13, 3)), rng.integers(0, 3, 6)
+    settings = LayerParallelSettings.with_iterations(2, 1, levels=2, cfactor=2)
+    loss, g, _ = model.layer_parallel_gradient(params, x, y, settings)
+    grad = sequence_parallel_gradient(model, settings)
+    assert world.size == 1 or not grad.plan.mirrored
+    loss_mpi, g_mpi, _ = grad(params, x, y)
+    assert loss_mpi == loss
+    for k in g:
+        np.testing.assert_array_equal(g_mpi[k], g[k], err_msg=k)
 
 
 def test_serial_gru_over_mpi_is_data_parallel_backprop(world):
