@@ -49,8 +49,8 @@ class MPIControlledGradient:
     ``core`` is the single-process :class:`ControlledGradient` of the same model and flags
     (its rule, its bookkeeping, its sequential backprop and logits); ``build(settings)`` makes
     the distributed gradient for MGRIT ``settings`` (collective). Trainer hooks: ``is_root``,
-    ``logits``, ``share``, and for owned shards ``localize``, ``gather_params``,
-    ``gather_optimizer`` (see :func:`refbraid.training.trainer.fit`).
+    ``logits``, ``share``, ``localize``, ``gather_params``, ``gather_optimizer`` (see
+    :func:`refbraid.training.trainer.fit`).
     """
 
     __name__ = "layer-parallel-mpi-bias-control"
@@ -58,12 +58,6 @@ class MPIControlledGradient:
     def __init__(self, core: ControlledGradient, build: Callable[[Any], Any], world):
         self.core, self.build, self.world = core, build, world
         self.inner = build(core.settings)
-        self.sharded = hasattr(self.inner, "localize")
-        if self.sharded:  # owned shards: the trainer gathers them for evaluation
-            self.localize = lambda state: self.inner.localize(state)
-            self.gather_params = lambda shard, root=0: self.inner.gather_params(shard, root)
-            self.gather_optimizer = lambda opt, params, root=0: \
-                self.inner.gather_optimizer(opt, params, root)
         if not self.is_root:
             core.say = _quiet
 
@@ -83,6 +77,15 @@ class MPIControlledGradient:
     def share(self, value: Any, root: int = 0) -> Any:
         return self.world.bcast(value, root)
 
+    def localize(self, state) -> None:
+        self.inner.localize(state)
+
+    def gather_params(self, shard, root: int = 0):
+        return self.inner.gather_params(shard, root)
+
+    def gather_optimizer(self, optimizer, params, root: int = 0):
+        return self.inner.gather_optimizer(optimizer, params, root)
+
     def logits(self, params, x):
         """The forward pass training now uses (MGRIT's at the current cycles, or the
         sequential one after a switch), on full params in this process."""
@@ -91,14 +94,13 @@ class MPIControlledGradient:
     # -- full arrays on rank 0, and back ----------------------------------------------------
     def _full(self, local: dict[str, Any]) -> dict[str, Any] | None:
         """Full arrays (params or gradient) on world rank 0, None elsewhere. Collective."""
-        if self.sharded:
-            return self.inner.gather_params(local)
-        return local if self.is_root else None  # replicated: every rank holds everything
+        return self.inner.gather_params(local)
 
     def _local(self, full: dict[str, Any] | None) -> dict[str, Any]:
         """Rank 0's full arrays, as this rank holds them (its shard). Collective."""
         full = self.world.bcast(full if self.is_root else None)
-        return self.inner.gradient.shard(full) if self.sharded else full
+        shard = getattr(self.inner, "gradient", self.inner).shard  # ShardedGradient or GRU
+        return shard(full)
 
     # -- one step ---------------------------------------------------------------------------
     def __call__(self, params, x, labels):

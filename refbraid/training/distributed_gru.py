@@ -20,7 +20,9 @@ blocks starting at coarsest-grid points (:class:`~refbraid.training.ownership.Bl
 The GRU's weights are the same at every position, so every rank holds all parameters
 (replicated, like :meth:`refbraid.training.distributed.DistributedGradient.__call__`): the
 optimizer takes the same step everywhere and world rank 0 evaluates and checkpoints in the
-single-process format, so checkpoints resume across modes.
+single-process format, so checkpoints resume across modes. The shard hooks the trainer asks for
+(``localize``, ``gather_params``, ``gather_optimizer``) are trivial here: they only make world
+rank 0 the one rank that evaluates.
 
 Data parallelism (:func:`refbraid.parallel.mpi.split_world`): D groups; group g takes a
 contiguous shard of B_g samples and scales its loss and λ[L] by B_g/B; the groups' gradients
@@ -125,6 +127,24 @@ class SequenceParallelGRU:
     def share(self, value: Any, root: int = 0) -> Any:
         """World rank ``root``'s ``value`` on every rank. Collective."""
         return self.topo.world.bcast(value, root)
+
+    # the trainer's shard hooks (refbraid.training.trainer.fit): every rank's "shard" is the
+    # whole parameter set, and only world rank ``root`` gets it back, so only it evaluates
+    def localize(self, state) -> None:
+        """Nothing to cut: every rank keeps all parameters and optimizer state."""
+
+    def shard(self, full: Params) -> Params:
+        """This rank's part of full arrays: all of them."""
+        return full
+
+    def gather_params(self, params: Params, root: int = 0) -> Params | None:
+        """The full parameters on world rank ``root`` (they are already there), None
+        elsewhere."""
+        return params if self.topo.world.rank == root else None
+
+    def gather_optimizer(self, optimizer, params: Params | None, root: int = 0):
+        """The optimizer (state of all parameters) on world rank ``root``, None elsewhere."""
+        return optimizer if self.topo.world.rank == root else None
 
     def _shard_batch(self, x, labels):
         sizes = shard_sizes(x.shape[0], self.topo.n_groups)
