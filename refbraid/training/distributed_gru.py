@@ -44,7 +44,7 @@ import numpy as np
 from ..backends import Backend, get_backend
 from ..errors import CollectiveError
 from ..layer_parallel import LayerParallelSettings
-from ..mgrit import Problem, solve
+from ..mgrit import Problem, build_hierarchy, solve
 from ..network import Params, group
 from ..parallel.mpi import Topology, split_world
 from ..parallel.ops import Broadcast, RowExchange
@@ -93,10 +93,13 @@ class SequenceParallelGRU:
         try:
             self.plan = BlockPlan.build(L, self.settings, Q)
         except ValueError as err:  # the same on every rank: worded for the sequence
-            raise type(err)(f"sequence-parallel GRU: {Q} ranks per data-parallel group over "
-                            f"the {L} positions of the sequence do not fit the MGRIT grid "
-                            f"(--levels, --cfactor): every rank needs at least one coarsest "
-                            f"interval; use fewer ranks per group (--data-parallel), fewer "
+            f = self.settings.forward
+            K = len(build_hierarchy(L, f.cfactors, f.min_coarse).coarsest.points) - 1
+            s = "" if K == 1 else "s"
+            raise type(err)(f"sequence-parallel GRU: {Q} ranks per data-parallel group exceed "
+                            f"the {K} coarsest interval{s} of the MGRIT grid over the {L} "
+                            f"sequence positions (every rank needs at least one); use at most "
+                            f"{K} rank{s} per group (more groups: --data-parallel), fewer "
                             f"levels or a smaller cfactor.") from None
         self.sequential = Q == 1 and self.settings.forward.levels == 1 \
             and self.settings.backward.levels == 1

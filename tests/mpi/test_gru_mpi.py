@@ -97,6 +97,10 @@ def test_one_level_over_several_sequence_ranks_is_refused(world):
     net, _, _, bk = setup(config)
     with pytest.raises(CollectiveError, match="cannot be split over"):
         sequence_parallel_gradient(net, LayerParallelSettings.exact(), bk)
+    one_interval = LayerParallelSettings.with_iterations(1, 1, levels=3, cfactor=4)
+    with pytest.raises(CollectiveError, match="exceed the 1 coarsest interval of the MGRIT grid "
+                                              "over the 16 sequence positions"):
+        sequence_parallel_gradient(net, one_interval, bk)
 
 
 def test_gru_fit_over_mpi_equals_one_process_and_resumes_across_modes(world, shared_tmp,
