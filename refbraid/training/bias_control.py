@@ -32,6 +32,9 @@ counts Φ applications of the training gradient (MGRIT's ``phi_calls``, 2N per s
 backprop: N forward steps, N adjoint steps), ``measure_applications`` those of the
 measurements.
 
+Under ``mpiexec`` the same rule runs in :mod:`refbraid.training.bias_control_mpi` (the
+measurement on world rank 0 from gathered parameters, every rank deciding on its numbers).
+
 Where this differs from the paper: the stored sources here give the paper's abstract only
 (detect the transition, then switch to serial or raise the solve accuracy), not its exact
 test; this module's test is the bias/noise ratio the issue describes, measured exactly
