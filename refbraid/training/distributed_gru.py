@@ -203,13 +203,14 @@ class SequenceParallelGRU:
         lams = dict(zip((int(i) for i in bwd.fine_indices), bwd.solution, strict=True))
         lam_next = Rows("λ", self.q, self.lams_x.forward({i: lams[i] for i in self.lam_owned}))
         dcell = self._ordered_sum(cell, xs, held, lam_next)
+        names = sorted(params)  # one packing order on every rank
         total = None
         if self.q == self.last:  # Σ over all positions and the head's gradient, packed
-            total = _pack({**{f"cell.{k}": dcell[k] for k in CELL_WEIGHTS},
-                           **{f"closing.{k}": v for k, v in closing_grads.items()}})
-        like = {k: np.zeros_like(v) for k, v in params.items() if k.startswith("cell.")}
-        like.update({k: np.zeros_like(v) for k, v in params.items() if k.startswith("closing.")})
-        grads = _unpack(self.bcast_grads.forward(total), like)
+            full = {**{f"cell.{k}": dcell[k] for k in CELL_WEIGHTS},
+                    **{f"closing.{k}": v for k, v in closing_grads.items()}}
+            total = _pack({k: full[k] for k in names})
+        grads = _unpack(self.bcast_grads.forward(total),
+                        {k: np.zeros_like(params[k]) for k in names})
         self.last_solves = {"forward": fwd, "backward": bwd}
         loss_total = self.topo.world.allreduce_sum(loss_part)
         stats = solve_stats(fwd, bwd, self.topo.world, copies=self.topo.n_groups)
