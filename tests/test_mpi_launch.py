@@ -71,7 +71,9 @@ def test_an_exception_on_one_rank_ends_the_job_with_its_message():
      "refbraid train: error: layer-parallel over 2 ranks with 16 layers: 2 ranks exceed the 1 "
      "interval of the coarsest MPI grid (every rank needs at least one coarsest interval); use "
      "at most 1 rank,"),
-    (2, ["--model", "gru"], "refbraid train: error: `--model gru`: training over MPI supports"),
+    (2, ["--model", "gru", "--serial"], "refbraid train: error: one MGRIT level (--serial or "
+     "--levels 1) is a sequential sweep over the 16 positions: it cannot be split over 2 "
+     "sequence ranks"),
     (2, ["--out", "/dev/null"], "refbraid train: error: `--out` '/dev/null' is not a folder"),
 ], ids=["split", "too-many-ranks", "sequence-model", "out-not-a-folder"])
 def test_an_error_every_rank_shares_is_printed_once_without_a_traceback(n, flags, message,

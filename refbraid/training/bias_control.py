@@ -41,6 +41,9 @@ statistics), so the micro-batch gradients g_i are gradients of micro-batch-norma
 and ``noise`` is an estimate of the spread of the gradient under resampling of the batch, not
 of an exact batch mean: the ratio stays a heuristic signal there.
 
+Under ``mpiexec`` the same rule runs in :mod:`refbraid.training.bias_control_mpi` (the
+measurement on world rank 0 from gathered parameters, every rank deciding on its numbers).
+
 Where this differs from the paper: the stored sources here give the paper's abstract only
 (detect the transition, then switch to serial or raise the solve accuracy), not its exact
 test; this module's test is the bias/noise ratio the issue describes, measured exactly
@@ -175,19 +178,29 @@ class ControlledGradient:
             stats["phi_calls"] += 2.0 * self.serial_steps
         self.record(info)  # the step taken, once (batch norm's running statistics)
         self.step_applications += stats["phi_calls"]
-        due = not self.serial and self.control.mode != "off" \
-            and self.calls % self.control.every == 0
+        due = self.due()
         if due and self.control.signal == "residual":  # the proxy: no serial pass
-            if stats["fwd_res"] > self.control.residual:
-                fwd, bwd = self._iters()
-                self._decide({"step": self.calls, "fwd_res": stats["fwd_res"],
-                              "bwd_res": stats["bwd_res"], "fwd_iters": fwd, "bwd_iters": bwd})
+            self.check_residual(stats)
         elif due:
-            stats.update(self._measure(params, x, labels, grads, stats))
+            m = bias_and_noise(self.backprop, params, x, labels, grads, self.control.micro,
+                               self.bk)
+            stats.update(self.take_measurement(m, stats))
         return loss, grads, stats
 
-    def _measure(self, params, x, labels, grads, stats) -> dict[str, float]:
-        m = bias_and_noise(self.backprop, params, x, labels, grads, self.control.micro, self.bk)
+    def due(self) -> bool:
+        """Whether this call (``calls`` counts it already) measures or checks the proxy."""
+        return not self.serial and self.control.mode != "off" \
+            and self.calls % self.control.every == 0
+
+    def check_residual(self, stats) -> None:
+        """The proxy rule: act when the step's final forward residual exceeds ``residual``."""
+        if stats["fwd_res"] > self.control.residual:
+            fwd, bwd = self._iters()
+            self._decide({"step": self.calls, "fwd_res": stats["fwd_res"],
+                          "bwd_res": stats["bwd_res"], "fwd_iters": fwd, "bwd_iters": bwd})
+
+    def take_measurement(self, m: dict[str, Any], stats) -> dict[str, float]:
+        """Log measurement ``m`` (:func:`bias_and_noise`) and act on it; the step's stats."""
         self.measure_applications += 2.0 * self.n_layers * (m["micro_batches"] + 1)
         fwd, bwd = self._iters()
         record = {"step": self.calls, **m, "fwd_res": stats["fwd_res"],

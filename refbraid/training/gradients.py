@@ -158,28 +158,19 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend, multilevel: 
                                 max_global_skips=config.global_sync_every)
         return "daso-mpi", daso_gradient(net, schedule, config.epochs, settings, bk)
     if config.data_parallel > 1 or world_size() > 1:  # under mpiexec: ranks share the work
-        from .distributed import distributed_gradient
-        from .sharded import ShardedGradient
+        from .mpi_gradients import mpi_gradient, sequence_parallel
 
-        if config.bias_control != "off":
-            raise CollectiveError("`--bias-control` runs in one process only (it compares with "
-                                  "sequential backprop on the whole batch); drop it under "
-                                  "mpiexec.")
+        block = net if isinstance(net, Network) else getattr(net, "mpi_network", None)
+        staged = config.model == "conv-stages"
+        if block is None and not (staged or sequence_parallel(net)):  # every rank: say it once
+            raise CollectiveError(f"`--model {config.model}`: training over MPI supports the "
+                                  "resnet, conv, conv-stages, transformer, gpt-untied, gru, "
+                                  "implicit-gru models (one block whose parameters are the "
+                                  "network's, a staged network, or MGRIT over a GRU's "
+                                  "sequence); train this model in one process.")
         settings = LayerParallelSettings.exact() if config.serial else \
             layer_parallel_settings(config)
-        if config.model == "conv-stages":  # a staged network (training/distributed_stages.py)
-            from .distributed_stages import staged_distributed_gradient
-
-            return "layer-parallel-mpi", staged_distributed_gradient(
-                net, settings, bk, config.data_parallel)
-        block = net if isinstance(net, Network) else getattr(net, "mpi_network", None)
-        if block is None:  # every rank sees the same model: say it once
-            raise CollectiveError(f"`--model {config.model}`: training over MPI supports the "
-                                  "resnet, conv, transformer, gpt-untied models (one block "
-                                  "whose parameters are the network's) and conv-stages; "
-                                  "train this model in one process.")
-        return "layer-parallel-mpi", ShardedGradient(distributed_gradient(
-            block, settings, bk, config.data_parallel))  # each rank steps its own layers
+        return mpi_gradient(config, net, block, settings, bk)  # GRU, stages, bias control
     if config.serial:
         return "sequential", sequential_gradient(net, bk)
     settings = layer_parallel_settings(config)

@@ -168,7 +168,7 @@ def train(config: TrainConfig, gradient: GradientFn | None = None,
                                             f"{config.data}-{config.model} ({name})"))
         if name == "layer-parallel" and isinstance(net, Network):
             result.files["gradient_error"] = write_gradient_error(config, net, data, state, bk)
-        if hasattr(gradient, "decisions"):  # --bias-control: the measurements and decisions
+        if root and hasattr(gradient, "decisions"):  # --bias-control: measurements, decisions
             result.files["bias_control"] = write_json(Path(config.out_dir) / "bias_control.json",
                                                       gradient.summary())
         if root and data.info.get("language_model") and result.status == "finished":

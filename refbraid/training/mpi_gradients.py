@@ -1,0 +1,66 @@
+"""The gradient under ``mpiexec`` once :func:`~refbraid.training.gradients.select_gradient`
+has checked the model: which distributed gradient, and the bias controller around it.
+
+* a GRU model (MGRIT over the sequence positions): the replicated
+  :class:`~refbraid.training.distributed_gru.SequenceParallelGRU`;
+* ``--model conv-stages``: the replicated staged gradient
+  (:func:`~refbraid.training.distributed_stages.staged_distributed_gradient`);
+* every other model: owned shards of its block
+  (:class:`~refbraid.training.sharded.ShardedGradient` over
+  :class:`~refbraid.training.distributed.DistributedGradient`);
+* with ``--bias-control``: either one inside
+  :class:`~refbraid.training.bias_control_mpi.MPIControlledGradient`, which rebuilds it when
+  the controller raises the MGRIT cycles.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..backends import Backend
+from ..layer_parallel import LayerParallelSettings
+from ..sequence.gru_model import GRUModel
+from .config import TrainConfig
+
+
+def sequence_parallel(net: Any) -> bool:
+    """Whether ``net`` runs MGRIT over its sequence positions (the GRU models)."""
+    return isinstance(net, GRUModel)
+
+
+def mpi_gradient(config: TrainConfig, net, block, settings: LayerParallelSettings,
+                 bk: Backend) -> tuple[str, Any]:
+    """(name, gradient) for ``refbraid train`` under mpiexec; ``block`` is the network whose
+    layers are distributed (None for a GRU). Collective: every rank calls it."""
+    from .distributed import distributed_gradient
+    from .distributed_gru import sequence_parallel_gradient
+    from .sharded import ShardedGradient
+
+    D = config.data_parallel
+    if config.model == "conv-stages":  # a staged network (training/distributed_stages.py)
+        from ..errors import CollectiveError
+        from .distributed_stages import staged_distributed_gradient
+
+        if config.bias_control != "off":
+            raise CollectiveError("`--bias-control` with `--model conv-stages` runs in one "
+                                  "process only (not under mpiexec); drop one of them.")
+        return "layer-parallel-mpi", staged_distributed_gradient(net, settings, bk, D)
+    if sequence_parallel(net):
+        name = "sequence-parallel-mpi"
+
+        def build(s: LayerParallelSettings):
+            return sequence_parallel_gradient(net, s, bk, D)
+    else:
+        name = "layer-parallel-mpi"
+
+        def build(s: LayerParallelSettings):  # each rank steps its own layers
+            return ShardedGradient(distributed_gradient(block, s, bk, D))
+
+    if config.bias_control == "off":
+        return name, build(settings)
+    from ..parallel.mpi import MPIComm
+    from .bias_control_mpi import MPIControlledGradient
+    from .gradients import controlled_gradient
+
+    core = controlled_gradient(net, settings, bk, config)  # the rule and its bookkeeping
+    return name + "-bias-control", MPIControlledGradient(core, build, MPIComm.world())
