@@ -154,22 +154,25 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend, multilevel: 
         return "daso-mpi", daso_gradient(net, schedule, config.epochs, settings, bk)
     if config.data_parallel > 1 or world_size() > 1:  # under mpiexec: ranks share the work
         from .distributed import distributed_gradient
+        from .distributed_seq import sequence_distributed_gradient
         from .sharded import ShardedGradient
 
         if config.bias_control != "off":
             raise CollectiveError("`--bias-control` runs in one process only (it compares with "
                                   "sequential backprop on the whole batch); drop it under "
                                   "mpiexec.")
-        block = net if isinstance(net, Network) else getattr(net, "mpi_network", None)
-        if block is None:  # every rank sees the same model: say it once
-            raise CollectiveError(f"`--model {config.model}`: training over MPI supports the "
-                                  "resnet, conv, transformer, gpt-untied models (one block "
-                                  "whose parameters are the network's); train this model in "
-                                  "one process.")
         settings = LayerParallelSettings.exact() if config.serial else \
             layer_parallel_settings(config)
-        return "layer-parallel-mpi", ShardedGradient(distributed_gradient(
-            block, settings, bk, config.data_parallel))  # each rank steps its own layers
+        block = net if isinstance(net, Network) else getattr(net, "mpi_network", None)
+        dist = distributed_gradient(block, settings, bk, config.data_parallel) \
+            if block is not None else sequence_distributed_gradient(net, settings, bk,
+                                                                    config.data_parallel)
+        if dist is None:  # every rank sees the same model: say it once
+            raise CollectiveError(f"`--model {config.model}`: training over MPI supports the "
+                                  "resnet, conv, transformer, transformer-decoder, "
+                                  "transformer-seq2seq, gpt and gpt-untied models; train this "
+                                  "model in one process.")
+        return "layer-parallel-mpi", ShardedGradient(dist)  # each rank steps its own layers
     if config.serial:
         return "sequential", sequential_gradient(net, bk)
     settings = layer_parallel_settings(config)
