@@ -30,8 +30,8 @@ CASES = {
     "transformer-seq2seq": dict(model="transformer-seq2seq", data="seq-reverse", layers=8),
 }
 
-def _config(name):
-    return TrainConfig(**CASES[name], **TINY)
+def _config(name, **kw):
+    return TrainConfig(**CASES[name], **{**TINY, **kw})
 
 def _splits(size):
     """Pure layer parallelism, and data parallelism where the world has room for it (D = 2
@@ -48,7 +48,7 @@ def test_chained_or_tied_gradient_over_mpi_equals_one_process(world, name):
     loss, g, _ = model.layer_parallel_gradient(state.params, x, y, settings, bk)
     for D in _splits(world.size):
         grad = sequence_distributed_gradient(model, settings, bk, data_parallel=D)
-        for mode in ("replicated", "sharded"):
+        for mode in ("replicated", "sharded") if D == 1 else ("sharded",):  # training's
             if mode == "replicated":
                 loss_mpi, g_mpi, _ = grad(state.params, x, y)
             else:  # each rank's shard; group 0's shards gathered to world rank 0
@@ -65,22 +65,27 @@ def test_chained_or_tied_gradient_over_mpi_equals_one_process(world, name):
                 assert loss_mpi == pytest.approx(loss, rel=1e-12), (mode, D)
                 assert relative_gradient_error(g_mpi, g, bk) <= 1e-12, (mode, D)
 
-@pytest.mark.parametrize("name", ["gpt", "transformer-seq2seq"])
-def test_sharded_fit_of_a_chained_or_tied_model_equals_one_process(world, shared_tmp, name):
-    config = _config(name)
+@pytest.mark.parametrize("name, data_parallel", [("gpt", True), ("transformer-seq2seq", False)])
+def test_sharded_fit_of_a_chained_or_tied_model_equals_one_process(world, shared_tmp, name,
+                                                                   data_parallel):
+    config = _config(name, samples=24)  # the decoder's evaluation decodes token by token
     settings = layer_parallel_settings(config)
     model, data, state, bk = setup(config)
     serial = fit(model, state, data, mgrit_gradient(model, settings, bk), epochs=1,
                  batch_size=config.batch_size, bk=bk, quiet=True)
     model, data, state, bk = setup(config)
-    grad = ShardedGradient(sequence_distributed_gradient(model, settings, bk,
-                                                         data_parallel=1))
+    D = _splits(world.size)[-1] if data_parallel else 1
+    grad = ShardedGradient(sequence_distributed_gradient(model, settings, bk, data_parallel=D))
     result = fit(model, state, data, grad, epochs=1, batch_size=config.batch_size, bk=bk,
                  out_dir=shared_tmp / "run" if grad.is_root else None, quiet=True)
-    if grad.is_root:  # pure layer parallelism: bit-identical training
+    if grad.is_root:
         assert set(result.state.params) == set(serial.state.params)
-        for k in serial.state.params:
-            np.testing.assert_array_equal(result.state.params[k], serial.state.params[k],
-                                          err_msg=k)
+        if D == 1:  # pure layer parallelism: bit-identical training
+            for k in serial.state.params:
+                np.testing.assert_array_equal(result.state.params[k], serial.state.params[k],
+                                              err_msg=k)
+        else:
+            assert relative_gradient_error(result.state.params, serial.state.params) <= 1e-12
         assert result.final["val_acc"] == serial.final["val_acc"]
-    assert result.final["train_loss"] == serial.final["train_loss"]
+    assert result.final["train_loss"] == pytest.approx(serial.final["train_loss"],
+                                                       rel=0 if D == 1 else 1e-12)
