@@ -7,13 +7,14 @@ blocks together travels through the adjoint-tested operators of :mod:`refbraid.p
 
 Tied GPT (:class:`TiedGPTGradient`). One matrix W_emb is the embedding (opening, layer rank 0)
 and the LM head's weight (closing, last layer rank). Layer rank 0 owns it (its shard and its
-optimizer state); the last rank reads a ghost copy every step::
+optimizer state); the last rank fetches a ghost copy every step, as ghost weights travel
+(:class:`~refbraid.parallel.ops.RowExchange`, one row: the matrix)::
 
-    forward   W_head = Broadcast(root 0) W_emb                   (ghost on the last rank)
-    adjoint   ∂L/∂W_emb = ∂L/∂W_emb|opening + Broadcastᵀ ∂L/∂W_head     (Σ to rank 0)
+    forward   W_head = G W_emb                   (G: fetch row "W_emb" from rank 0 to the last)
+    adjoint   ∂L/∂W_emb = ∂L/∂W_emb|opening + Gᵀ ∂L/∂W_head        (the head's part sent home)
 
-Broadcastᵀ sums in rank order and only the last rank holds a head part, so the sum is
-``dW_opening + dW_head``, the single-process fold, bit for bit.
+Only the last rank holds a head part, so the sum is ``dW_opening + dW_head``, the
+single-process fold, bit for bit.
 
 Encoder–decoder (:class:`Seq2SeqGradient`), both blocks of N layers split the same way::
 
@@ -47,7 +48,7 @@ from ..backends import Backend
 from ..layer_parallel import LayerParallelSettings
 from ..network import Params
 from ..parallel.mpi import split_world
-from ..parallel.ops import Broadcast
+from ..parallel.ops import Broadcast, RowExchange
 from .distributed import DistributedGradient, _pack, _unpack
 from .ownership import Rows
 
@@ -63,7 +64,8 @@ class TiedGPTGradient(DistributedGradient):
                  bk: Backend | str = "numpy"):
         super().__init__(model.net, topology, settings, bk)
         self.model = model
-        self.tie = Broadcast(topology.layer, root=0)
+        q, last = topology.layer.rank, topology.layer.size - 1  # one row, index 0: W_emb
+        self.tie = RowExchange(topology.layer, [0] if q == 0 else [], [0] if q == last else [])
 
     def logits(self, params: Params, x):
         """The model's MGRIT forward on full params (the trainer evaluates on rank 0)."""
@@ -76,13 +78,13 @@ class TiedGPTGradient(DistributedGradient):
         return loss, grads, stats
 
     def sharded(self, shard: Params, x, labels):
-        """Sharded mode: W_emb broadcast from layer rank 0, the head's gradient summed back."""
-        W = self.tie.forward(shard[TIE_KEY] if self.q == 0 else None)
-        with_head = {**shard, HEAD_KEY: W} if self.q == self.last else shard
+        """Sharded mode: W_emb fetched from layer rank 0, the head's gradient sent home."""
+        ghost = self.tie.forward({0: shard[TIE_KEY]} if self.q == 0 else {})
+        with_head = {**shard, HEAD_KEY: ghost[0]} if self.q == self.last else shard
         loss, grads, stats = super().sharded(with_head, x, labels)
-        dW = self.tie.adjoint(grads.pop(HEAD_KEY, None))  # Σ of the head's part, on rank 0
+        home = self.tie.adjoint({0: grads.pop(HEAD_KEY)} if self.q == self.last else {})
         if self.q == 0:
-            grads[TIE_KEY] = grads[TIE_KEY] + dW
+            grads[TIE_KEY] = grads[TIE_KEY] + home[0]
         return loss, grads, stats
 
 
