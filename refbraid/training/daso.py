@@ -294,5 +294,5 @@ def daso_gradient(net: Network, schedule: DasoSchedule, epochs: int, settings=No
     network is not a :class:`Network`."""
     if not isinstance(net, Network):
         raise CollectiveError("`--dp-groups`: DASO trains the resnet and conv models; train "
-                              "sequence models in one process.")
+                              "sequence models without it (plain `--data-parallel`).")
     return DasoGradient(net, schedule, epochs, settings, bk, world)

@@ -46,10 +46,10 @@ Parameter holding, two modes (documented honestly):
 * sharded (:meth:`DistributedGradient.sharded`,
   :class:`~refbraid.training.sharded.ShardedTrainer`): each rank holds only its rows of
   ``steps.*`` (plus opening on layer rank 0, closing on the last), fetches ghost weights each
-  step, and its optimizer updates only its shard; gradients are summed only over
-  the data-parallel group of its block. Checkpoints gather the shards to world rank 0, which
-  writes them atomically. ``refbraid train`` under ``mpiexec`` trains this way
-  (:class:`~refbraid.training.sharded.ShardedGradient` in the trainer's loop).
+  step, and its optimizer updates only its shard; gradients are summed only over the
+  data-parallel group of its block. Checkpoints gather the shards to world rank 0, which writes
+  them atomically. ``refbraid train`` under ``mpiexec`` trains this way (ShardedGradient).
+Chained blocks and tied weights (encoder–decoder, tied GPT): refbraid.training.distributed_seq.
 
 Both give the serial gradient (:func:`refbraid.layer_parallel.layer_parallel_gradient`
 on the full batch) to round-off; tests/mpi/test_distributed.py checks ≤ 1e-12 (float64).
@@ -81,7 +81,6 @@ from ..sequence.losses import IGNORE, cross_entropy
 from .ownership import BlockPlan, Rows
 
 
-# ----------------------------------------------------------------------------- propagators
 # ----------------------------------------------------------------------------- the gradient
 def shard_sizes(batch: int, n_groups: int) -> list[int]:
     """Contiguous shard sizes: B // D each, one more for the first B % D groups."""
@@ -215,41 +214,58 @@ class DistributedGradient:
         """Sharded mode: this rank's shard in, the gradient of its shard out (summed over the
         data-parallel groups). Ghost weights are fetched from their owners first."""
         t0 = time.perf_counter()
-        steps = group(shard, "steps")
-        lo = int(self.owned[0])
-        mine = {int(n): {k: v[int(n) - lo] for k, v in steps.items()} for n in self.owned}
-        fetched = self.weights_x.forward(mine)
+        rows = self.shard_rows(shard)
         fetch_s = time.perf_counter() - t0
-        loss, part, stats = self._gradient(self._rows(shard, fetched), shard, x, labels)
+        loss, part, stats = self._gradient(rows, shard, x, labels)
         t0 = time.perf_counter()
-        if self.sequential:  # one layer rank: every gradient is already complete here
-            grads = {k: part[k] for k in shard}
-        else:
-            computed = {int(a): {k[len("steps."):]: v[a] for k, v in part.items()
-                                 if k.startswith("steps.")} for a in self.grad_rows}
-            mine = self.grads_x.adjoint(computed)  # ∇θ rows go home to their owners (Σ of one)
-            grads = {}
-            for k in shard:
-                if k.startswith("steps."):
-                    grads[k] = np.stack([mine[int(n)][k[len("steps."):]] for n in self.owned])
-                else:
-                    grads[k] = part[k]
-        if self.topo.n_groups > 1:
-            grads = _unpack(self.topo.data.sum_to_all(_pack(grads)), grads)
+        grads = self.sum_groups(self.rows_home(part, shard))
         self.last_timings["assemble_s"] = time.perf_counter() - t0 + fetch_s
         return loss, grads, stats
 
-    def _backprop(self, params: Params, xs, ys, weight: float, t_start: float):
+    def shard_rows(self, shard: Params) -> dict[str, Rows]:
+        """The step rows this rank reads: its own and the ghosts fetched (collective)."""
+        steps = group(shard, "steps")
+        lo = int(self.owned[0])
+        mine = {int(n): {k: v[int(n) - lo] for k, v in steps.items()} for n in self.owned}
+        return self._rows(shard, self.weights_x.forward(mine))
+
+    def rows_home(self, part: Params, shard: Params) -> Params:
+        """∂L/∂shard of this group from the rows this rank computed: gradient rows go home
+        to their owners (the adjoint of the ghost fetch). Collective over the layer ranks."""
+        if self.sequential:  # one layer rank: every gradient is already complete here
+            return {k: part[k] for k in shard}
+        computed = {int(a): {k[len("steps."):]: v[a] for k, v in part.items()
+                             if k.startswith("steps.")} for a in self.grad_rows}
+        mine = self.grads_x.adjoint(computed)  # ∇θ rows go home to their owners (Σ of one)
+        grads = {}
+        for k in shard:
+            if k.startswith("steps."):
+                grads[k] = np.stack([mine[int(n)][k[len("steps."):]] for n in self.owned])
+            else:
+                grads[k] = part[k]
+        return grads
+
+    def sum_groups(self, grads: Params) -> Params:
+        """Σ over the data-parallel groups (every group's gradient of the same shard)."""
+        if self.topo.n_groups > 1:
+            grads = _unpack(self.topo.data.sum_to_all(_pack(grads)), grads)
+        return grads
+
+    def _backprop(self, params: Params, xs, ys, weight: float, t_start: float, dloss=None):
         """Pure data parallelism (one layer rank, one MGRIT level): the group's gradient is
         sequential backprop on its shard, scaled by B_g/B; no MGRIT machinery."""
-        if ys.ndim == 1:
+        if dloss is not None:  # the seed is given, already weighted (a chained block)
+            loss, part, _ = block_backprop(self.net, params, xs,
+                                           lambda z: dloss(z, ys, weight), self.bk)
+        elif ys.ndim == 1:
             loss, grads, _ = backprop(self.net, params, xs, ys, self.bk)
         else:  # a token model's per-token labels (IGNORE allowed)
             loss, grads, _ = block_backprop(self.net, params, xs,
                                             lambda z: cross_entropy(z, ys, self.bk), self.bk)
-        part = {k: v * weight for k, v in grads.items()}  # full arrays, all layers
+        if dloss is None:
+            loss, part = weight * loss, {k: v * weight for k, v in grads.items()}
         self.last_solves = {}
-        loss_total = self.topo.world.allreduce_sum(weight * loss)
+        loss_total = self.topo.world.allreduce_sum(loss)
         n = 2.0 * self.net.n_layers  # N forward + N adjoint steps, like a 1-level solve pair
         self.last_timings = {"gradient_s": time.perf_counter() - t_start}
         return loss_total, part, {"phi_calls": n, "rank_phi_calls": n}
@@ -269,16 +285,40 @@ class DistributedGradient:
                              "(all its labels are IGNORE); use fewer groups or larger batches.")
         return x[lo:hi], labels[lo:hi], float(scored[lo:hi].sum()) / float(scored.sum())
 
-    def _gradient(self, rows: dict[str, Rows], params: Params, x, labels):
+    def _close(self, params: Params, y_N, ys, weight: float, part: Params, dloss=None):
+        """(λ[N] on every layer rank, this rank's weighted loss). The closing runs on the last
+        layer rank, then the loss: cross-entropy scaled by ``weight``, or ``dloss(out, ys,
+        weight) -> (loss, ∂L/∂out)`` (weighted; called on every layer rank with ``out`` None
+        off the last, so it may be collective: the seed of a chained block)."""
+        bk, closing, loss_part = self.bk, group(params, "closing"), 0.0
+        out = close_cache = dout = lam_N = None
+        if self.q == self.last:
+            out, close_cache = self.net.closing.forward(closing, y_N, bk)
+        if dloss is not None:
+            loss_part, dout = dloss(out, ys, weight)
+        elif out is not None and out.ndim == 3:  # per-token logits (IGNORE labels allowed)
+            loss, dout = cross_entropy(out, ys, bk)
+            loss_part, dout = weight * float(loss), dout * weight
+        elif out is not None:
+            loss, probs = bk.softmax_cross_entropy(out, ys)
+            loss_part = weight * float(loss)
+            dout = bk.softmax_cross_entropy_adjoint(probs, ys, weight)
+        if self.q == self.last:
+            lam_N, dclose = self.net.closing.adjoint(closing, close_cache, dout, bk)
+            part.update({f"closing.{k}": v for k, v in dclose.items()})
+        return self.bcast_lam.forward(lam_N), loss_part
+
+    def _gradient(self, rows: dict[str, Rows], params: Params, x, labels, dloss=None):
         """Both solves; returns (loss, part, stats) with ``part["steps.k"] = {a: ∂L/∂θ_a[k]}``
         for the layers a whose gradient this rank computed, and opening/closing arrays where
-        they live. ``params`` supplies the opening and closing weights."""
+        they live. ``params`` supplies the opening and closing weights; ``dloss`` replaces
+        the cross-entropy (:meth:`_close`)."""
         net, bk, plan, layer = self.net, self.bk, self.plan, self.topo.layer
         check_batch(net, x, labels if labels.ndim == 1 else None)  # per token: the loss checks
         t_start = time.perf_counter()
         xs, ys, weight = self._shard_batch(x, labels)
         if self.sequential:
-            return self._backprop(params, xs, ys, weight, t_start)
+            return self._backprop(params, xs, ys, weight, t_start, dloss)
         N, part = net.n_layers, {}
         y0 = open_cache = None
         if self.q == 0:
@@ -286,23 +326,9 @@ class DistributedGradient:
         y0 = self.bcast_y0.forward(y0)
         forward = CachingForward(net, rows, bk)
         fwd = solve(Problem(forward, y0, N, transfer=self.settings.forward_transfer),
-                    self.settings.forward, comm=layer,
-                    layout=plan.forward_layout)
+                    self.settings.forward, comm=layer, layout=plan.forward_layout)
         states = dict(zip((int(i) for i in fwd.fine_indices), fwd.solution, strict=True))
-        lam_N, loss_part = None, 0.0
-        if self.q == self.last:
-            closing = group(params, "closing")
-            logits, close_cache = net.closing.forward(closing, states[N], bk)
-            if logits.ndim == 3:  # per-token logits of a token model (IGNORE labels allowed)
-                loss, dlogits = cross_entropy(logits, ys, bk)
-                dlogits = dlogits * weight
-            else:
-                loss, probs = bk.softmax_cross_entropy(logits, ys)
-                dlogits = bk.softmax_cross_entropy_adjoint(probs, ys, weight)
-            lam_N, dclose = net.closing.adjoint(closing, close_cache, dlogits, bk)
-            part.update({f"closing.{k}": v for k, v in dclose.items()})
-            loss_part = weight * float(loss)
-        lam_N = self.bcast_lam.forward(lam_N)
+        lam_N, loss_part = self._close(params, states.get(N), ys, weight, part, dloss)
         states.update(self.states_x.forward({i: states[i] for i in self.y_owned}))
         spatial = self.settings.spatial
         adjoint = CapturingAdjoint(net, rows, Rows("y", self.q, states), forward.caches, bk,

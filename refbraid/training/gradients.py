@@ -158,16 +158,16 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend, multilevel: 
                                 max_global_skips=config.global_sync_every)
         return "daso-mpi", daso_gradient(net, schedule, config.epochs, settings, bk)
     if config.data_parallel > 1 or world_size() > 1:  # under mpiexec: ranks share the work
+        from .distributed_seq import chained_or_tied
         from .mpi_gradients import mpi_gradient, sequence_parallel
 
         block = net if isinstance(net, Network) else getattr(net, "mpi_network", None)
         staged = config.model == "conv-stages"
-        if block is None and not (staged or sequence_parallel(net)):  # every rank: say it once
+        if block is None and not (staged or sequence_parallel(net) or chained_or_tied(net)):
             raise CollectiveError(f"`--model {config.model}`: training over MPI supports the "
-                                  "resnet, conv, conv-stages, transformer, gpt-untied, gru, "
-                                  "implicit-gru models (one block whose parameters are the "
-                                  "network's, a staged network, or MGRIT over a GRU's "
-                                  "sequence); train this model in one process.")
+                                  "resnet, conv, conv-stages, transformer, transformer-"
+                                  "decoder, transformer-seq2seq, gpt, gpt-untied, gru and "
+                                  "implicit-gru models; train this model in one process.")
         settings = LayerParallelSettings.exact() if config.serial else \
             layer_parallel_settings(config)
         return mpi_gradient(config, net, block, settings, bk)  # GRU, stages, bias control

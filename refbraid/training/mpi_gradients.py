@@ -5,6 +5,8 @@ has checked the model: which distributed gradient, and the bias controller aroun
   :class:`~refbraid.training.distributed_gru.SequenceParallelGRU`;
 * ``--model conv-stages``: the replicated staged gradient
   (:func:`~refbraid.training.distributed_stages.staged_distributed_gradient`);
+* a tied GPT or an encoder–decoder: owned shards of its blocks
+  (:func:`~refbraid.training.distributed_seq.sequence_distributed_gradient`);
 * every other model: owned shards of its block
   (:class:`~refbraid.training.sharded.ShardedGradient` over
   :class:`~refbraid.training.distributed.DistributedGradient`);
@@ -34,6 +36,7 @@ def mpi_gradient(config: TrainConfig, net, block, settings: LayerParallelSetting
     layers are distributed (None for a GRU). Collective: every rank calls it."""
     from .distributed import distributed_gradient
     from .distributed_gru import sequence_parallel_gradient
+    from .distributed_seq import sequence_distributed_gradient
     from .sharded import ShardedGradient
 
     D = config.data_parallel
@@ -54,10 +57,17 @@ def mpi_gradient(config: TrainConfig, net, block, settings: LayerParallelSetting
         name = "layer-parallel-mpi"
 
         def build(s: LayerParallelSettings):  # each rank steps its own layers
+            if block is None:  # a tied GPT or an encoder–decoder
+                return ShardedGradient(sequence_distributed_gradient(net, s, bk, D))
             return ShardedGradient(distributed_gradient(block, s, bk, D))
 
     if config.bias_control == "off":
         return name, build(settings)
+    if block is None and not sequence_parallel(net):
+        from ..errors import CollectiveError
+
+        raise CollectiveError(f"`--bias-control` with `--model {config.model}` runs in one "
+                              "process only (not under mpiexec); drop one of them.")
     from ..parallel.mpi import MPIComm
     from .bias_control_mpi import MPIControlledGradient
     from .gradients import controlled_gradient

@@ -31,11 +31,15 @@ from ..network import Params
 from .distributed import DistributedGradient
 from .optim import Optimizer
 
+#: what a sharded gradient offers (DistributedGradient, or distributed_seq's chained blocks)
+SHARDED_INTERFACE = ("sharded", "shard", "gather", "logits", "topo", "is_root")
+
 
 def _check_gradient(gradient) -> DistributedGradient:
-    if not isinstance(gradient, DistributedGradient):
-        raise TypeError(f"`gradient` must be a DistributedGradient, got "
-                        f"{type(gradient).__name__}.")
+    if not isinstance(gradient, DistributedGradient) and not all(
+            hasattr(gradient, a) for a in SHARDED_INTERFACE):
+        raise TypeError(f"`gradient` must be a DistributedGradient (or offer "
+                        f"{', '.join(SHARDED_INTERFACE)}), got {type(gradient).__name__}.")
     return gradient
 
 
