@@ -68,3 +68,11 @@ def all_finite(a: Any) -> bool:
     brought over through :func:`to_host` (an input check, not a per-element loop)."""
     xp = a.__array_namespace__() if hasattr(a, "__array_namespace__") else np
     return bool(to_host(xp.all(xp.isfinite(a))))
+
+
+def host_range(a: Any) -> tuple[int, int]:
+    """(min, max) of a non-empty integer array as Python ints: reduced where ``a`` lives,
+    then two scalars brought over through :func:`to_host` (a range check of token ids or
+    labels copies two numbers, not the batch)."""
+    xp = a.__array_namespace__() if hasattr(a, "__array_namespace__") else np
+    return int(to_host(xp.min(a))), int(to_host(xp.max(a)))
