@@ -177,3 +177,59 @@ def test_host_arrays_still_go_in_and_come_out_of_a_single_kernel():
     got = get_backend("cuda").linear(x, W, b)
     assert isinstance(got, np.ndarray)
     np.testing.assert_allclose(got, x @ W.T + b, rtol=1e-13)
+
+
+def _host_mode_step_copies(name: str) -> dict[str, int]:
+    """Run in a subprocess with REFBRAID_CUDA_ARRAYS=host: one step's numba.cuda copies,
+    those made outside a kernel wrapper, and the largest parameter error against NumPy."""
+    from numba import cuda
+    from numba.cuda.simulator.cudadrv import devicearray
+
+    counts = {"h2d": 0, "d2h": 0, "outside": 0, "depth": 0}
+
+    def counted(key, original):
+        def call(*args, **kwargs):
+            counts[key] += 1
+            counts["outside"] += counts["depth"] == 0
+            return original(*args, **kwargs)
+        return call
+
+    cuda.to_device = counted("h2d", cuda.to_device)
+    devicearray.FakeCUDAArray.copy_to_host = counted("d2h", devicearray.FakeCUDAArray.copy_to_host)
+
+    def marked(kernel):
+        def call(*args, **kwargs):
+            counts["depth"] += 1
+            try:
+                return kernel(*args, **kwargs)
+            finally:
+                counts["depth"] -= 1
+        return call
+
+    bk = get_backend("cuda")
+    assert bk.xp is np, "REFBRAID_CUDA_ARRAYS=host gives NumPy arrays"
+    bk = Backend(bk.name, bk.xp, {k: marked(f) for k, f in bk.kernels.items()}, bk.overrides)
+    net, params, x, labels = _model(name, np.random.default_rng(0))
+    _, want, _ = _step(net, params, x, labels, get_backend("numpy"))
+    _, got, _ = _step(net, params, x, labels, bk)
+    counts["error"] = max(float(np.max(np.abs(got[k] - v))) for k, v in want.items())
+    return counts
+
+
+@pytest.mark.skipif(not SIMULATED, reason="the simulator's copies")
+def test_host_array_mode_copies_inside_the_kernels_only():
+    """``REFBRAID_CUDA_ARRAYS=host`` (what a GPU without CuPy gets): NumPy arrays, each kernel
+    copying in and out, and nothing else moving data; same result."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, test_cudasim_training_step as t; "
+            "print(json.dumps(t._host_mode_step_copies('dense')))")
+    env = {**os.environ, "REFBRAID_CUDA_ARRAYS": "host", "NUMBA_ENABLE_CUDASIM": "1"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(__file__), env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    counts = json.loads(run.stdout.strip().splitlines()[-1])
+    assert counts["h2d"] > 0 and counts["d2h"] > 0 and counts["outside"] == 0, counts
+    assert counts["error"] <= 1e-14, counts
