@@ -1,11 +1,13 @@
 """Numba CUDA kernels (backend ``"cuda"``), part 1: the activations, and the host side the
 other CUDA modules share.
 
-The ``cuda`` backend is seven modules, one concept each (``refbraid.backends._MODULES``):
+The ``cuda`` backend is eight modules, one concept each (``refbraid.backends._MODULES``):
 
 ========================  ==================================================================
-numba_cuda                activations and the Euler update; the device copies, launch sizes
-                          and the numba.cuda import the other modules share
+numba_cuda                activations and the Euler update; dtype checks, launch sizes and
+                          the numba.cuda import the other modules share
+numba_cuda_memory         where the arrays live (CuPy, simulator device, host) and the one
+                          place kernels get views of them and outputs are allocated
 numba_cuda_dense          tiled shared-memory GEMM: matmul, dense layers
 numba_cuda_conv           'same' 2-D convolution and its adjoint as direct gather kernels
 numba_cuda_attention      bmm, softmax, layer norm, GRU cell (transformer and GRU layers)
@@ -14,14 +16,17 @@ numba_cuda_pool           2×2 and 2×2×2 average and max pooling and their adj
 numba_cuda_batchnorm      batch norm over (batch, space): statistics, apply, adjoint
 ========================  ==================================================================
 
-The stride-2 convolution runs the reference kernel on the host.
+The stride-2 convolution runs the reference kernel on the backend's (device) arrays.
 
 Every public function has the signature and semantics of the same-named function in
-:mod:`refbraid.backends.reference`. It accepts NumPy arrays (copied to the device) or device
-arrays (``numba.cuda`` device arrays, CuPy arrays: anything with the CUDA array interface),
-launches a kernel and returns a NumPy array, so ``xp`` is NumPy and the same tests run on a
-GPU and in Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``: one Python thread per CUDA
-thread, so keep simulated sizes tiny).
+:mod:`refbraid.backends.reference`. The backend is device-resident: ``xp`` (and ``DEVICE``)
+are those of :mod:`refbraid.backends.numba_cuda_memory` — CuPy on a GPU, ``array_api_strict``
+on a non-default device in Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``: one Python
+thread per CUDA thread, so keep simulated sizes tiny) — and a function given the backend's
+device arrays launches its kernel on them in place and returns device arrays, with no copy
+either way. Given only host arrays (NumPy) it copies them in and returns NumPy arrays, so a
+single kernel can still be tested on NumPy data. All memory goes through
+:class:`~refbraid.backends.numba_cuda_memory.KernelCall`.
 
 Kernels, one thread per element::
 
@@ -38,13 +43,15 @@ memory, not arithmetic, so what counts is that thread ``i`` of a flat 1-D grid t
 ``_euler_act_kernel`` fuses ``y + h σ(z)`` into one pass (one read of y and z, one write),
 where the reference makes three (σ, scale, add). Blocks of 128 threads and ⌈n/128⌉ blocks fill
 a device once n reaches a few hundred thousand (an H100 holds 132 SMs × 2048 threads); below
-that the launch latency (a few µs) dominates, and a grid-stride loop would not help. The host
-side copies every input in and the output back (the backend's contract: NumPy in, NumPy out),
-so on a GPU these kernels pay PCIe transfers per call; tests/test_cudasim_training_step.py
-counts them.
+that the launch latency (a few µs) dominates, and a grid-stride loop would not help. Inputs
+and outputs stay in device memory between kernels: a PCIe copy (~10 GB/s effective for small
+arrays, plus ~10 µs latency) would cost more than these kernels themselves, which is why the
+backend is device-resident; tests/test_cudasim_training_step.py counts the copies of a whole
+training step (zero).
 
 Without numba-cuda installed this module still imports (``cuda`` is None, ``OVERRIDES`` is
-empty, :func:`cuda_jit` only defines), so the ``cuda`` backend falls back to the reference.
+empty, :func:`cuda_jit` only defines), so the ``cuda`` backend falls back to the reference
+on NumPy arrays.
 Inputs the kernels do not cover (complex, integer) go to the reference function on the host.
 """
 

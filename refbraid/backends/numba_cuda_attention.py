@@ -2,8 +2,9 @@
 
 Every public function keeps the signature and semantics of the same-named function in
 :mod:`refbraid.backends.reference` (section "transformer kernels") and, like the rest of the
-``cuda`` backend, takes and returns NumPy arrays: it copies the inputs to the device, launches,
-and copies the result back, so the same code runs under Numba's CUDA simulator
+``cuda`` backend, takes and returns device arrays (memory through
+:class:`~refbraid.backends.numba_cuda_memory.KernelCall`: no copies; host arrays in, NumPy
+out), so the same code runs on a GPU and under Numba's CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``) in the tests. What runs on the device::
 
     bmm                c[g] = a[g] @ b[g]         tiled shared-memory GEMM (a TILE×TILE block
@@ -25,11 +26,11 @@ The per-row and per-element bodies are plain functions of
 math split into SIMD-friendly passes, see those modules). One thread per row suits the
 short rows of attention (S keys) and layer norm (E features); a block-per-row tree reduction
 is the next step for rows of thousands. ``bmm`` accumulates in float64 for float32 data too.
-``embedding`` and ``embedding_adjoint`` stay the reference (a gather and a one-hot GEMM on the
-host); the scatter-add would need atomics.
+``embedding`` and ``embedding_adjoint`` stay the reference (a gather and a one-hot GEMM in
+``xp``, on the device arrays); the scatter-add would need atomics.
 
-Arrays that are not float32/float64 NumPy arrays (complex steps, CuPy arrays) go to the
-reference unchanged, as in the CPU module.
+Arrays that are not float32/float64 (complex steps) go to the reference unchanged, as in
+the CPU module.
 
 Design (for a GPU course): ``bmm`` maps the batch index to ``blockIdx.z`` so one launch
 covers every head of every sample (launch overhead paid once, not G times); its tiles load

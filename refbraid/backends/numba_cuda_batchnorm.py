@@ -1,8 +1,8 @@
 """Numba CUDA kernels (backend ``"cuda"``), part 7: batch normalisation over (batch, space).
 
 Same signatures and semantics as ``batchnorm_stats``, ``batchnorm_apply`` and
-``batchnorm_adjoint`` in :mod:`refbraid.backends.reference_spatial`; host or device arrays in,
-NumPy arrays out, as in :mod:`refbraid.backends.numba_cuda`. The batch is read as (B, C, L),
+``batchnorm_adjoint`` in :mod:`refbraid.backends.reference_spatial`; device arrays in,
+device arrays out, as in :mod:`refbraid.backends.numba_cuda`. The batch is read as (B, C, L),
 L = |S| positions; n = B·L values per channel. No atomics::
 
     _stats_kernel       μ_c, r_c (two passes over channel c)       one thread per channel

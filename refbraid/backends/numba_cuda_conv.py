@@ -1,7 +1,7 @@
 """Numba CUDA kernels (backend ``"cuda"``), part 3: the 'same' 2-D convolution.
 
 Every public function has the signature and semantics of the same-named function in
-:mod:`refbraid.backends.reference`; host and device arrays in, NumPy arrays out, as in
+:mod:`refbraid.backends.reference`; device arrays in, device arrays out, as in
 :mod:`refbraid.backends.numba_cuda`. Direct gather kernels, one thread per output element,
 no atomics (deterministic)::
 

@@ -1,7 +1,7 @@
 """Numba CUDA kernels (backend ``"cuda"``), part 5: the 'same' 3-D convolution.
 
 Same signatures and semantics as :func:`refbraid.backends.reference_spatial.conv3d` and
-``conv3d_adjoint``; host or device arrays in, NumPy arrays out, as in
+``conv3d_adjoint``; device arrays in, device arrays out, as in
 :mod:`refbraid.backends.numba_cuda`. Direct gather kernels as the 2-D ones
 (:mod:`refbraid.backends.numba_cuda_conv`), one thread per output element, no atomics::
 

@@ -12,7 +12,8 @@ mode     arrays, and how a kernel sees them
 cupy     a GPU and CuPy: ``xp`` is ``cupy``. A kernel gets ``cuda.as_cuda_array(a)``: a Numba
          view of the same device memory through ``__cuda_array_interface__`` (no copy);
          outputs are ``cupy.empty`` arrays. Both libraries use the default stream, so kernels
-         and CuPy operations run in order.
+         and CuPy operations run in order without synchronising (keep CuPy on its default
+         stream). Needs a CuPy the ``cupy`` backend accepts (``cupy_gpu.is_usable``).
 sim      Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, the CI): ``xp`` is
          ``array_api_strict`` on the logical device ``"device1"``, the strict stand-in of
          :mod:`refbraid.backends.strict_device` playing the GPU's memory. A kernel gets the
@@ -63,13 +64,12 @@ def _select_mode() -> tuple[str, Any, Any]:
         import array_api_strict
 
         return "sim", array_api_strict, array_api_strict.Device("device1")
-    try:
+    from .cupy_gpu import is_usable as cupy_usable
+
+    if cupy_usable():  # CuPy with a device and the array API functions the glue uses
         import cupy
 
-        if cupy.cuda.is_available():
-            return "cupy", cupy, None
-    except Exception:  # no CuPy, or a CuPy without a usable device
-        pass
+        return "cupy", cupy, None
     return "host", np, None
 
 
@@ -111,7 +111,9 @@ def _view(a):
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
         return FakeCUDAArray(a._array)
-    return cuda.as_cuda_array(a)
+    # No stream synchronisation: CuPy and the Numba launches both use the default stream, so
+    # they run in order (sync=True would wait for the device at every kernel argument).
+    return cuda.as_cuda_array(a, sync=False)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Numba CUDA kernels (backend ``"cuda"``), part 6: 2×2 and 2×2×2 pooling.
 
 Same signatures and semantics as the pooling kernels of
-:mod:`refbraid.backends.reference_spatial`; host or device arrays in, NumPy arrays out, as in
+:mod:`refbraid.backends.reference_spatial`; device arrays in, device arrays out, as in
 :mod:`refbraid.backends.numba_cuda`. Images run as (B·C, D, H, W) volumes with a depth window
 ``fd`` (2 in 3-D, 1 in 2-D; :func:`refbraid.backends.numba_cpu_pool.as_volumes`). Gather
 kernels, no atomics::
