@@ -233,3 +233,15 @@ def test_host_array_mode_copies_inside_the_kernels_only():
     counts = json.loads(run.stdout.strip().splitlines()[-1])
     assert counts["h2d"] > 0 and counts["d2h"] > 0 and counts["outside"] == 0, counts
     assert counts["error"] <= 1e-14, counts
+
+
+def test_with_host_arrays_gives_the_cuda_kernels_on_numpy_arrays():
+    """What the MPI trainers use (they send host arrays): the same kernels, NumPy arrays."""
+    from refbraid.backends import with_host_arrays
+
+    cuda = get_backend("cuda")
+    host = with_host_arrays(cuda)
+    assert host.xp is np and host.device is None and host.kernels is cuda.kernels
+    assert with_host_arrays(get_backend("numba")) is get_backend("numba")
+    x = np.arange(6.0).reshape(2, 3)
+    assert isinstance(host.activation(x, "tanh"), np.ndarray)

@@ -169,6 +169,16 @@ def get_backend(name: str | Backend = "numpy") -> Backend:
     return backend
 
 
+def with_host_arrays(bk: Backend) -> Backend:
+    """``bk`` computing on NumPy arrays, for code that handles host arrays only (the MPI
+    trainer): the ``cuda`` backend in host-array mode — its kernels copy their NumPy inputs
+    to the device and the outputs back on every call (refbraid.backends.numba_cuda_memory).
+    Every other backend is returned unchanged."""
+    if bk.name != "cuda" or bk.xp is np:
+        return bk
+    return Backend(bk.name, np, bk.kernels, bk.overrides)
+
+
 def _warn_if_host_arrays() -> None:
     """A RuntimeWarning when the ``cuda`` backend runs on a GPU in host-array mode (no CuPy:
     every kernel copies in and out; :mod:`refbraid.backends.numba_cuda_memory`)."""
