@@ -17,10 +17,10 @@ kernels read and write their storage in place. The test proves, during the step:
 * no implicit host conversion anywhere (``forbid_host_conversions``: ``float()``,
   ``bool()``, ``numpy.asarray`` … of a device array raise);
 * host copies only through the documented door, ``refbraid.backends.host.to_host`` (the
-  stand-in's one exit, ``to_device(CPU)``, is recorded): scalars only — the loss, MGRIT's
-  residual norms, one finiteness flag per input, parameter and gradient checked — plus the
-  batch's labels, which the token loss checks on the host. No activation, state or weight
-  crosses.
+  stand-in's one exit, ``to_device(CPU)``, is recorded), and few: scalars (the loss, MGRIT's
+  residual norms, the input's finiteness), the batch's labels (range check), and the
+  parameters' and the gradients' finiteness flags, one vector each
+  (``host.first_non_finite``). No activation, state or weight crosses.
 """
 
 import os
@@ -153,8 +153,9 @@ def test_one_layer_parallel_training_step_on_the_simulator_is_device_resident(na
     assert counter.host_outputs == [], counter.host_outputs
     assert counter.kernel_calls > 0 and counter.launches >= counter.kernel_calls // 2
     assert len(counter.door_sizes) == door > 0  # every exit went through host.to_host
-    assert max(counter.door_sizes) <= BATCH, counter.door_sizes  # scalars (and the labels)
-    assert door <= 2 * len(params) + 12, door  # flags per parameter and gradient, a few more
+    # scalars, the batch's labels, and one finiteness flag per parameter (or gradient)
+    assert max(counter.door_sizes) <= max(BATCH, len(params)), counter.door_sizes
+    assert door <= 16, door  # a handful per step, not a few per parameter or per kernel
     assert loss == pytest.approx(want_loss, rel=1e-13)
     for k, v in want.items():
         np.testing.assert_allclose(cuda.to_numpy(got[k]), v, rtol=1e-12, atol=1e-15, err_msg=k)
