@@ -82,7 +82,9 @@ def mode_note() -> str:
         return "cuda backend: device-resident on CuPy arrays"
     if MODE == "sim":
         return "cuda backend: device-resident in Numba's CUDA simulator (array_api_strict device)"
-    why = "REFBRAID_CUDA_ARRAYS=host" if _FORCE_HOST else "CuPy is not installed"
+    if cuda is None:
+        return "cuda backend: numba-cuda is not installed; the reference kernels run on NumPy"
+    why = "REFBRAID_CUDA_ARRAYS=host" if _FORCE_HOST else "no usable CuPy"
     return (f"cuda backend: host-array mode ({why}): every kernel copies its inputs to the GPU "
             "and its outputs back; install CuPy (pip install cupy-cuda12x) to keep arrays on "
             "the device")
