@@ -246,3 +246,18 @@ def test_with_host_arrays_gives_the_cuda_kernels_on_numpy_arrays():
     assert with_host_arrays(get_backend("numba")) is get_backend("numba")
     x = np.arange(6.0).reshape(2, 3)
     assert isinstance(host.activation(x, "tanh"), np.ndarray)
+
+
+def test_only_the_memory_module_copies_or_allocates_through_numba_cuda():
+    """The kernel wrappers get inputs and outputs from KernelCall (numba_cuda_memory) only."""
+    from pathlib import Path
+
+    import refbraid.backends as backends
+
+    folder = Path(backends.__file__).parent
+    wrappers = [p for p in folder.glob("numba_cuda*.py") if p.name != "numba_cuda_memory.py"]
+    assert len(wrappers) == 7
+    for path in wrappers:
+        code = path.read_text()
+        for call in ("cuda.to_device(", "cuda.device_array(", ".copy_to_host("):
+            assert call not in code, f"{path.name} calls {call}"
