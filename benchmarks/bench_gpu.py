@@ -12,9 +12,11 @@ and the strict device stand-in (``strict``: the cupy code path on array-api-stri
 which checks the script and every backend's results, not speeds.
 
 The unit timed per layer is what MGRIT applies over and over: ``op.forward`` then
-``op.adjoint`` (refbraid.verify.ops), inputs already where the backend keeps them (device
-arrays for cupy; host arrays for cuda, whose kernels copy in and out on every call: its
-current contract, counted in tests/test_cudasim_training_step.py). A step is one
+``op.adjoint`` (refbraid.verify.ops), inputs already where the backend keeps them: device
+arrays for cupy and cuda (device-resident: Numba kernels on CuPy memory, zero copies, see
+refbraid.backends.numba_cuda_memory). The row ``cuda-host`` runs the same Numba kernels on
+NumPy arrays (host-array mode, what a GPU without CuPy gets: every kernel copies its inputs
+in and its outputs out), so ``cuda-host`` / ``cuda`` is what residency buys. A step is one
 ``mgrit_gradient`` call on the default ResNet (TorchBraid's MGRIT settings); PyTorch's row is
 sequential backprop through the same ResNet (what one would run instead). Every backend's
 layer output is compared with the NumPy reference first (``check``: max relative difference).
@@ -34,7 +36,7 @@ if "--simulator" in sys.argv:
 
 import numpy as np  # noqa: E402
 
-from refbraid.backends import available_backends, get_backend  # noqa: E402
+from refbraid.backends import Backend, available_backends, get_backend  # noqa: E402
 from refbraid.backends.host import to_host  # noqa: E402
 from refbraid.layer_parallel import LayerParallelSettings  # noqa: E402
 from refbraid.layers import (  # noqa: E402
@@ -69,13 +71,22 @@ def layers(tiny: bool) -> list[tuple[str, object, int]]:
             ("gru_cell", GRUCell(256, 256), 256)]
 
 
+def backend(name: str) -> Backend:
+    """The backend called ``name``; ``cuda-host``: the cuda kernels on NumPy arrays (each
+    kernel call copies in and out: the host-array mode of refbraid.backends.numba_cuda_memory)."""
+    if name != "cuda-host":
+        return get_backend(name)
+    cuda = get_backend("cuda")
+    return Backend("cuda-host", np, cuda.kernels, cuda.overrides)
+
+
 def synchronise(name: str) -> None:
     """Wait for the device, so that a time covers the work and not only its launch."""
     if name == "cupy":
         import cupy
 
         cupy.cuda.get_current_stream().synchronize()
-    elif name == "cuda":
+    elif name in ("cuda", "cuda-host"):
         from numba import cuda
 
         cuda.synchronize()
@@ -138,7 +149,7 @@ def layer_rows(backends, dtype, tiny, warmup, repeats):
         size = f"B={batch} " + "x".join(map(str, shape))
         base = None
         for bname in backends:
-            bk = get_backend(bname)
+            bk = backend(bname)
             p, xb, wb = to_backend(params, bk), bk.asarray(x), bk.asarray(w)
             out, _ = op.forward(p, xb, bk)
             check = float(np.max(np.abs(to_host(out) - want)) / np.max(np.abs(want)))
@@ -168,7 +179,7 @@ def step_rows(backends, dtype, tiny, warmup, repeats):
     x, y = np.asarray(rng.standard_normal((batch, 2)), dtype=dtype), rng.integers(0, 5, batch)
     size, rows, base = f"N={n_layers} C={width} B={batch}", [], None
     for bname in backends:
-        bk = get_backend(bname)
+        bk = backend(bname)
         gradient = mgrit_gradient(net, settings, bk)
         p, xb, yb = to_backend(params, bk), bk.asarray(x), bk.asarray(y)
         ms = median_ms(lambda g=gradient, p=p, xb=xb, yb=yb: g(p, xb, yb), bname, warmup,
@@ -189,25 +200,29 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     here = available_backends()
     if args.simulator:
-        backends = ["cuda", "strict"]
+        backends = ["cuda", "cuda-host", "strict"]
     else:
         from refbraid.backends.numba_cuda import simulated
 
         backends = [b for b in ("cuda", "cupy") if b in here and not (b == "cuda" and simulated())]
+        backends += ["cuda-host"] if "cuda" in backends else []
         if not backends:
             sys.exit("no GPU backend here (cuda needs a GPU and NUMBA_ENABLE_CUDASIM=0, cupy "
                      "needs a CuPy with the array API functions); use --simulator to check "
                      "the script without one")
     dtypes = [np.float64, np.float32] if args.dtype == "both" else [np.dtype(args.dtype).type]
+    from refbraid.backends.numba_cuda_memory import mode_note
+
+    print(mode_note())
     print(f"backends: {', '.join(backends)}; ratios against {backends[0]} in the same run; "
           f"median of {args.repeats} after {args.warmup} warm-up runs")
     header = ("layer", "size", "dtype", "backend", "median ms", "ratio", "check")
-    print(f"{header[0]:<20} {header[1]:<22} {header[2]:<8} {header[3]:<7} {header[4]:>10} "
+    print(f"{header[0]:<20} {header[1]:<22} {header[2]:<8} {header[3]:<9} {header[4]:>10} "
           f"{header[5]:>6} {header[6]:>8}")
     for dtype in dtypes:
         for row in layer_rows(backends, dtype, args.simulator, args.warmup, args.repeats) + \
                 step_rows(backends, dtype, args.simulator, args.warmup, args.repeats):
-            print(f"{row[0]:<20} {row[1]:<22} {row[2]:<8} {row[3]:<7} {row[4]:>10.3f} "
+            print(f"{row[0]:<20} {row[1]:<22} {row[2]:<8} {row[3]:<9} {row[4]:>10.3f} "
                   f"{row[5]:>6.2f} {row[6]:>8}")
 
 

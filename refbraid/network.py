@@ -38,7 +38,7 @@ import numpy as np
 
 from .backends import Backend, get_backend
 from .backends.dtypes import dtype_kind
-from .backends.host import all_finite, host_float, to_host
+from .backends.host import all_finite, first_non_finite, host_float, to_host
 from .layers.init import NonFiniteError, check_positive_int
 
 Params = dict[str, Any]
@@ -242,7 +242,7 @@ def check_param_dict(spec: dict[str, Expected], params, rows_hint: str = "") -> 
     if missing:
         raise ValueError("`params` is missing " + ", ".join(
             f"`{k}` (shape {_show(spec[k].shape)})" for k in missing) + ".")
-    dtype, first = None, None
+    dtype, first, weights = None, None, []
     for key, want in spec.items():
         if key not in params:
             continue
@@ -263,8 +263,11 @@ def check_param_dict(spec: dict[str, Expected], params, rows_hint: str = "") -> 
             raise TypeError(f"`{key}` has dtype {value.dtype} but `{first}` has {dtype}: all "
                             f"parameters (and the input) must share one floating dtype; cast "
                             f"them with .astype(...).")
-        if want.kind == "weight" and not all_finite(value):
-            raise NonFiniteError(f"`{key}` must be finite, got NaN or infinite values.")
+        if want.kind == "weight":
+            weights.append((key, value))
+    bad = first_non_finite(weights)  # one flag per weight, one copy to the host for all
+    if bad is not None:
+        raise NonFiniteError(f"`{bad}` must be finite, got NaN or infinite values.")
     return dtype
 
 

@@ -61,3 +61,52 @@ def test_a_layer_parallel_training_step_on_the_gpu_equals_numpy(gpu_backend, nam
     assert loss == pytest.approx(want_loss, rel=1e-12)
     for k, v in want.items():
         np.testing.assert_allclose(to_host(got[k]), v, rtol=1e-11, atol=1e-14, err_msg=k)
+
+
+@pytest.mark.parametrize("name", ["dense", "transformer"])
+def test_the_cuda_backend_keeps_a_training_step_on_the_device(name, monkeypatch):
+    """On a GPU with CuPy, the cuda kernels work on CuPy memory: during a whole step no
+    ``numba.cuda`` copy or allocation happens, every kernel output is a CuPy array, and only
+    a handful of scalars and flag vectors reach the host (tests/test_cudasim_training_step.py
+    proves the same in the simulator)."""
+    if not _on_a_gpu("cuda"):
+        pytest.skip("`cuda` on a real GPU: none here (or NUMBA_ENABLE_CUDASIM=1)")
+    from numba import cuda
+    from numba.cuda.cudadrv import devicearray
+    from test_cudasim_training_step import _model, _step
+
+    from refbraid.backends import Backend
+    from refbraid.backends.host import COUNTS
+    from refbraid.backends.numba_cuda_memory import MODE, is_backend_array
+
+    if MODE != "cupy":
+        pytest.skip(f"the cuda backend runs in {MODE!r} mode here (no usable CuPy)")
+    copies, host_outputs = [], []
+
+    def counted(attr, original):
+        def call(*args, **kwargs):
+            copies.append(attr)
+            return original(*args, **kwargs)
+        return call
+
+    for owner, attr in ((cuda, "to_device"), (cuda, "device_array"),
+                        (devicearray.DeviceNDArrayBase, "copy_to_host")):
+        monkeypatch.setattr(owner, attr, counted(attr, getattr(owner, attr)))
+    bk = get_backend("cuda")
+
+    def checked(kernel_name, kernel):
+        def call(*args, **kwargs):
+            result = kernel(*args, **kwargs)
+            for r in result if isinstance(result, tuple) else (result,):
+                if hasattr(r, "shape") and not is_backend_array(r):
+                    host_outputs.append(kernel_name)
+            return result
+        return call
+
+    bk = Backend(bk.name, bk.xp, {k: checked(k, f) if k in bk.overrides else f
+                                  for k, f in bk.kernels.items()}, bk.overrides, bk.device)
+    net, params, x, labels = _model(name, np.random.default_rng(0))
+    door = COUNTS["to_host"]
+    _step(net, params, x, labels, bk)
+    assert copies == [] and host_outputs == [], (copies, host_outputs)
+    assert COUNTS["to_host"] - door <= 16

@@ -93,11 +93,20 @@ class WithData:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def forward(self, params, y, *args):
-        return self.inner.forward({**params, **self.data}, y, *args)
+    def forward(self, params, y, *args):  # args end with the backend
+        return self.inner.forward({**params, **_on(args[-1], self.data)}, y, *args)
 
     def adjoint(self, params, cache, d, *args, **kwargs):
-        return self.inner.adjoint({**params, **self.data}, cache, d, *args, **kwargs)
+        return self.inner.adjoint({**params, **_on(args[-1], self.data)}, cache, d, *args,
+                                  **kwargs)
+
+
+def _on(bk, tree):
+    """NumPy arrays of ``tree`` (a dict or an array) moved to backend ``bk``'s device (the
+    ``cuda`` backend keeps its arrays there; numpy and numba leave them as they are)."""
+    if isinstance(tree, dict):
+        return {k: _on(bk, v) for k, v in tree.items()}
+    return get_backend(bk).asarray(tree) if isinstance(tree, np.ndarray) else tree
 
 
 class FullBatchMemory(WithData):
@@ -131,16 +140,21 @@ def simulator_check(layer, backend: str, *, seed: int = 0) -> list[str]:
         x = rng.standard_normal((BATCH, *(layer.state_shape if step else layer.in_shape)))
     discrete = getattr(layer, "discrete_input", False)
 
-    def forward(bk, a):
+    def forward(bk, a):  # host arrays in and out; on the backend's device in between
+        a = _on(bk, a)
         p = {k: a[k] for k in params}
-        return layer.forward(p, a[x_name], H, bk) if step else layer.forward(p, a[x_name], bk)
+        out, cache = (layer.forward(p, a[x_name], H, bk) if step else
+                      layer.forward(p, a[x_name], bk))
+        return bk.to_numpy(out), cache
 
     def adjoint(bk, cache, w):
+        on = _on(bk, params)
         if step:
-            dx, dp = layer.adjoint(params, cache, w, H, bk)
+            dx, dp = layer.adjoint(on, cache, _on(bk, w), H, bk)
         else:
-            dx, dp = layer.adjoint(params, cache, w, bk)
-        return dp if discrete else {**dp, x_name: dx}
+            dx, dp = layer.adjoint(on, cache, _on(bk, w), bk)
+        grads = dp if discrete else {**dp, x_name: dx}
+        return {k: bk.to_numpy(g) for k, g in grads.items()}
 
     bk, ref = get_backend(backend), get_backend("numpy")
     args = {**params, x_name: x}
@@ -397,9 +411,13 @@ def test_key_padding_hides_padded_keys_and_a_fully_masked_query_gives_the_bias()
     everything = np.ones((BATCH, T), dtype=bool)
     for backend in ("numpy", "numba", "cuda"):
         bk = get_backend(backend)
-        out, cache = layer.forward({**params, "key_padding_mask": everything}, x, bk)
+        on = _on(bk, params)
+        out, cache = layer.forward({**on, "key_padding_mask": bk.asarray(everything)},
+                                   bk.asarray(x), bk)
+        out = bk.to_numpy(out)
         np.testing.assert_allclose(out, np.broadcast_to(params["b_out"], out.shape), atol=1e-15)
-        dx, dparams = layer.adjoint(params, cache, np.ones_like(out), bk)
+        dx, dparams = layer.adjoint(on, cache, bk.asarray(np.ones_like(out)), bk)
+        dx, dparams = bk.to_numpy(dx), {k: bk.to_numpy(v) for k, v in dparams.items()}
         assert np.all(np.isfinite(dx)) and all(np.all(np.isfinite(v)) for v in dparams.values())
 
 

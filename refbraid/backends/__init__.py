@@ -12,8 +12,11 @@ name       what runs
 =========  =====================================================================
 numpy      the readable reference (NumPy; BLAS for matrix products)
 numba      Numba ``njit`` CPU kernels for the fused element-wise and stencil work
-cuda       Numba CUDA kernels (tiled shared-memory matmul, fused activation, conv);
-           runs under the CUDA simulator when ``NUMBA_ENABLE_CUDASIM=1``
+cuda       Numba CUDA kernels (tiled shared-memory matmul, fused activation, conv),
+           device-resident: ``xp`` is CuPy on a GPU, ``array_api_strict`` on a
+           non-default device under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``),
+           NumPy with copies per kernel on a GPU without CuPy
+           (:mod:`refbraid.backends.numba_cuda_memory`)
 cupy       the reference kernels on CuPy arrays (needs a GPU)
 strict     tests only: the cupy code path on ``array_api_strict`` arrays on a
            non-default device (:mod:`refbraid.backends.strict_device`)
@@ -161,7 +164,30 @@ def get_backend(name: str | Backend = "numpy") -> Backend:
         device = getattr(module, "DEVICE", device)
     backend = Backend(name=name, xp=xp, kernels=kernels, overrides=overrides, device=device)
     _cache[name] = backend
+    if name == "cuda" and overrides:
+        _warn_if_host_arrays()
     return backend
+
+
+def with_host_arrays(bk: Backend) -> Backend:
+    """``bk`` computing on NumPy arrays, for code that handles host arrays only (the MPI
+    trainer): the ``cuda`` backend in host-array mode — its kernels copy their NumPy inputs
+    to the device and the outputs back on every call (refbraid.backends.numba_cuda_memory).
+    Every other backend is returned unchanged."""
+    if bk.name != "cuda" or bk.xp is np:
+        return bk
+    return Backend(bk.name, np, bk.kernels, bk.overrides)
+
+
+def _warn_if_host_arrays() -> None:
+    """A RuntimeWarning when the ``cuda`` backend runs on a GPU in host-array mode (no CuPy:
+    every kernel copies in and out; :mod:`refbraid.backends.numba_cuda_memory`)."""
+    from .numba_cuda_memory import MODE, mode_note
+
+    if MODE == "host":
+        import warnings
+
+        warnings.warn(mode_note(), RuntimeWarning, stacklevel=3)
 
 
 def require_usable(name: str) -> None:

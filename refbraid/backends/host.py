@@ -17,6 +17,7 @@ step makes.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -68,3 +69,29 @@ def all_finite(a: Any) -> bool:
     brought over through :func:`to_host` (an input check, not a per-element loop)."""
     xp = a.__array_namespace__() if hasattr(a, "__array_namespace__") else np
     return bool(to_host(xp.all(xp.isfinite(a))))
+
+
+def host_range(a: Any) -> tuple[int, int]:
+    """(min, max) of a non-empty integer array as Python ints: reduced where ``a`` lives,
+    then two scalars brought over through :func:`to_host` (a range check of token ids or
+    labels copies two numbers, not the batch)."""
+    xp = a.__array_namespace__() if hasattr(a, "__array_namespace__") else np
+    return int(to_host(xp.min(a))), int(to_host(xp.max(a)))
+
+
+def first_non_finite(named: Iterable[tuple[str, Any]]) -> str | None:
+    """The name of the first array holding a NaN or ±inf, or None when all are finite.
+
+    Each array is reduced where it lives, the flags are stacked there and brought over in
+    one copy through :func:`to_host` — one device synchronisation for a whole dict of
+    parameters or gradients, not one per array (:func:`all_finite` is the one-array form)."""
+    named = list(named)
+    if not named:
+        return None
+    first = named[0][1]
+    xp = first.__array_namespace__() if hasattr(first, "__array_namespace__") else np
+    flags = to_host(xp.stack([xp.all(xp.isfinite(a)) for _, a in named]))
+    for (name, _), ok in zip(named, np.asarray(flags).tolist(), strict=True):
+        if not ok:
+            return name
+    return None

@@ -1,11 +1,13 @@
 """Numba CUDA kernels (backend ``"cuda"``), part 1: the activations, and the host side the
 other CUDA modules share.
 
-The ``cuda`` backend is seven modules, one concept each (``refbraid.backends._MODULES``):
+The ``cuda`` backend is eight modules, one concept each (``refbraid.backends._MODULES``):
 
 ========================  ==================================================================
-numba_cuda                activations and the Euler update; the device copies, launch sizes
-                          and the numba.cuda import the other modules share
+numba_cuda                activations and the Euler update; dtype checks, launch sizes and
+                          the numba.cuda import the other modules share
+numba_cuda_memory         where the arrays live (CuPy, simulator device, host) and the one
+                          place kernels get views of them and outputs are allocated
 numba_cuda_dense          tiled shared-memory GEMM: matmul, dense layers
 numba_cuda_conv           'same' 2-D convolution and its adjoint as direct gather kernels
 numba_cuda_attention      bmm, softmax, layer norm, GRU cell (transformer and GRU layers)
@@ -14,14 +16,17 @@ numba_cuda_pool           2×2 and 2×2×2 average and max pooling and their adj
 numba_cuda_batchnorm      batch norm over (batch, space): statistics, apply, adjoint
 ========================  ==================================================================
 
-The stride-2 convolution runs the reference kernel on the host.
+The stride-2 convolution runs the reference kernel on the backend's (device) arrays.
 
 Every public function has the signature and semantics of the same-named function in
-:mod:`refbraid.backends.reference`. It accepts NumPy arrays (copied to the device) or device
-arrays (``numba.cuda`` device arrays, CuPy arrays: anything with the CUDA array interface),
-launches a kernel and returns a NumPy array, so ``xp`` is NumPy and the same tests run on a
-GPU and in Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``: one Python thread per CUDA
-thread, so keep simulated sizes tiny).
+:mod:`refbraid.backends.reference`. The backend is device-resident: ``xp`` (and ``DEVICE``)
+are those of :mod:`refbraid.backends.numba_cuda_memory` — CuPy on a GPU, ``array_api_strict``
+on a non-default device in Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``: one Python
+thread per CUDA thread, so keep simulated sizes tiny) — and a function given the backend's
+device arrays launches its kernel on them in place and returns device arrays, with no copy
+either way. Given only host arrays (NumPy) it copies them in and returns NumPy arrays, so a
+single kernel can still be tested on NumPy data. All memory goes through
+:class:`~refbraid.backends.numba_cuda_memory.KernelCall`.
 
 Kernels, one thread per element::
 
@@ -38,13 +43,15 @@ memory, not arithmetic, so what counts is that thread ``i`` of a flat 1-D grid t
 ``_euler_act_kernel`` fuses ``y + h σ(z)`` into one pass (one read of y and z, one write),
 where the reference makes three (σ, scale, add). Blocks of 128 threads and ⌈n/128⌉ blocks fill
 a device once n reaches a few hundred thousand (an H100 holds 132 SMs × 2048 threads); below
-that the launch latency (a few µs) dominates, and a grid-stride loop would not help. The host
-side copies every input in and the output back (the backend's contract: NumPy in, NumPy out),
-so on a GPU these kernels pay PCIe transfers per call; tests/test_cudasim_training_step.py
-counts them.
+that the launch latency (a few µs) dominates, and a grid-stride loop would not help. Inputs
+and outputs stay in device memory between kernels: a PCIe copy (~10 GB/s effective for small
+arrays, plus ~10 µs latency) would cost more than these kernels themselves, which is why the
+backend is device-resident; tests/test_cudasim_training_step.py counts the copies of a whole
+training step (zero).
 
 Without numba-cuda installed this module still imports (``cuda`` is None, ``OVERRIDES`` is
-empty, :func:`cuda_jit` only defines), so the ``cuda`` backend falls back to the reference.
+empty, :func:`cuda_jit` only defines), so the ``cuda`` backend falls back to the reference
+on NumPy arrays.
 Inputs the kernels do not cover (complex, integer) go to the reference function on the host.
 """
 
@@ -56,6 +63,16 @@ import numpy as np
 
 from . import reference
 from .numba_cpu import act_adjoint_scalar, act_scalar, activation_code
+from .numba_cuda_memory import (  # xp, DEVICE: the backend's arrays (get_backend reads them)
+    DEVICE,  # noqa: F401
+    MODE,  # noqa: F401
+    KernelCall,
+    is_backend_array,
+    is_numba_device_array,
+    mode_note,  # noqa: F401
+    numpy_dtype,
+    xp,  # noqa: F401
+)
 
 try:  # numba-cuda is optional: without it this backend is the reference on the host
     import numba
@@ -65,8 +82,6 @@ try:  # numba-cuda is optional: without it this backend is the reference on the 
 except Exception as err:  # pragma: no cover - exercised by a subprocess test
     cuda = None
     _CUDA_IMPORT_ERROR = err
-
-xp = np
 
 OVERRIDES = ("activation", "activation_adjoint", "euler_act") if cuda is not None else ()
 
@@ -129,8 +144,10 @@ def _euler_act_kernel(y, z, h, code, out):
 
 # ----------------------------------------------------------------------------- host side
 def is_device(a) -> bool:
-    """A CUDA device array (numba, simulator, or anything with the CUDA array interface)?"""
-    return bool(getattr(a, "__cuda_ndarray__", False)) or hasattr(a, "__cuda_array_interface__")
+    """A device array: the backend's own (CuPy, the simulator's device), a ``numba.cuda``
+    device array, or anything with the CUDA array interface."""
+    return (is_backend_array(a) or is_numba_device_array(a)
+            or hasattr(a, "__cuda_array_interface__"))
 
 
 def cuda_floats(*arrays) -> bool:
@@ -138,7 +155,7 @@ def cuda_floats(*arrays) -> bool:
     for a in arrays:
         if a is None:
             continue
-        if not (isinstance(a, np.ndarray) or is_device(a)) or np.dtype(a.dtype).char not in "fd":
+        if not (isinstance(a, np.ndarray) or is_device(a)) or numpy_dtype(a).char not in "fd":
             return False
     return True
 
@@ -150,23 +167,7 @@ def on_host(*arrays) -> bool:
 
 def common_dtype(*arrays) -> np.dtype:
     """The NumPy result dtype of the (host or device) arrays."""
-    return np.result_type(*[np.dtype(a.dtype) for a in arrays if a is not None])
-
-
-def to_device(a, dtype):
-    """A device array holding ``a`` as ``dtype`` (no copy when it already is one)."""
-    if is_device(a):
-        if np.dtype(a.dtype) != dtype:
-            raise TypeError(f"device arrays must all have dtype {dtype}, got {np.dtype(a.dtype)}.")
-        return a
-    return cuda.to_device(np.ascontiguousarray(a, dtype=dtype))
-
-
-def flat_device(a, dtype):
-    """A 1-D device view of ``a`` (host arrays are raveled before the copy)."""
-    if is_device(a):
-        return to_device(a, dtype).reshape(a.size)
-    return to_device(np.ravel(a), dtype)
+    return np.result_type(*[numpy_dtype(a) for a in arrays if a is not None])
 
 
 def blocks(n: int, threads: int = THREADS) -> int:
@@ -174,9 +175,9 @@ def blocks(n: int, threads: int = THREADS) -> int:
     return max(1, math.ceil(n / threads))
 
 
-def no_bias(dtype):
-    """A placeholder bias argument for kernels launched with ``has_bias`` False."""
-    return cuda.to_device(np.zeros(1, dtype))
+def size(a) -> int:
+    """Number of elements of a host or device array."""
+    return math.prod(a.shape)
 
 
 # ----------------------------------------------------------------------------- activations
@@ -185,11 +186,10 @@ def activation(z, act: str):
     code = activation_code(act)
     if code < 0 or not cuda_floats(z):
         return reference.activation(z, act)
-    dtype = np.dtype(z.dtype)
-    zd = flat_device(z, dtype)
-    out = cuda.device_array(zd.size, dtype=dtype)
-    _activation_kernel[blocks(zd.size), THREADS](zd, code, out)
-    return out.copy_to_host().reshape(z.shape)
+    call, dtype, n = KernelCall(z), numpy_dtype(z), size(z)
+    out = call.out(n, dtype)
+    _activation_kernel[blocks(n), THREADS](call.arg(z, dtype, (n,)), code, out.arg)
+    return call.result(out, z.shape)
 
 
 def activation_adjoint(z, dy, act: str):
@@ -199,11 +199,11 @@ def activation_adjoint(z, dy, act: str):
         if on_host(z, dy):
             return reference.activation_adjoint(z, dy, act)
         raise ValueError(f"`dy` must have the shape of `z` {tuple(z.shape)}, got {dy.shape}.")
-    dtype = common_dtype(z, dy)
-    zd, dyd = flat_device(z, dtype), flat_device(dy, dtype)
-    out = cuda.device_array(zd.size, dtype=dtype)
-    _activation_adjoint_kernel[blocks(zd.size), THREADS](zd, dyd, code, out)
-    return out.copy_to_host().reshape(z.shape)
+    call, dtype, n = KernelCall(z, dy, names=("z", "dy")), common_dtype(z, dy), size(z)
+    out = call.out(n, dtype)
+    _activation_adjoint_kernel[blocks(n), THREADS](
+        call.arg(z, dtype, (n,)), call.arg(dy, dtype, (n,)), code, out.arg)
+    return call.result(out, z.shape)
 
 
 def euler_act(y, z, h: float, act: str):
@@ -218,7 +218,8 @@ def euler_act(y, z, h: float, act: str):
     dtype = common_dtype(y, z)
     if isinstance(h, np.generic):  # a NumPy scalar h takes part in the promotion (NEP 50)
         dtype = np.result_type(dtype, h)
-    yd, zd = flat_device(y, dtype), flat_device(z, dtype)
-    out = cuda.device_array(zd.size, dtype=dtype)
-    _euler_act_kernel[blocks(zd.size), THREADS](yd, zd, float(h), code, out)
-    return out.copy_to_host().reshape(y.shape)
+    call, n = KernelCall(y, z, names=("y", "z")), size(z)
+    out = call.out(n, dtype)
+    _euler_act_kernel[blocks(n), THREADS](
+        call.arg(y, dtype, (n,)), call.arg(z, dtype, (n,)), float(h), code, out.arg)
+    return call.result(out, y.shape)

@@ -2,8 +2,9 @@
 
 Every public function keeps the signature and semantics of the same-named function in
 :mod:`refbraid.backends.reference` (section "transformer kernels") and, like the rest of the
-``cuda`` backend, takes and returns NumPy arrays: it copies the inputs to the device, launches,
-and copies the result back, so the same code runs under Numba's CUDA simulator
+``cuda`` backend, takes and returns device arrays (memory through
+:class:`~refbraid.backends.numba_cuda_memory.KernelCall`: no copies; host arrays in, NumPy
+out), so the same code runs on a GPU and under Numba's CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``) in the tests. What runs on the device::
 
     bmm                c[g] = a[g] @ b[g]         tiled shared-memory GEMM (a TILE×TILE block
@@ -25,11 +26,11 @@ The per-row and per-element bodies are plain functions of
 math split into SIMD-friendly passes, see those modules). One thread per row suits the
 short rows of attention (S keys) and layer norm (E features); a block-per-row tree reduction
 is the next step for rows of thousands. ``bmm`` accumulates in float64 for float32 data too.
-``embedding`` and ``embedding_adjoint`` stay the reference (a gather and a one-hot GEMM on the
-host); the scatter-add would need atomics.
+``embedding`` and ``embedding_adjoint`` stay the reference (a gather and a one-hot GEMM in
+``xp``, on the device arrays); the scatter-add would need atomics.
 
-Arrays that are not float32/float64 NumPy arrays (complex steps, CuPy arrays) go to the
-reference unchanged, as in the CPU module.
+Arrays that are not float32/float64 (complex steps) go to the reference unchanged, as in
+the CPU module.
 
 Design (for a GPU course): ``bmm`` maps the batch index to ``blockIdx.z`` so one launch
 covers every head of every sample (launch overhead paid once, not G times); its tiles load
@@ -61,12 +62,8 @@ from .numba_cpu_attention import (
     check_gru,
     check_same_shape,
     check_vector,
-    fast,
     gru_cell_adjoint_point,
     gru_cell_point,
-    mask_rows,
-    result_dtype,
-    rows,
     softmax_adjoint_row,
     softmax_row,
 )
@@ -76,6 +73,8 @@ from .numba_cpu_layernorm import (
     layernorm_param_col,
     layernorm_row,
 )
+from .numba_cuda import common_dtype, cuda_floats, size
+from .numba_cuda_memory import KernelCall, numpy_dtype
 
 OVERRIDES = (
     "bmm",
@@ -222,120 +221,130 @@ def _grid_1d(n: int) -> tuple[int, int]:
 
 
 # ----------------------------------------------------------------------------- host functions
+def _rows(a) -> tuple[int, int]:
+    """The (R, N) shape an array (…, N) is read as by the one-thread-per-row kernels."""
+    return math.prod(a.shape[:-1]), a.shape[-1]
+
+
+def _mask_arg(call: KernelCall, mask, x):
+    """(kernel mask, use_mask): the bool mask as uint8 rows, or a placeholder when None."""
+    if mask is None:
+        return call.placeholder(np.uint8, 2), False
+    if getattr(mask, "dtype", None) is None or numpy_dtype(mask) != np.bool_ or \
+            tuple(mask.shape) != tuple(x.shape):
+        raise ValueError(f"`mask` must be None or a bool array of shape {tuple(x.shape)}, "
+                         f"got {getattr(mask, 'dtype', type(mask).__name__)} "
+                         f"{tuple(getattr(mask, 'shape', ()))}.")
+    return call.arg(mask, np.uint8, _rows(x)), True
+
+
 def bmm(a, b):
     """c[g] = a[g] @ b[g] (reference.bmm): the tiled shared-memory kernel when both output
     sides reach TILE, else one thread per output element (a tile would be mostly idle)."""
-    if not fast(a, b) or a.ndim != 3 or b.ndim != 3 or 0 in a.shape or 0 in b.shape:
+    if not cuda_floats(a, b) or a.ndim != 3 or b.ndim != 3 or 0 in a.shape or 0 in b.shape:
         return reference.bmm(a, b)
     G, M, K = a.shape
     if b.shape[0] != G or b.shape[1] != K:
         raise ValueError(f"`b` must have shape ({G}, {K}, N) to multiply `a` {tuple(a.shape)}, "
                          f"got {tuple(b.shape)}.")
     N = b.shape[2]
-    dtype = result_dtype(a, b)
-    a_d = cuda.to_device(np.ascontiguousarray(a, dtype))
-    b_d = cuda.to_device(np.ascontiguousarray(b, dtype))
-    c_d = cuda.device_array((G, M, N), dtype)
+    call, dtype = KernelCall(a, b, names=("a", "b")), common_dtype(a, b)
+    a_d, b_d, c = call.arg(a, dtype), call.arg(b, dtype), call.out((G, M, N), dtype)
     if min(M, N) >= TILE:
         grid = (math.ceil(N / TILE), math.ceil(M / TILE), min(G, MAX_GRID_Z))
-        _bmm_tiled_kernel(dtype, TILE)[grid, (TILE, TILE)](a_d, b_d, c_d)
+        _bmm_tiled_kernel(dtype, TILE)[grid, (TILE, TILE)](a_d, b_d, c.arg)
     else:
         blocks, threads = _grid_1d(G * M * N)
-        _bmm_simple_kernel[blocks, threads](a_d, b_d, c_d)
-    return c_d.copy_to_host()
+        _bmm_simple_kernel[blocks, threads](a_d, b_d, c.arg)
+    return call.result(c)
 
 
 def softmax(x, mask):
     """Masked row softmax (reference.softmax): one thread per row."""
-    if not fast(x) or x.ndim == 0 or x.size == 0:
+    if not cuda_floats(x) or x.ndim == 0 or size(x) == 0:
         return reference.softmax(x, mask)
-    m2, use_mask = mask_rows(mask, x)
-    x2 = rows(x, x.dtype)  # R,N
-    p = cuda.device_array(x2.shape, x2.dtype)
-    blocks, threads = _grid_1d(x2.shape[0])
-    _softmax_kernel[blocks, threads](cuda.to_device(x2), cuda.to_device(m2), use_mask, p)
-    return p.copy_to_host().reshape(x.shape)
+    call, dtype = KernelCall(x, mask, names=("x", "mask")), numpy_dtype(x)
+    m2, use_mask = _mask_arg(call, mask, x)
+    p = call.out(_rows(x), dtype)
+    blocks, threads = _grid_1d(_rows(x)[0])
+    _softmax_kernel[blocks, threads](call.arg(x, dtype, _rows(x)), m2, use_mask, p.arg)
+    return call.result(p, x.shape)
 
 
 def softmax_adjoint(p, dp):
     """dx = p ⊙ (dp − Σ p ⊙ dp) (reference.softmax_adjoint): one thread per row."""
-    if not fast(p, dp) or p.ndim == 0 or p.size == 0:
+    if not cuda_floats(p, dp) or p.ndim == 0 or size(p) == 0:
         return reference.softmax_adjoint(p, dp)
     check_same_shape("dp", dp, "p", p)
-    dtype = result_dtype(p, dp)
-    p2, dp2 = rows(p, dtype), rows(dp, dtype)
-    dx = cuda.device_array(p2.shape, dtype)
-    blocks, threads = _grid_1d(p2.shape[0])
-    _softmax_adjoint_kernel[blocks, threads](cuda.to_device(p2), cuda.to_device(dp2), dx)
-    return dx.copy_to_host().reshape(p.shape)
+    call, dtype = KernelCall(p, dp, names=("p", "dp")), common_dtype(p, dp)
+    dx = call.out(_rows(p), dtype)
+    blocks, threads = _grid_1d(_rows(p)[0])
+    _softmax_adjoint_kernel[blocks, threads](call.arg(p, dtype, _rows(p)),
+                                             call.arg(dp, dtype, _rows(p)), dx.arg)
+    return call.result(dx, p.shape)
 
 
 def layernorm(x, gamma, beta, eps: float):
     """(y, mean, rstd) of reference.layernorm: one thread per row."""
-    if not fast(x, gamma, beta) or x.ndim == 0 or x.size == 0:
+    if not cuda_floats(x, gamma, beta) or x.ndim == 0 or size(x) == 0:
         return reference.layernorm(x, gamma, beta, eps)
     N = x.shape[-1]
     check_vector("gamma", gamma, N)
     check_vector("beta", beta, N)
-    dtype = result_dtype(x, gamma, beta)
-    x2 = rows(x, dtype)  # R,N
-    R = x2.shape[0]
-    y = cuda.device_array(x2.shape, dtype)
-    mean, rstd = cuda.device_array(R, dtype), cuda.device_array(R, dtype)
+    call = KernelCall(x, gamma, beta, names=("x", "gamma", "beta"))
+    dtype, (R, _) = common_dtype(x, gamma, beta), _rows(x)
+    y, mean, rstd = call.out((R, N), dtype), call.out(R, dtype), call.out(R, dtype)
     blocks, threads = _grid_1d(R)
     _layernorm_kernel[blocks, threads](
-        cuda.to_device(x2), cuda.to_device(np.ascontiguousarray(gamma, dtype)),
-        cuda.to_device(np.ascontiguousarray(beta, dtype)), float(eps), y, mean, rstd)
+        call.arg(x, dtype, (R, N)), call.arg(gamma, dtype), call.arg(beta, dtype), float(eps),
+        y.arg, mean.arg, rstd.arg)
     lead = x.shape[:-1]
-    return (y.copy_to_host().reshape(x.shape), mean.copy_to_host().reshape(lead),
-            rstd.copy_to_host().reshape(lead))
+    return call.result(y, x.shape), call.result(mean, lead), call.result(rstd, lead)
 
 
 def layernorm_adjoint(x, mean, rstd, gamma, dy):
     """(dx, dgamma, dbeta) of reference.layernorm_adjoint: a row kernel, then a column kernel."""
-    if not fast(x, mean, rstd, gamma, dy) or x.ndim == 0 or x.size == 0:
+    if not cuda_floats(x, mean, rstd, gamma, dy) or x.ndim == 0 or size(x) == 0:
         return reference.layernorm_adjoint(x, mean, rstd, gamma, dy)
     N = check_layernorm_adjoint_args(x, mean, rstd, gamma, dy)
-    dtype = result_dtype(x, mean, rstd, gamma, dy)
-    x_d, dy_d = cuda.to_device(rows(x, dtype)), cuda.to_device(rows(dy, dtype))
-    mean_d = cuda.to_device(np.ascontiguousarray(mean, dtype).reshape(-1))
-    rstd_d = cuda.to_device(np.ascontiguousarray(rstd, dtype).reshape(-1))
-    R = x_d.shape[0]
-    dx = cuda.device_array((R, N), dtype)
-    dgamma, dbeta = cuda.device_array(N, dtype), cuda.device_array(N, dtype)
+    dtype = common_dtype(x, mean, rstd, gamma, dy)
+    call = KernelCall(x, mean, rstd, gamma, dy, names=("x", "mean", "rstd", "gamma", "dy"))
+    R = _rows(x)[0]
+    x_d, dy_d = call.arg(x, dtype, (R, N)), call.arg(dy, dtype, (R, N))
+    mean_d, rstd_d = call.arg(mean, dtype, (R,)), call.arg(rstd, dtype, (R,))
+    dx, dgamma, dbeta = call.out((R, N), dtype), call.out(N, dtype), call.out(N, dtype)
     blocks, threads = _grid_1d(R)
-    _layernorm_adjoint_kernel[blocks, threads](
-        x_d, mean_d, rstd_d, cuda.to_device(np.ascontiguousarray(gamma, dtype)), dy_d, dx)
+    _layernorm_adjoint_kernel[blocks, threads](x_d, mean_d, rstd_d, call.arg(gamma, dtype),
+                                               dy_d, dx.arg)
     blocks, threads = _grid_1d(N)
-    _layernorm_param_kernel[blocks, threads](x_d, mean_d, rstd_d, dy_d, dgamma, dbeta)
-    return dx.copy_to_host().reshape(x.shape), dgamma.copy_to_host(), dbeta.copy_to_host()
+    _layernorm_param_kernel[blocks, threads](x_d, mean_d, rstd_d, dy_d, dgamma.arg, dbeta.arg)
+    return call.result(dx, x.shape), call.result(dgamma), call.result(dbeta)
 
 
 def gru_cell(gx, gh, h, dt: float, implicit: bool):
     """(h_new, gates) of reference.gru_cell: one thread per (sample, hidden unit)."""
-    if not fast(gx, gh, h) or h.size == 0:
+    if not cuda_floats(gx, gh, h) or size(h) == 0:
         return reference.gru_cell(gx, gh, h, dt, implicit)
     check_gru(h, ("gx", gx, 3), ("gh", gh, 3))
-    dtype = result_dtype(gx, gh, h)
-    gx_d, gh_d, h_d = (cuda.to_device(np.ascontiguousarray(a, dtype)) for a in (gx, gh, h))
-    h_new = cuda.device_array(h.shape, dtype)
-    gates = cuda.device_array(gx.shape, dtype)
-    blocks, threads = _grid_1d(h.size)
-    _gru_cell_kernel[blocks, threads](gx_d, gh_d, h_d, float(dt), bool(implicit), h_new, gates)
-    return h_new.copy_to_host(), gates.copy_to_host()
+    call, dtype = KernelCall(gx, gh, h, names=("gx", "gh", "h")), common_dtype(gx, gh, h)
+    h_new, gates = call.out(h.shape, dtype), call.out(gx.shape, dtype)
+    blocks, threads = _grid_1d(size(h))
+    _gru_cell_kernel[blocks, threads](*(call.arg(a, dtype) for a in (gx, gh, h)), float(dt),
+                                      bool(implicit), h_new.arg, gates.arg)
+    return call.result(h_new), call.result(gates)
 
 
 def gru_cell_adjoint(gates, gh, h, dh_new, dt: float, implicit: bool):
     """(dgx, dgh, dh) of reference.gru_cell_adjoint: one thread per (sample, hidden unit)."""
-    if not fast(gates, gh, h, dh_new) or h.size == 0:
+    if not cuda_floats(gates, gh, h, dh_new) or size(h) == 0:
         return reference.gru_cell_adjoint(gates, gh, h, dh_new, dt, implicit)
     check_gru(h, ("gates", gates, 3), ("gh", gh, 3), ("dh_new", dh_new, 1))
-    dtype = result_dtype(gates, gh, h, dh_new)
-    arrays = (cuda.to_device(np.ascontiguousarray(a, dtype)) for a in (gates, gh, h, dh_new))
-    gates_d, gh_d, h_d, dh_new_d = arrays
-    dgx, dgh = cuda.device_array(gates.shape, dtype), cuda.device_array(gates.shape, dtype)
-    dh = cuda.device_array(h.shape, dtype)
-    blocks, threads = _grid_1d(h.size)
-    _gru_cell_adjoint_kernel[blocks, threads](gates_d, gh_d, h_d, dh_new_d, float(dt),
-                                              bool(implicit), dgx, dgh, dh)
-    return dgx.copy_to_host(), dgh.copy_to_host(), dh.copy_to_host()
+    dtype = common_dtype(gates, gh, h, dh_new)
+    call = KernelCall(gates, gh, h, dh_new, names=("gates", "gh", "h", "dh_new"))
+    dgx, dgh, dh = call.out(gates.shape, dtype), call.out(gates.shape, dtype), call.out(h.shape,
+                                                                                       dtype)
+    blocks, threads = _grid_1d(size(h))
+    _gru_cell_adjoint_kernel[blocks, threads](
+        *(call.arg(a, dtype) for a in (gates, gh, h, dh_new)), float(dt), bool(implicit),
+        dgx.arg, dgh.arg, dh.arg)
+    return call.result(dgx), call.result(dgh), call.result(dh)

@@ -1,8 +1,8 @@
 """Numba CUDA kernels (backend ``"cuda"``), part 7: batch normalisation over (batch, space).
 
 Same signatures and semantics as ``batchnorm_stats``, ``batchnorm_apply`` and
-``batchnorm_adjoint`` in :mod:`refbraid.backends.reference_spatial`; host or device arrays in,
-NumPy arrays out, as in :mod:`refbraid.backends.numba_cuda`. The batch is read as (B, C, L),
+``batchnorm_adjoint`` in :mod:`refbraid.backends.reference_spatial`; device arrays in,
+device arrays out, as in :mod:`refbraid.backends.numba_cuda`. The batch is read as (B, C, L),
 L = |S| positions; n = B·L values per channel. No atomics::
 
     _stats_kernel       μ_c, r_c (two passes over channel c)       one thread per channel
@@ -20,7 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import reference_spatial
-from .numba_cuda import THREADS, blocks, common_dtype, cuda, cuda_floats, cuda_jit, to_device
+from .numba_cuda import THREADS, blocks, common_dtype, cuda, cuda_floats, cuda_jit
+from .numba_cuda_memory import KernelCall, numpy_dtype
 
 OVERRIDES = ("batchnorm_stats", "batchnorm_apply", "batchnorm_adjoint") if cuda is not None \
     else ()
@@ -87,20 +88,20 @@ def _dx_kernel(x, mean, rstd, gamma, dy, sum_dy, sum_dyx, batch_stats, dx):
         dx[b, c, t] = r * v
 
 
-def _flat(a, dtype):
-    """A (B, C, L) device array of ``a`` (B, C, S…)."""
-    return to_device(a, dtype).reshape((a.shape[0], a.shape[1], int(np.prod(a.shape[2:]))))
+def _bcl(shape) -> tuple[int, int, int]:
+    """The (B, C, L) shape a batch (B, C, S…) is read as."""
+    return shape[0], shape[1], int(np.prod(shape[2:]))
 
 
 def batchnorm_stats(x, eps: float):
     """(mean, rstd) per channel (reference_spatial.batchnorm_stats), a thread per channel."""
     if not cuda_floats(x):
         return reference_spatial.batchnorm_stats(x, eps)
-    C = x.shape[1]
-    mean = cuda.device_array(C, dtype=np.float64)
-    rstd = cuda.device_array(C, dtype=np.float64)
-    _stats_kernel[blocks(C), THREADS](_flat(x, x.dtype), float(eps), mean, rstd)
-    return mean.copy_to_host().astype(x.dtype), rstd.copy_to_host().astype(x.dtype)
+    C, dtype, call = x.shape[1], numpy_dtype(x), KernelCall(x)
+    mean, rstd = call.out(C, np.float64), call.out(C, np.float64)
+    _stats_kernel[blocks(C), THREADS](call.arg(x, dtype, _bcl(x.shape)), float(eps), mean.arg,
+                                      rstd.arg)
+    return call.result(mean, dtype=dtype), call.result(rstd, dtype=dtype)
 
 
 def batchnorm_apply(x, mean, rstd, gamma, beta):
@@ -108,11 +109,12 @@ def batchnorm_apply(x, mean, rstd, gamma, beta):
     if not cuda_floats(x, mean, rstd, gamma, beta):
         return reference_spatial.batchnorm_apply(x, mean, rstd, gamma, beta)
     dtype = common_dtype(x, mean, rstd, gamma, beta)
-    xd = _flat(x, dtype)
-    y = cuda.device_array(xd.shape, dtype=dtype)
-    _apply_kernel[blocks(xd.size), THREADS](xd, *(to_device(a, dtype) for a in
-                                                  (mean, rstd, gamma, beta)), y)
-    return y.copy_to_host().reshape(tuple(x.shape))
+    call = KernelCall(x, mean, rstd, gamma, beta, names=("x", "mean", "rstd", "gamma", "beta"))
+    y = call.out(_bcl(x.shape), dtype)
+    _apply_kernel[blocks(y.arg.size), THREADS](
+        call.arg(x, dtype, _bcl(x.shape)), *(call.arg(a, dtype) for a in (mean, rstd, gamma, beta)),
+        y.arg)
+    return call.result(y, tuple(x.shape))
 
 
 def batchnorm_adjoint(x, mean, rstd, gamma, dy, batch_stats: bool):
@@ -123,14 +125,14 @@ def batchnorm_adjoint(x, mean, rstd, gamma, dy, batch_stats: bool):
         raise ValueError(f"`dy` must have the shape of `x` {tuple(x.shape)}, got "
                          f"{tuple(dy.shape)}.")
     dtype = common_dtype(x, mean, rstd, gamma, dy)
-    xd, dyd = _flat(x, dtype), _flat(dy, dtype)
-    md, rd, gd = (to_device(a, dtype) for a in (mean, rstd, gamma))
+    call = KernelCall(x, mean, rstd, gamma, dy, names=("x", "mean", "rstd", "gamma", "dy"))
+    xd, dyd = call.arg(x, dtype, _bcl(x.shape)), call.arg(dy, dtype, _bcl(x.shape))
+    md, rd, gd = (call.arg(a, dtype) for a in (mean, rstd, gamma))
     C = x.shape[1]
-    dgamma = cuda.device_array(C, dtype=np.float64)
-    dbeta = cuda.device_array(C, dtype=np.float64)
-    _sums_kernel[blocks(C), THREADS](xd, md, rd, dyd, dgamma, dbeta)
-    dx = cuda.device_array(xd.shape, dtype=dtype)
-    _dx_kernel[blocks(xd.size), THREADS](xd, md, rd, gd, dyd, dbeta, dgamma, bool(batch_stats),
-                                         dx)
-    return (dx.copy_to_host().reshape(tuple(x.shape)), dgamma.copy_to_host().astype(dtype),
-            dbeta.copy_to_host().astype(dtype))
+    dgamma, dbeta = call.out(C, np.float64), call.out(C, np.float64)
+    _sums_kernel[blocks(C), THREADS](xd, md, rd, dyd, dgamma.arg, dbeta.arg)
+    dx = call.out(_bcl(x.shape), dtype)
+    _dx_kernel[blocks(dx.arg.size), THREADS](xd, md, rd, gd, dyd, dbeta.arg, dgamma.arg,
+                                             bool(batch_stats), dx.arg)
+    return (call.result(dx, tuple(x.shape)), call.result(dgamma, dtype=dtype),
+            call.result(dbeta, dtype=dtype))

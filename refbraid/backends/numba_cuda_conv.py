@@ -1,7 +1,7 @@
 """Numba CUDA kernels (backend ``"cuda"``), part 3: the 'same' 2-D convolution.
 
 Every public function has the signature and semantics of the same-named function in
-:mod:`refbraid.backends.reference`; host and device arrays in, NumPy arrays out, as in
+:mod:`refbraid.backends.reference`; device arrays in, device arrays out, as in
 :mod:`refbraid.backends.numba_cuda`. Direct gather kernels, one thread per output element,
 no atomics (deterministic)::
 
@@ -28,16 +28,8 @@ from __future__ import annotations
 
 from . import reference
 from .numba_cpu_conv import check_conv_args
-from .numba_cuda import (
-    THREADS,
-    blocks,
-    common_dtype,
-    cuda,
-    cuda_floats,
-    cuda_jit,
-    no_bias,
-    to_device,
-)
+from .numba_cuda import THREADS, blocks, common_dtype, cuda, cuda_floats, cuda_jit
+from .numba_cuda_memory import KernelCall
 
 OVERRIDES = ("conv2d", "conv2d_adjoint") if cuda is not None else ()
 
@@ -132,14 +124,12 @@ def conv2d(x, W, b):
     if not cuda_floats(x, W, b):
         return reference.conv2d(x, W, b)
     check_conv_args(x, W, b)
-    dtype = common_dtype(x, W, b)
-    B, _, H, Wd = x.shape
-    z = cuda.device_array((B, W.shape[0], H, Wd), dtype=dtype)
-    bd = to_device(b, dtype) if b is not None else no_bias(dtype)
-    _conv2d_kernel[blocks(z.size), THREADS](
-        to_device(x, dtype), to_device(W, dtype), bd, b is not None, z
-    )
-    return z.copy_to_host()
+    call, dtype = KernelCall(x, W, b, names=("x", "W", "b")), common_dtype(x, W, b)
+    z = call.out((x.shape[0], W.shape[0], *x.shape[2:]), dtype)
+    bias = call.arg(b, dtype) if b is not None else call.placeholder(dtype)
+    _conv2d_kernel[blocks(z.arg.size), THREADS](
+        call.arg(x, dtype), call.arg(W, dtype), bias, b is not None, z.arg)
+    return call.result(z)
 
 
 def conv2d_adjoint(x, W, dz):
@@ -147,12 +137,10 @@ def conv2d_adjoint(x, W, dz):
     if not cuda_floats(x, W, dz):
         return reference.conv2d_adjoint(x, W, dz)
     check_conv_args(x, W, dz=dz)
-    dtype = common_dtype(x, W, dz)
-    xd, Wdev, dzd = to_device(x, dtype), to_device(W, dtype), to_device(dz, dtype)
-    dx = cuda.device_array(tuple(x.shape), dtype=dtype)
-    dW = cuda.device_array(tuple(W.shape), dtype=dtype)
-    db = cuda.device_array(W.shape[0], dtype=dtype)
-    _conv2d_dx_kernel[blocks(dx.size), THREADS](dzd, Wdev, dx)
-    _conv2d_dw_kernel[blocks(dW.size), THREADS](xd, dzd, dW)
-    _channel_sum_kernel[blocks(W.shape[0]), THREADS](dzd, db)
-    return dx.copy_to_host(), dW.copy_to_host(), db.copy_to_host()
+    call, dtype = KernelCall(x, W, dz, names=("x", "W", "dz")), common_dtype(x, W, dz)
+    xd, Wdev, dzd = call.arg(x, dtype), call.arg(W, dtype), call.arg(dz, dtype)
+    dx, dW, db = call.out(x.shape, dtype), call.out(W.shape, dtype), call.out(W.shape[0], dtype)
+    _conv2d_dx_kernel[blocks(dx.arg.size), THREADS](dzd, Wdev, dx.arg)
+    _conv2d_dw_kernel[blocks(dW.arg.size), THREADS](xd, dzd, dW.arg)
+    _channel_sum_kernel[blocks(W.shape[0]), THREADS](dzd, db.arg)
+    return call.result(dx), call.result(dW), call.result(db)

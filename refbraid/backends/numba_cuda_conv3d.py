@@ -1,7 +1,7 @@
 """Numba CUDA kernels (backend ``"cuda"``), part 5: the 'same' 3-D convolution.
 
 Same signatures and semantics as :func:`refbraid.backends.reference_spatial.conv3d` and
-``conv3d_adjoint``; host or device arrays in, NumPy arrays out, as in
+``conv3d_adjoint``; device arrays in, device arrays out, as in
 :mod:`refbraid.backends.numba_cuda`. Direct gather kernels as the 2-D ones
 (:mod:`refbraid.backends.numba_cuda_conv`), one thread per output element, no atomics::
 
@@ -18,16 +18,8 @@ from __future__ import annotations
 
 from . import reference_spatial
 from .numba_cpu_conv3d import check_conv3d_args
-from .numba_cuda import (
-    THREADS,
-    blocks,
-    common_dtype,
-    cuda,
-    cuda_floats,
-    cuda_jit,
-    no_bias,
-    to_device,
-)
+from .numba_cuda import THREADS, blocks, common_dtype, cuda, cuda_floats, cuda_jit
+from .numba_cuda_memory import KernelCall
 
 OVERRIDES = ("conv3d", "conv3d_adjoint") if cuda is not None else ()
 
@@ -131,12 +123,12 @@ def conv3d(x, W, b):
     if not cuda_floats(x, W, b):
         return reference_spatial.conv3d(x, W, b)
     check_conv3d_args(x, W, b)
-    dtype = common_dtype(x, W, b)
-    z = cuda.device_array((x.shape[0], W.shape[0], *x.shape[2:]), dtype=dtype)
-    bd = to_device(b, dtype) if b is not None else no_bias(dtype)
-    _conv3d_kernel[blocks(z.size), THREADS](
-        to_device(x, dtype), to_device(W, dtype), bd, b is not None, z)
-    return z.copy_to_host()
+    call, dtype = KernelCall(x, W, b, names=("x", "W", "b")), common_dtype(x, W, b)
+    z = call.out((x.shape[0], W.shape[0], *x.shape[2:]), dtype)
+    bias = call.arg(b, dtype) if b is not None else call.placeholder(dtype)
+    _conv3d_kernel[blocks(z.arg.size), THREADS](
+        call.arg(x, dtype), call.arg(W, dtype), bias, b is not None, z.arg)
+    return call.result(z)
 
 
 def conv3d_adjoint(x, W, dz):
@@ -144,12 +136,10 @@ def conv3d_adjoint(x, W, dz):
     if not cuda_floats(x, W, dz):
         return reference_spatial.conv3d_adjoint(x, W, dz)
     check_conv3d_args(x, W, dz=dz)
-    dtype = common_dtype(x, W, dz)
-    xd, Wdev, dzd = to_device(x, dtype), to_device(W, dtype), to_device(dz, dtype)
-    dx = cuda.device_array(tuple(x.shape), dtype=dtype)
-    dW = cuda.device_array(tuple(W.shape), dtype=dtype)
-    db = cuda.device_array(W.shape[0], dtype=dtype)
-    _conv3d_dx_kernel[blocks(dx.size), THREADS](dzd, Wdev, dx)
-    _conv3d_dw_kernel[blocks(dW.size), THREADS](xd, dzd, dW)
-    _channel_sum3_kernel[blocks(W.shape[0]), THREADS](dzd, db)
-    return dx.copy_to_host(), dW.copy_to_host(), db.copy_to_host()
+    call, dtype = KernelCall(x, W, dz, names=("x", "W", "dz")), common_dtype(x, W, dz)
+    xd, Wdev, dzd = call.arg(x, dtype), call.arg(W, dtype), call.arg(dz, dtype)
+    dx, dW, db = call.out(x.shape, dtype), call.out(W.shape, dtype), call.out(W.shape[0], dtype)
+    _conv3d_dx_kernel[blocks(dx.arg.size), THREADS](dzd, Wdev, dx.arg)
+    _conv3d_dw_kernel[blocks(dW.arg.size), THREADS](xd, dzd, dW.arg)
+    _channel_sum3_kernel[blocks(W.shape[0]), THREADS](dzd, db.arg)
+    return call.result(dx), call.result(dW), call.result(db)

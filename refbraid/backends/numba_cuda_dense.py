@@ -1,8 +1,8 @@
 """Numba CUDA kernels (backend ``"cuda"``), part 2: the tiled GEMM and the dense layers.
 
 Every public function has the signature and semantics of the same-named function in
-:mod:`refbraid.backends.reference`; host and device arrays in, NumPy arrays out, as in
-:mod:`refbraid.backends.numba_cuda`. Kernels::
+:mod:`refbraid.backends.reference`; device arrays in, device arrays out (host arrays in, NumPy
+arrays out), memory through :mod:`refbraid.backends.numba_cuda_memory`. Kernels::
 
     _gemm_kernel         C = op(A) op(B) (+ bias[None, :])    TILE×TILE blocks, shared memory
     _gemm_small_kernel   the same, one thread per output      outputs smaller than one tile
@@ -35,16 +35,8 @@ import numba
 
 from . import reference
 from .numba_cpu_dense import check_linear_args
-from .numba_cuda import (
-    THREADS,
-    blocks,
-    common_dtype,
-    cuda,
-    cuda_floats,
-    cuda_jit,
-    no_bias,
-    to_device,
-)
+from .numba_cuda import THREADS, blocks, common_dtype, cuda, cuda_floats, cuda_jit
+from .numba_cuda_memory import KernelCall, Output
 
 OVERRIDES = ("matmul", "linear", "linear_adjoint") if cuda is not None else ()
 
@@ -127,18 +119,19 @@ def _column_sum_kernel(a, out):
 
 
 # ----------------------------------------------------------------------------- host side
-def _gemm(A, B, trans_a: bool, trans_b: bool, M: int, N: int, dtype, bias=None):
-    """Launch the GEMM on device arrays (tiled, or per-element below one tile of output);
-    returns the device array C (M, N)."""
-    C = cuda.device_array((M, N), dtype=dtype)
-    b = bias if bias is not None else no_bias(dtype)
+def _gemm(call: KernelCall, A, B, trans_a: bool, trans_b: bool, M: int, N: int, dtype,
+          bias=None) -> Output:
+    """Launch the GEMM on kernel arguments (tiled, or per-element below one tile of output);
+    returns the output C (M, N)."""
+    C = call.out((M, N), dtype)
+    b = bias if bias is not None else call.placeholder(dtype)
     if M * N < TILE * TILE:
         block = (min(M, SMALL_BLOCK), min(N, SMALL_BLOCK))
         grid = (blocks(M, block[0]), blocks(N, block[1]))
-        _gemm_small_kernel[grid, block](A, B, C, trans_a, trans_b, b, bias is not None)
+        _gemm_small_kernel[grid, block](A, B, C.arg, trans_a, trans_b, b, bias is not None)
         return C
     grid = (blocks(N, TILE), blocks(M, TILE))
-    _gemm_kernel[grid, (TILE, TILE)](A, B, C, trans_a, trans_b, b, bias is not None)
+    _gemm_kernel[grid, (TILE, TILE)](A, B, C.arg, trans_a, trans_b, b, bias is not None)
     return C
 
 
@@ -151,10 +144,10 @@ def matmul(a, b):
         raise ValueError(f"`a` and `b` must be 2-D, got shapes {a.shape} and {b.shape}.")
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"`b` must have {a.shape[1]} rows (a.shape[1]), got shape {b.shape}.")
-    dtype = common_dtype(a, b)
-    C = _gemm(to_device(a, dtype), to_device(b, dtype), False, False, a.shape[0], b.shape[1],
-              dtype)
-    return C.copy_to_host()
+    call, dtype = KernelCall(a, b, names=("a", "b")), common_dtype(a, b)
+    C = _gemm(call, call.arg(a, dtype), call.arg(b, dtype), False, False, a.shape[0],
+              b.shape[1], dtype)
+    return call.result(C)
 
 
 def linear(x, W, b):
@@ -162,11 +155,11 @@ def linear(x, W, b):
     if not cuda_floats(x, W, b):
         return reference.linear(x, W, b)
     check_linear_args(x, W, b)
-    dtype = common_dtype(x, W, b)
-    bd = None if b is None else to_device(b, dtype)
-    z = _gemm(to_device(x, dtype), to_device(W, dtype), False, True, x.shape[0], W.shape[0],
-              dtype, bd)
-    return z.copy_to_host()
+    call, dtype = KernelCall(x, W, b, names=("x", "W", "b")), common_dtype(x, W, b)
+    bias = None if b is None else call.arg(b, dtype)
+    z = _gemm(call, call.arg(x, dtype), call.arg(W, dtype), False, True, x.shape[0],
+              W.shape[0], dtype, bias)
+    return call.result(z)
 
 
 def linear_adjoint(x, W, dz):
@@ -174,12 +167,12 @@ def linear_adjoint(x, W, dz):
     if not cuda_floats(x, W, dz):
         return reference.linear_adjoint(x, W, dz)
     check_linear_args(x, W, dz=dz)
-    dtype = common_dtype(x, W, dz)
-    xd, Wd, dzd = to_device(x, dtype), to_device(W, dtype), to_device(dz, dtype)
+    call, dtype = KernelCall(x, W, dz, names=("x", "W", "dz")), common_dtype(x, W, dz)
+    xd, Wd, dzd = call.arg(x, dtype), call.arg(W, dtype), call.arg(dz, dtype)
     B, K = x.shape
     C = W.shape[0]
-    dx = _gemm(dzd, Wd, False, False, B, K, dtype)  # B,K = (B,C)(C,K)
-    dW = _gemm(dzd, xd, True, False, C, K, dtype)  # C,K = (C,B)(B,K)
-    db = cuda.device_array(C, dtype=dtype)
-    _column_sum_kernel[blocks(C), THREADS](dzd, db)
-    return dx.copy_to_host(), dW.copy_to_host(), db.copy_to_host()
+    dx = _gemm(call, dzd, Wd, False, False, B, K, dtype)  # B,K = (B,C)(C,K)
+    dW = _gemm(call, dzd, xd, True, False, C, K, dtype)  # C,K = (C,B)(B,K)
+    db = call.out(C, dtype)
+    _column_sum_kernel[blocks(C), THREADS](dzd, db.arg)
+    return call.result(dx), call.result(dW), call.result(db)

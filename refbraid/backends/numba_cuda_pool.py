@@ -1,7 +1,7 @@
 """Numba CUDA kernels (backend ``"cuda"``), part 6: 2×2 and 2×2×2 pooling.
 
 Same signatures and semantics as the pooling kernels of
-:mod:`refbraid.backends.reference_spatial`; host or device arrays in, NumPy arrays out, as in
+:mod:`refbraid.backends.reference_spatial`; device arrays in, device arrays out, as in
 :mod:`refbraid.backends.numba_cuda`. Images run as (B·C, D, H, W) volumes with a depth window
 ``fd`` (2 in 3-D, 1 in 2-D; :func:`refbraid.backends.numba_cpu_pool.as_volumes`). Gather
 kernels, no atomics::
@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from . import reference_spatial
 from .numba_cpu_pool import as_volumes, check_pooled_dout
-from .numba_cuda import THREADS, blocks, cuda, cuda_floats, cuda_jit, to_device
+from .numba_cuda import THREADS, blocks, cuda, cuda_floats, cuda_jit
+from .numba_cuda_memory import KernelCall, numpy_dtype
 
 OVERRIDES = ("avgpool", "avgpool_adjoint", "maxpool", "maxpool_adjoint") if cuda is not None \
     else ()
@@ -98,34 +99,30 @@ def _maxpool_adjoint_kernel(dout, index, fd, dx):
             dx[r, d, i, j] = 0.0
 
 
-def _device_volume(a, dtype, shape):
-    return to_device(a, dtype).reshape(as_volumes(shape)[0])
-
-
 def avgpool(x):
     """2×…×2 average pooling (reference_spatial.avgpool): one thread per output."""
     if not cuda_floats(x):
         return reference_spatial.avgpool(x)
-    _, fd = as_volumes(x.shape)
+    volume, fd = as_volumes(x.shape)
     out_shape = reference_spatial.pooled_shape(x.shape)
-    dtype = x.dtype
-    out = cuda.device_array(as_volumes(out_shape)[0], dtype=dtype)
-    _avgpool_kernel[blocks(out.size), THREADS](_device_volume(x, dtype, x.shape), fd, out)
-    return out.copy_to_host().reshape(out_shape)
+    call, dtype = KernelCall(x), numpy_dtype(x)
+    out = call.out(as_volumes(out_shape)[0], dtype)
+    _avgpool_kernel[blocks(out.arg.size), THREADS](call.arg(x, dtype, volume), fd, out.arg)
+    return call.result(out, out_shape)
 
 
 def maxpool(x):
     """2×…×2 max pooling (reference_spatial.maxpool): (out, index), one thread per output."""
     if not cuda_floats(x):
         return reference_spatial.maxpool(x)
-    _, fd = as_volumes(x.shape)
+    volume, fd = as_volumes(x.shape)
     out_shape = reference_spatial.pooled_shape(x.shape)
-    vol = as_volumes(out_shape)[0]
-    out = cuda.device_array(vol, dtype=x.dtype)
-    index = cuda.device_array(vol, dtype="int64")
-    _maxpool_kernel[blocks(out.size), THREADS](_device_volume(x, x.dtype, x.shape), fd, out,
-                                               index)
-    return out.copy_to_host().reshape(out_shape), index.copy_to_host().reshape(out_shape)
+    call, dtype = KernelCall(x), numpy_dtype(x)
+    out, index = call.out(as_volumes(out_shape)[0], dtype), call.out(as_volumes(out_shape)[0],
+                                                                    "int64")
+    _maxpool_kernel[blocks(out.arg.size), THREADS](call.arg(x, dtype, volume), fd, out.arg,
+                                                   index.arg)
+    return call.result(out, out_shape), call.result(index, out_shape)
 
 
 def avgpool_adjoint(dout, in_shape):
@@ -133,11 +130,12 @@ def avgpool_adjoint(dout, in_shape):
     if not cuda_floats(dout):
         return reference_spatial.avgpool_adjoint(dout, in_shape)
     check_pooled_dout(dout, in_shape)
-    vol, fd = as_volumes(tuple(in_shape))
-    dx = cuda.device_array(vol, dtype=dout.dtype)
-    _avgpool_adjoint_kernel[blocks(dx.size), THREADS](
-        _device_volume(dout, dout.dtype, dout.shape), fd, dx)
-    return dx.copy_to_host().reshape(tuple(in_shape))
+    volume, fd = as_volumes(tuple(in_shape))
+    call, dtype = KernelCall(dout), numpy_dtype(dout)
+    dx = call.out(volume, dtype)
+    _avgpool_adjoint_kernel[blocks(dx.arg.size), THREADS](
+        call.arg(dout, dtype, as_volumes(dout.shape)[0]), fd, dx.arg)
+    return call.result(dx, tuple(in_shape))
 
 
 def maxpool_adjoint(dout, index, in_shape):
@@ -148,9 +146,10 @@ def maxpool_adjoint(dout, index, in_shape):
     if tuple(index.shape) != tuple(dout.shape):
         raise ValueError(f"`index` must have the shape of `dout` {tuple(dout.shape)}, got "
                          f"{tuple(index.shape)}.")
-    vol, fd = as_volumes(tuple(in_shape))
-    dx = cuda.device_array(vol, dtype=dout.dtype)
-    _maxpool_adjoint_kernel[blocks(dx.size), THREADS](
-        _device_volume(dout, dout.dtype, dout.shape),
-        _device_volume(index, index.dtype, index.shape), fd, dx)
-    return dx.copy_to_host().reshape(tuple(in_shape))
+    volume, fd = as_volumes(tuple(in_shape))
+    call, dtype = KernelCall(dout, index, names=("dout", "index")), numpy_dtype(dout)
+    dx = call.out(volume, dtype)
+    pooled = as_volumes(dout.shape)[0]
+    _maxpool_adjoint_kernel[blocks(dx.arg.size), THREADS](
+        call.arg(dout, dtype, pooled), call.arg(index, numpy_dtype(index), pooled), fd, dx.arg)
+    return call.result(dx, tuple(in_shape))

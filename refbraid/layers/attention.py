@@ -57,6 +57,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..backends.dtypes import dtype_kind
 from ..backends.portable import arange_on, contiguous
 from ..backends.reference import array_namespace
 from .init import check_adjoint, check_dtype, check_positive_int, uniform_fan_in
@@ -175,7 +176,7 @@ class MultiheadAttention:
         else:
             m, S = x, x.shape[1]
         kpm = params.get("key_padding_mask")
-        if kpm is not None and (kpm.dtype != bool or tuple(kpm.shape) != (B, S)):
+        if kpm is not None and (dtype_kind(kpm.dtype) != "b" or tuple(kpm.shape) != (B, S)):
             raise ValueError(f"`key_padding_mask` must be a bool array of shape ({B}, {S}), "
                              f"got {kpm.dtype} {tuple(kpm.shape)}.")
         return m, S, kpm

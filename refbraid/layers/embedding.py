@@ -25,7 +25,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..backends.dtypes import dtype_kind, numpy_dtype
-from ..backends.host import to_host
+from ..backends.host import host_range
 from .init import check_adjoint, check_positive_int
 
 POSITIONAL = ("sinusoidal", "learned")
@@ -86,8 +86,9 @@ class TokenEmbedding:
             raise TypeError(f"`x` must be an integer array of token ids, got dtype {dtype}.")
         if x.ndim != 2 or x.shape[1] != self.seq_len:
             raise ValueError(f"`x` must have shape (batch, {self.seq_len}), got {tuple(x.shape)}.")
-        tokens = to_host(x)  # the ids are checked on the host
-        lo, hi = int(tokens.min()), int(tokens.max())
+        if x.size == 0:
+            return
+        lo, hi = host_range(x)  # reduced on the device: two ids come to the host
         if lo < 0 or hi >= self.vocab_size:
             raise ValueError(f"`x` token ids must lie in [0, {self.vocab_size}), got range "
                              f"[{lo}, {hi}].")

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.dtypes import dtype_kind
-from ..backends.host import all_finite, to_host
+from ..backends.host import first_non_finite, to_host
 from ..backends.reference import array_namespace
 from ..layers.init import NonFiniteError
 
@@ -63,9 +63,10 @@ def _check_grads(params: Params, grads: Params) -> None:
         if tuple(g.shape) != tuple(p.shape):
             raise ValueError(f"`grads[{k!r}]` has shape {tuple(g.shape)}, the parameter "
                              f"has {tuple(p.shape)}.")
-        if dtype_kind(g.dtype) in "fc" and not all_finite(g):
-            raise NonFiniteError(f"`grads[{k!r}]` must be finite, got NaN or infinite "
-                                 f"values; the step was not applied.")
+    bad = first_non_finite((k, g) for k, g in grads.items() if dtype_kind(g.dtype) in "fc")
+    if bad is not None:  # one copy to the host for every gradient's flag
+        raise NonFiniteError(f"`grads[{bad!r}]` must be finite, got NaN or infinite "
+                             f"values; the step was not applied.")
 
 
 class Optimizer:

@@ -19,10 +19,11 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ..backends import Backend, get_backend, require_usable
+from ..backends import Backend, get_backend, require_usable, with_host_arrays
 from ..data import Dataset, load_dataset
 from ..network import Network, init_params, to_backend
 from ..parallel.faults import root_decides
+from ..parallel.mpi import world_size
 from .atomic import save_figure, write_json
 from .buffers import restore_buffers
 from .checkpoint import check_params_match, load_checkpoint
@@ -41,6 +42,8 @@ def setup(config: TrainConfig) -> tuple[Network, Dataset, TrainState, Backend]:
     """Data, network, initial (or resumed) state and backend for ``config``."""
     require_usable(config.backend)
     bk = get_backend(config.backend)
+    if world_size() > 1:  # the MPI trainers send host arrays: cuda kernels copy in and out
+        bk = with_host_arrays(bk)
     data = load_dataset(config.data, data_dir=config.data_dir, n_samples=config.samples,
                         seed=config.seed, val_fraction=config.val_fraction).astype(config.dtype)
     try:
