@@ -2,7 +2,8 @@
 resumes in one process and the reverse, bit-identical to an uninterrupted single-process run
 (pure layer parallelism over 3 ranks: N = 8 fine steps, 4 coarse intervals, uneven blocks);
 with ``--batch-norm`` the MPI run's parameters and history (whose accuracies are measured with
-the running statistics) equal the single-process run's."""
+the running statistics) equal the single-process run's, and an MPI checkpoint's running
+statistics resume in one process bit for bit."""
 
 from pathlib import Path
 
@@ -53,3 +54,13 @@ def test_conv_stages_checkpoints_resume_across_mpi_and_one_process(tmp_path):
     assert main([*FLAGS, *bn, *out("bn-one")]) == 0
     mpi(*bn, *out("bn-mpi"))
     _same_run(ckpt("bn-mpi"), ckpt("bn-one"), "batch norm")
+    # batch norm's running statistics travel in the checkpoint: MPI epoch 1, one process epoch 2
+    bn1 = [a if a != "2" else "1" for a in bn]
+    mpi(*bn1, *out("bn-mpi-1"))
+    assert main([*FLAGS, *bn, "--resume", str(tmp_path / "bn-mpi-1"),
+                 *out("bn-mpi-then-one")]) == 0
+    got, want = ckpt("bn-mpi-then-one"), ckpt("bn-one")
+    _same_run(got, want, "batch norm resumed")
+    assert want.buffers and set(got.buffers) == set(want.buffers)
+    for k in want.buffers:
+        np.testing.assert_array_equal(got.buffers[k], want.buffers[k], err_msg=k)
