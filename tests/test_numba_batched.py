@@ -11,7 +11,7 @@ import pytest
 
 import refbraid.layer_parallel as lp
 from refbraid import Network, get_backend, init_params
-from refbraid.backends import numba_cpu_batched
+from refbraid.backends import numba_cpu_batched, with_host_arrays
 from refbraid.layer_parallel import LayerParallelSettings, layer_parallel_gradient
 from refbraid.layers import Classifier, DenseLift, DenseStep
 
@@ -118,7 +118,7 @@ def test_cuda_batched_step_equals_cuda_per_step(shape, act, dtype):
     from refbraid.backends import numba_cuda_batched
 
     k, B, C = shape
-    bk = get_backend("cuda")
+    bk = with_host_arrays(get_backend("cuda"))  # NumPy arrays: the batched kernels' case
     rng = np.random.default_rng(6)
     layer = DenseStep(C, act)
     params, Y, dY, h = _stack(rng, k=k, B=B, C=C, dtype=dtype)
@@ -148,9 +148,10 @@ def test_layer_parallel_gradient_on_cuda_is_bit_identical_batched_or_not(monkeyp
     x, y = rng.standard_normal((3, 3)), rng.integers(0, 3, 3)
     settings = LayerParallelSettings.with_iterations(1, 1, levels=2, cfactor=2, min_coarse=1)
     assert not lp.batchable(net, get_backend("cuda"))
-    loss_p, g_p, _ = layer_parallel_gradient(net, params, x, y, settings, bk="cuda")
+    bk = with_host_arrays(get_backend("cuda"))  # NumPy arrays: the batched kernels' case
+    loss_p, g_p, _ = layer_parallel_gradient(net, params, x, y, settings, bk=bk)
     monkeypatch.setattr(lp, "batchable", lambda net, bk: True)
-    loss_b, g_b, _ = layer_parallel_gradient(net, params, x, y, settings, bk="cuda")
+    loss_b, g_b, _ = layer_parallel_gradient(net, params, x, y, settings, bk=bk)
     assert loss_b == loss_p
     for k in g_p:
         np.testing.assert_array_equal(g_b[k], g_p[k], err_msg=k)

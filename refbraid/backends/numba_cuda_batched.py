@@ -21,8 +21,10 @@ Not switched on in :func:`refbraid.layer_parallel.batchable` for cuda: the backe
 is that every host↔device copy happens inside a catalogued kernel
 (:data:`refbraid.backends.KERNELS`, counted by tests/test_cudasim_training_step.py), so the
 batched step would first have to become a catalogue entry with a reference version and test
-cases; and whether it pays needs a GPU to measure. :meth:`DenseStep.forward_batched` /
-``adjoint_batched`` use it on the cuda backend.
+cases; and whether it pays needs a GPU to measure. These kernels take NumPy arrays (the
+backend's host-array mode, :func:`refbraid.backends.with_host_arrays`; the copies are
+:class:`~refbraid.backends.numba_cuda_memory.KernelCall`'s); on the device-resident arrays
+:meth:`DenseStep.forward_batched` / ``adjoint_batched`` run the array-API code.
 
 Shape legend: k rows, B batch, C width; op(A) is A or Aᵀ per row.
 """
@@ -40,10 +42,9 @@ from .numba_cuda import (
     blocks,
     cuda,
     cuda_jit,
-    no_bias,
-    to_device,
 )
 from .numba_cuda_dense import SMALL_BLOCK, TILE
+from .numba_cuda_memory import KernelCall, Output
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -143,32 +144,37 @@ def _column_sums_kernel(S, out):
 
 
 # ----------------------------------------------------------------------------- host side
-def _gemm(A, B, trans_a: bool, trans_b: bool, k: int, M: int, N: int, dtype, bias=None):
-    """k GEMMs in one launch on device arrays (tiled, or per element below one tile of
-    output per row: the per-step rule); returns the device array C (k, M, N)."""
-    C = cuda.device_array((k, M, N), dtype=dtype)
-    b = bias if bias is not None else no_bias(dtype).reshape(1, 1)
+def _gemm(call: KernelCall, A, B, trans_a: bool, trans_b: bool, k: int, M: int, N: int, dtype,
+          bias=None) -> Output:
+    """k GEMMs in one launch on kernel arguments (tiled, or per element below one tile of
+    output per row: the per-step rule); returns the output C (k, M, N)."""
+    C = call.out((k, M, N), dtype)
+    b = bias if bias is not None else call.placeholder(dtype, 2)
     if M * N < TILE * TILE:
         block = (min(M, SMALL_BLOCK), min(N, SMALL_BLOCK))
         grid = (blocks(M, block[0]), blocks(N, block[1]), k)
-        _gemm_batched_small_kernel[grid, block](A, B, C, trans_a, trans_b, b, bias is not None)
+        _gemm_batched_small_kernel[grid, block](A, B, C.arg, trans_a, trans_b, b,
+                                                bias is not None)
         return C
     grid = (blocks(N, TILE), blocks(M, TILE), k)
-    _gemm_batched_kernel[grid, (TILE, TILE)](A, B, C, trans_a, trans_b, b, bias is not None)
+    _gemm_batched_kernel[grid, (TILE, TILE)](A, B, C.arg, trans_a, trans_b, b, bias is not None)
     return C
 
 
 def dense_forward_batched(Y, W, b, h, act: str):
-    """(Y_next, Z) of k dense steps (module docstring); host arrays in and out."""
+    """(Y_next, Z) of k dense steps (module docstring); host arrays in and out (the
+    copies are :class:`KernelCall`'s)."""
     dtype = Y.dtype
     k, B, C = Y.shape
-    Yd = to_device(Y, dtype)
-    Zd = _gemm(Yd, to_device(W, dtype), False, True, k, B, C, dtype, to_device(b, dtype))
-    hd = cuda.to_device(np.ascontiguousarray(h, dtype=np.float64))  # float(h), as per step
-    out = cuda.device_array(k * B * C, dtype=dtype)
-    _euler_rows_kernel[blocks(out.size), THREADS](Yd.reshape(out.size), Zd.reshape(out.size),
-                                                  hd, B * C, activation_code(act), out)
-    return out.copy_to_host().reshape(Y.shape), Zd.copy_to_host()
+    n = k * B * C
+    call = KernelCall(Y, W, b, names=("Y", "W", "b"))
+    Z = _gemm(call, call.arg(Y, dtype), call.arg(W, dtype), False, True, k, B, C, dtype,
+              call.arg(b, dtype))
+    hd = call.arg(np.asarray(h, dtype=np.float64), np.float64)  # float(h), as per step
+    out = call.out(n, dtype)
+    _euler_rows_kernel[blocks(n), THREADS](call.arg(Y, dtype, (n,)), Z.arg.reshape(n), hd,
+                                           B * C, activation_code(act), out.arg)
+    return call.result(out, Y.shape), call.result(Z)
 
 
 def dense_adjoint_batched(Y, Z, dY_next, W, h, act: str, grads: bool = True):
@@ -176,16 +182,17 @@ def dense_adjoint_batched(Y, Z, dY_next, W, h, act: str, grads: bool = True):
     dtype = Y.dtype
     k, B, C = Y.shape
     n = k * B * C
-    A = cuda.device_array(n, dtype=dtype)
-    _activation_adjoint_kernel[blocks(n), THREADS](to_device(Z, dtype).reshape(n),
-                                                   to_device(dY_next, dtype).reshape(n),
-                                                   activation_code(act), A)
-    S = np.asarray(h, dtype=dtype)[:, None, None] * A.copy_to_host().reshape(Y.shape)
-    Sd, Wd = to_device(S, dtype), to_device(W, dtype)
-    dY = dY_next + _gemm(Sd, Wd, False, False, k, B, C, dtype).copy_to_host()
+    call = KernelCall(Y, Z, dY_next, W, names=("Y", "Z", "dY_next", "W"))
+    A = call.out(n, dtype)
+    _activation_adjoint_kernel[blocks(n), THREADS](call.arg(Z, dtype, (n,)),
+                                                   call.arg(dY_next, dtype, (n,)),
+                                                   activation_code(act), A.arg)
+    S = np.asarray(h, dtype=dtype)[:, None, None] * call.result(A, Y.shape)
+    Sd, Wd = call.arg(S, dtype), call.arg(W, dtype)
+    dY = dY_next + call.result(_gemm(call, Sd, Wd, False, False, k, B, C, dtype))
     if not grads:
         return dY, None
-    dW = _gemm(Sd, to_device(Y, dtype), True, False, k, C, C, dtype)
-    db = cuda.device_array((k, C), dtype=dtype)
-    _column_sums_kernel[blocks(k * C), THREADS](Sd, db)
-    return dY, {"W": dW.copy_to_host(), "b": db.copy_to_host()}
+    dW = _gemm(call, Sd, call.arg(Y, dtype), True, False, k, C, C, dtype)
+    db = call.out((k, C), dtype)
+    _column_sums_kernel[blocks(k * C), THREADS](Sd, db.arg)
+    return dY, {"W": call.result(dW), "b": call.result(db)}
