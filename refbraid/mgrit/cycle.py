@@ -210,7 +210,11 @@ class Cycler:
     def coarse_correction(self, ell: int, r, kind: str) -> None:
         """FAS restriction to ℓ+1, coarse cycle(s), interpolation, correction of level ℓ."""
         s, c = self.states[ell], self.states[ell + 1]
-        v = self.to_coarse(ell, restrict(s.u, s.c_pos))
+        # v = u_ℓ[C]: a view of the C-rows where it can be (NumPy, evenly spaced C-points),
+        # not a gathered copy. Safe: nothing writes u_ℓ until `correct` has read v (the
+        # coarse cycle works on level ℓ+1's own arrays, c.u is a copy, the ghost travels as
+        # a copy), and `correct` forms w - v before it adds to u_ℓ[C].
+        v = self.to_coarse(ell, rows_view(s.u, s.c_pos))
         ghost_v = exchange_ghost(self.comm, v[-1, ...])
         c.g = fas_rhs(self.to_coarse(ell, r), v, c.points, c.step, ghost_v, c.ghost_point,
                       self._propagate)

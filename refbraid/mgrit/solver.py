@@ -47,7 +47,7 @@ from .cycle import Cycler, build_states
 from .grid import build_hierarchy
 from .problem import Problem, as_problem, from_fine_order, rhs_solver_order, stacked
 from .record import IterationRecord, LevelVisit, MGRITResult
-from .relax import copy, set_rows, take_rows
+from .relax import copy, rows_view, set_rows, take_rows
 from .settings import MGRITSettings
 
 _COMM_METHODS = ("send_next", "recv_prev", "allreduce_sum", "gather", "reverted")
@@ -206,7 +206,7 @@ def final_c_relax(u, c_pos, r):
     ``c_pos``, from the residual ``r`` the measurement computed (no step is applied again).
     The F-point after each C-point keeps its value (it was stepped from the old ``u[c]``), as
     in XBraid, whose final relaxation ends with the C-sweep. Modifies ``u`` in place."""
-    return set_rows(u, c_pos, take_rows(u, c_pos) + r, inplace=True)
+    return set_rows(u, c_pos, rows_view(u, c_pos) + r, inplace=True)  # the sum is a new array
 
 
 def solve(
