@@ -100,8 +100,14 @@ class DenseStep:
         if fused is not None:  # h as its backend's per-step path takes it
             return fused.dense_forward_batched(Y, params["W"], params["b"], h, self.activation)
         h = asarray_on(Y, h, dtype=Y.dtype)[:, None, None]  # as a Python float h is: Y's dtype
-        Z = xp.matmul(Y, xp.permute_dims(params["W"], (0, 2, 1))) + params["b"][:, None, :]  # k,B,C
-        return Y + h * bk.activation(Z, self.activation), Z
+        Z = xp.matmul(Y, xp.permute_dims(params["W"], (0, 2, 1)))  # k,B,C
+        Z += params["b"][:, None, :]
+        # Y + h σ(Z), updating the fresh σ(Z) in place (h σ, then + Y: the same two roundings
+        # as the expression, one (k, B, C) temporary fewer per call)
+        out = bk.activation(Z, self.activation)
+        out *= h
+        out += Y
+        return out, Z
 
     def adjoint_batched(self, params, Y, Z, dY_next, h, bk, grads: bool = True):
         """:meth:`adjoint` of k steps at once: ``S = h σ'(Z) ⊙ dY_next``, ``dY = dY_next + S W``,
@@ -112,8 +118,10 @@ class DenseStep:
             return fused.dense_adjoint_batched(Y, Z, dY_next, params["W"], h, self.activation,
                                                grads)
         h = asarray_on(dY_next, h, dtype=dY_next.dtype)[:, None, None]
-        S = h * bk.activation_adjoint(Z, dY_next, self.activation)  # k,B,C
-        dY = dY_next + xp.matmul(S, params["W"])
+        S = bk.activation_adjoint(Z, dY_next, self.activation)  # k,B,C, a fresh array
+        S *= h  # h σ'(Z) ⊙ dY_next
+        dY = xp.matmul(S, params["W"])
+        dY += dY_next  # dY_next + S W (addition commutes exactly: the same bits)
         if not grads:
             return dY, None
         return dY, {"W": xp.matmul(xp.permute_dims(S, (0, 2, 1)), Y), "b": xp.sum(S, axis=1)}
