@@ -25,3 +25,16 @@ def even_slice(positions) -> slice | None:
     if stride < 1 or pos != list(range(first, last + 1, stride)):
         return None
     return slice(first, last + 1, stride)
+
+
+def signed_even_slice(positions) -> slice | None:
+    """:func:`even_slice`, also for evenly spaced *decreasing* positions (a negative stride:
+    ``slice(p_0, p_last - 1, -stride)``, with stop None when that would be -1)."""
+    pos = positions.tolist() if isinstance(positions, np.ndarray) else list(positions)
+    if len(pos) < 2 or int(pos[1]) > int(pos[0]):
+        return even_slice(pos)
+    up = even_slice(pos[::-1])
+    if up is None:
+        return None
+    first, last = int(pos[0]), int(pos[-1])
+    return slice(first, last - 1 if last > 0 else None, -up.step)

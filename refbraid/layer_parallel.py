@@ -52,6 +52,7 @@ from .network import (
     stacked_rows,
 )
 from .relative_error import relative_gradient_error  # noqa: F401  (re-exported)
+from .step_caches import cached_stacks, remember
 
 
 def _default_forward() -> MGRITSettings:
@@ -200,6 +201,7 @@ class CachingForward(ForwardPropagator):
     def __init__(self, net: Network, steps: dict[str, Any], bk: Backend):
         super().__init__(net, steps, bk)
         object.__setattr__(self, "caches", {})
+        object.__setattr__(self, "origins", {})  # layer -> batched call (step_caches.py)
 
     def step(self, y, start: int, stop: int):
         if stop - start != 1:
@@ -207,6 +209,7 @@ class CachingForward(ForwardPropagator):
         y_next, cache = self.net.step.forward(layer_params(self.steps, start), y, self.net.h,
                                               self.bk)
         self.caches[start] = cache
+        self.origins.pop(start, None)
         return y_next
 
     def _steps_at_once(self, Y, starts, stops):
@@ -217,6 +220,7 @@ class CachingForward(ForwardPropagator):
         Y_next, Z = self.net.step.forward_batched(theta, Y, h, self.bk)
         for j, a in enumerate(starts.tolist()):
             self.caches[a] = (Y[j], Z[j])  # the cache step.forward(θ_a, y[a], h) returns
+        remember(self.origins, starts.tolist(), Y, Z)
         return Y_next
 
 
@@ -233,9 +237,10 @@ class CapturingAdjoint(AdjointPropagator):
     """
 
     def __init__(self, net: Network, steps: dict[str, Any], states, caches: dict[int, Any],
-                 bk: Backend, restriction: str = "average"):
+                 bk: Backend, restriction: str = "average", origins: dict | None = None):
         super().__init__(net, steps, states, bk, restriction)
         object.__setattr__(self, "caches", caches)
+        object.__setattr__(self, "origins", {} if origins is None else origins)
         object.__setattr__(self, "grads", {})
         object.__setattr__(self, "counts", {"cache_hits": 0, "recomputed": 0})
 
@@ -261,8 +266,7 @@ class CapturingAdjoint(AdjointPropagator):
         if any(a not in self.caches for a in layers):  # a block's first step (MPI): per step
             return self.bk.xp.stack([self.step(L[j], a + 1, a) for j, a in enumerate(layers)])
         theta = layers_params(self.steps, stops, self.bk)
-        Y = self.bk.xp.stack([self.caches[a][0] for a in layers])  # k,*S
-        Z = self.bk.xp.stack([self.caches[a][1] for a in layers])
+        Y, Z = cached_stacks(self.caches, self.origins, layers, self.bk.xp)  # k,*S each
         h = np.full(len(layers), self.net.h)
         L_prev, d = self.net.step.adjoint_batched(theta, Y, Z, L, h, self.bk, grads=True)
         for j, a in enumerate(layers):
@@ -381,7 +385,8 @@ def layer_parallel_gradient(
     dlogits = bk.softmax_cross_entropy_adjoint(probs, labels, 1.0)
     lam_N, dclose = net.closing.adjoint(group(params, "closing"), close_cache, dlogits, bk)
     restriction = settings.spatial.restriction if settings.spatial else "average"
-    adjoint = CapturingAdjoint(net, steps, states, forward.caches, bk, restriction)
+    adjoint = CapturingAdjoint(net, steps, states, forward.caches, bk, restriction,
+                               forward.origins)
     bwd = solve(Problem(adjoint, lam_N, net.n_layers, direction="backward",
                         transfer=settings.backward_transfer), settings.backward)
     adjoints = bwd.solution  # (N + 1, *S), fine order

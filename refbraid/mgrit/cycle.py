@@ -251,7 +251,9 @@ class Cycler:
         """Cold-start initial guess from the coarsest grid up (see module docstring)."""
         st = self.states
         for ell in range(len(st) - 1):
-            st[ell + 1].g = self.to_coarse(ell, restrict(st[ell].g, st[ell].c_pos))
+            # g_ℓ[C] as a view where it can be: no level's g is ever written in place (the
+            # coarse correction assigns a fresh FAS right-hand side), u_ℓ[C] stays a copy
+            st[ell + 1].g = self.to_coarse(ell, rows_view(st[ell].g, st[ell].c_pos))
             st[ell + 1].u = self.to_coarse(ell, restrict(st[ell].u, st[ell].c_pos))
         self.solve_coarsest()
         spatial = st[0].step.problem.transfer is not None
