@@ -1,0 +1,67 @@
+"""The adjoint's stacks of forward caches as views of one batched call (refbraid/step_caches.py)."""
+
+import numpy as np
+import pytest
+
+import refbraid.layer_parallel as lp
+from refbraid import Network, init_params
+from refbraid.indexing import signed_even_slice
+from refbraid.layers import Classifier, DenseLift, DenseStep
+from refbraid.step_caches import cached_stacks, remember
+
+
+@pytest.mark.parametrize("pos", [[7, 5, 3, 1], [6, 4, 2, 0], [3], [0, 1, 2], [1, 5, 9], [],
+                                 [5, 3, 2], [2, 2], [0, 2, 1]])
+def test_signed_even_slice_reads_the_same_rows(pos):
+    sl = signed_even_slice(pos)
+    a = np.arange(12)
+    steps = np.diff(pos).tolist()
+    even = len(set(steps)) <= 1 and 0 not in steps
+    assert (sl is not None) == even
+    if sl is not None:
+        assert a[sl].tolist() == list(pos)
+
+
+def test_cached_stacks_views_and_fallback():
+    rng = np.random.default_rng(0)
+    Y, Z = rng.standard_normal((4, 3, 2)), rng.standard_normal((4, 3, 2))
+    caches, origins = {}, {}
+    layers = [8, 12, 16, 20]
+    for j, a in enumerate(layers):
+        caches[a] = (Y[j], Z[j])
+    remember(origins, layers, Y, Z)
+    for rows in ([20, 16, 12], [8, 16], [12]):
+        y, z = cached_stacks(caches, origins, rows, np)
+        assert y.base is not None and z.base is not None  # views
+        np.testing.assert_array_equal(y, np.stack([caches[a][0] for a in rows]))
+        np.testing.assert_array_equal(z, np.stack([caches[a][1] for a in rows]))
+    caches[99] = (Y[0] + 1, Z[0] + 1)  # a cache from a per-step call: no origin
+    y, z = cached_stacks(caches, origins, [8, 99], np)
+    np.testing.assert_array_equal(y, np.stack([Y[0], Y[0] + 1]))
+    y, _ = cached_stacks(caches, origins, [8, 16, 12], np)  # uneven: stacked
+    np.testing.assert_array_equal(y, np.stack([Y[0], Y[2], Y[1]]))
+
+
+@pytest.mark.parametrize("N", [32, 100])
+def test_gradient_bit_identical_to_stacked_caches(N, monkeypatch):
+    net = Network(DenseLift(2, 8), DenseStep(8, "tanh"), Classifier((8,), 3), N, 3.0)
+    params = init_params(net, 0)
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((5, 2)), rng.integers(0, 3, 5)
+    views = []
+    real = lp.cached_stacks
+
+    def spy(caches, origins, layers, xp):
+        out = real(caches, origins, layers, xp)
+        views.append(out[0].base is not None)
+        return out
+
+    monkeypatch.setattr(lp, "cached_stacks", spy)
+    loss, g, _ = lp.layer_parallel_gradient(net, params, x, y)
+    assert views and all(views)  # TorchBraid's settings: every sweep finds one batched call
+    monkeypatch.setattr(lp, "cached_stacks", lambda c, o, layers, xp: (
+        xp.stack([c[a][0] for a in layers]), xp.stack([c[a][1] for a in layers])))
+    loss_s, g_s, _ = lp.layer_parallel_gradient(net, params, x, y)
+    assert loss == loss_s
+    for k in g:
+        np.testing.assert_array_equal(g[k], g_s[k])
