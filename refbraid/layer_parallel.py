@@ -48,10 +48,11 @@ from .network import (
     layer_params,
     layers_params,
     row,
+    set_rows_from,
     stacked_rows,
 )
 from .relative_error import relative_gradient_error  # noqa: F401  (re-exported)
-from .step_caches import cached_stacks, fill_gradient_rows, remember
+from .step_caches import cached_stacks, remember
 
 
 def _default_forward() -> MGRITSettings:
@@ -240,7 +241,6 @@ class CapturingAdjoint(AdjointPropagator):
         super().__init__(net, steps, states, bk, restriction)
         object.__setattr__(self, "caches", caches)
         object.__setattr__(self, "origins", {} if origins is None else origins)
-        object.__setattr__(self, "grad_origins", {})  # layer -> (batched ∂θ, row)
         object.__setattr__(self, "grads", {})
         object.__setattr__(self, "counts", {"cache_hits": 0, "recomputed": 0})
 
@@ -257,7 +257,6 @@ class CapturingAdjoint(AdjointPropagator):
         lam_prev, dtheta = self.net.step.adjoint(theta, cache, lam, self.net.h, self.bk,
                                                  grads=True)
         self.grads[stop] = dtheta
-        self.grad_origins.pop(stop, None)
         return lam_prev
 
     def _steps_at_once(self, L, starts, stops):
@@ -272,7 +271,6 @@ class CapturingAdjoint(AdjointPropagator):
         L_prev, d = self.net.step.adjoint_batched(theta, Y, Z, L, h, self.bk, grads=True)
         for j, a in enumerate(layers):
             self.grads[a] = {k: v[j] for k, v in d.items()}
-            self.grad_origins[a] = (d, j)
         self.counts["cache_hits"] += len(layers)
         return L_prev
 
@@ -327,7 +325,9 @@ def captured_gradient(adjoint: CapturingAdjoint, steps: dict[str, Any], layers) 
     if missing:  # cannot happen: the final relaxation makes every fine adjoint step
         raise RuntimeError(f"no captured gradient for layers {missing[:8]}.")
     dsteps = {k: adjoint.bk.xp.zeros_like(v) for k, v in steps.items()}
-    fill_gradient_rows(dsteps, [int(a) for a in layers], adjoint.grads, adjoint.grad_origins)
+    rows = [int(a) for a in layers]
+    for k, v in dsteps.items():
+        set_rows_from(v, rows, [adjoint.grads[a][k] for a in rows])
     return dsteps
 
 

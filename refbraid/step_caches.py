@@ -41,28 +41,3 @@ def cached_stacks(caches: dict[int, Any], origins: dict[int, tuple[Any, Any, int
             return head[0][rows, ...], head[1][rows, ...]
     return (xp.stack([caches[a][0] for a in layers]),
             xp.stack([caches[a][1] for a in layers]))
-
-
-def fill_gradient_rows(out: dict[str, Any], rows: list[int], grads: dict[int, dict],
-                       origins: dict[int, tuple[dict, int]]) -> None:
-    """``out[k][a] = grads[a][k]`` for every layer a in ``rows``: one assignment per batched
-    adjoint call and parameter (its rows ``origins[a] = (d, j)``: ``grads[a][k]`` is
-    ``d[k][j]``) into NumPy arrays, the other rows one by one. The same numbers as row by
-    row (each row is copied from where it lies)."""
-    groups: dict[int, tuple[dict, list[int], list[int]]] = {}
-    rest = []
-    numpy_out = all(isinstance(v, np.ndarray) for v in out.values())
-    for a in rows:
-        origin = origins.get(a) if numpy_out else None
-        if origin is None:
-            rest.append(a)
-            continue
-        group = groups.setdefault(id(origin[0]), (origin[0], [], []))
-        group[1].append(a)
-        group[2].append(origin[1])
-    for d, layers, js in groups.values():
-        for k, v in out.items():
-            v[layers] = d[k][js]
-    for a in rest:
-        for k, v in out.items():
-            v[a, ...] = grads[a][k]

@@ -65,22 +65,3 @@ def test_gradient_bit_identical_to_stacked_caches(N, monkeypatch):
     assert loss == loss_s
     for k in g:
         np.testing.assert_array_equal(g[k], g_s[k])
-
-
-def test_fill_gradient_rows_batched_and_single_rows():
-    from refbraid.step_caches import fill_gradient_rows
-    rng = np.random.default_rng(2)
-    d1 = {"W": rng.standard_normal((3, 2, 2)), "b": rng.standard_normal((3, 2))}
-    d2 = {"W": rng.standard_normal((2, 2, 2)), "b": rng.standard_normal((2, 2))}
-    grads, origins = {}, {}
-    for j, a in enumerate([6, 4, 2]):
-        grads[a], origins[a] = {k: v[j] for k, v in d1.items()}, (d1, j)
-    for j, a in enumerate([5, 1]):
-        grads[a], origins[a] = {k: v[j] for k, v in d2.items()}, (d2, j)
-    grads[3] = {"W": rng.standard_normal((2, 2)), "b": rng.standard_normal(2)}  # per step
-    rows = [1, 2, 3, 4, 5, 6]
-    out = {"W": np.zeros((7, 2, 2)), "b": np.zeros((7, 2))}
-    fill_gradient_rows(out, rows, grads, origins)
-    for k in out:
-        np.testing.assert_array_equal(out[k][rows], np.stack([grads[a][k] for a in rows]))
-        assert not out[k][0].any()
