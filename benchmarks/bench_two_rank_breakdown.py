@@ -41,6 +41,11 @@ with the serial step work N·(fine fwd + fine adj) at the step costs traced in t
 
 and name the largest, i.e. the category that keeps 2 ranks above serial, in ms. On a shared
 machine the numbers are only indicative (the load is printed); rerun on an idle one.
+
+``--profile DIR`` then profiles ``--profile-steps`` more steps with cProfile, one file per
+rank and dtype (``DIR/prof.<dtype>.serial`` for the serial step, ``DIR/prof.<dtype>.<rank>``
+for the ranks), and prints each rank's time split by the part of refbraid that owns it
+(:mod:`profile_split`): the step kernels, the MGRIT solver's bookkeeping, MPI, the glue.
 """
 
 from __future__ import annotations
@@ -129,6 +134,7 @@ def worker(spec: dict) -> None:
             res["serial_s"] = _median_step(serial, repeat)
             res.update(_unit_costs(net, params, x, bk))
             res["state_bytes"] = int(x.shape[0] * np.prod(net.step.state_shape) * x.itemsize)
+            _profile(spec, serial, f"prof.{dtype}.serial")
         grad = distributed_gradient(net, LayerParallelSettings(), bk)
         tr = ShardedTrainer(grad, params, make_optimizer("adam", 1e-4))
         res["lp_s"] = _median_step(lambda tr=tr, x=x, y=y: tr.step(x, y), repeat, world)
@@ -149,8 +155,24 @@ def worker(spec: dict) -> None:
         mine["iterations"] = [solves["forward"].iterations, solves["backward"].iterations]
         mine["recomputed"] = solves.get("recomputed", 0)
         res["per_rank"] = world.gather(mine, root=0)
+        world.Barrier()
+        _profile(spec, lambda tr=tr, x=x, y=y: tr.step(x, y), f"prof.{dtype}.{rank}")
         if rank == 0:
             print(TAG + json.dumps(res), flush=True)
+
+
+def _profile(spec: dict, step, name: str) -> None:
+    """``--profile``: cProfile ``--profile-steps`` calls of ``step`` into DIR/name."""
+    if not spec.get("profile"):
+        return
+    import cProfile
+
+    prof = cProfile.Profile(time.process_time)  # CPU time: a descheduled rank charges nothing
+    prof.enable()
+    for _ in range(spec["profile_steps"]):
+        step()
+    prof.disable()
+    prof.dump_stats(str(Path(spec["profile"]) / name))
 
 
 # ----------------------------------------------------------------------------- the driver
@@ -266,12 +288,19 @@ def main(argv=None) -> int:
                     choices=("float64", "float32"))
     ap.add_argument("--backend", default="numba")
     ap.add_argument("--timeout", type=float, default=1800.0)
+    ap.add_argument("--profile", metavar="DIR",
+                    help="also cProfile steps per rank into DIR and print the split by owner")
+    ap.add_argument("--profile-steps", type=int, default=5)
     args = ap.parse_args(argv)
     if args.worker:
         worker(json.loads(args.worker))
         return 0
     spec = {"layers": args.layers, "repeat": args.repeat, "traced": args.traced,
-            "dtypes": args.dtypes, "backend": args.backend}
+            "dtypes": args.dtypes, "backend": args.backend,
+            "profile": str(Path(args.profile).resolve()) if args.profile else None,
+            "profile_steps": args.profile_steps}
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
     print(f"MNIST conv network, N = {args.layers}, batch 50, backend {args.backend}, "
           f"TorchBraid's settings; load {os.getloadavg()[0]:.2f} (numbers on a loaded machine "
           f"are only indicative)", flush=True)
@@ -280,6 +309,14 @@ def main(argv=None) -> int:
     for dtype in args.dtypes:
         print()
         print("\n".join(report(one[dtype], many[dtype], args.layers)), flush=True)
+        if args.profile:
+            from profile_split import profile_lines
+
+            d = Path(args.profile)
+            names = [f"prof.{dtype}.serial"] + [f"prof.{dtype}.{r}" for r in range(args.ranks)]
+            print("\n".join(profile_lines([str(d / n) for n in names], args.profile_steps,
+                                           ["serial"] + [f"rank {r}" for r in range(args.ranks)])),
+                  flush=True)
     print(f"\nload at the end {os.getloadavg()[0]:.2f}")
     return 0
 
