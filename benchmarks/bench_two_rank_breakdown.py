@@ -23,7 +23,9 @@ levels, cfactor 4, 2 forward / 1 adjoint iterations), one training step (gradien
       send                     time to post the sends; bytes sent, messages
       reductions               collectives (residual norms, broadcasts, the loss)
       Python gap               wall − everything traced: opening, closing, loss, Adam,
-                               recomputed caches, MGRIT bookkeeping, the glue
+                               recomputed caches, MGRIT bookkeeping, the glue; split by
+                               phase (:mod:`phase_split`: before, in and between the two
+                               solves, after them, the optimizer), wall and untraced ms
 
 * ideal       the virtual cluster (:func:`refbraid.scaling.virtual_step.
               simulate_gradient_schedule`) replaying the same 2-rank schedule with the step
@@ -107,6 +109,7 @@ def worker(spec: dict) -> None:
     """Under mpiexec: rank 0 prints one JSON line per dtype."""
     from bench_mpi import _median_step, _ping_pong, _unit_costs
     from mpi4py import MPI
+    from phase_split import phase_split, timed_solves
 
     from refbraid.backends import get_backend
     from refbraid.layer_parallel import LayerParallelSettings
@@ -142,14 +145,18 @@ def worker(spec: dict) -> None:
         for _ in range(spec["traced"]):
             world.Barrier()
             origin = time.perf_counter()
-            with recording(Recorder(rank, origin)) as rec:
-                tr.step(x, y)
+            with recording(Recorder(rank, origin)) as rec, timed_solves(origin) as windows:
+                _, grads, _ = tr.gradient.sharded(tr.shard, x, y)  # = tr.step, timed in two
+                gradient_end = time.perf_counter() - origin
+                tr.optimizer.step(tr.shard, grads)
             wall = time.perf_counter() - origin
-            runs.append((world.allreduce(wall, op=MPI.MAX), wall, rec.trace()))
+            runs.append((world.allreduce(wall, op=MPI.MAX), wall, rec.trace(), windows,
+                         gradient_end))
         walls = [r[0] for r in runs]
         pick = walls.index(sorted(walls)[len(walls) // 2])  # the same index on every rank
-        _, wall, trace = runs[pick]
+        _, wall, trace, windows, gradient_end = runs[pick]
         mine = rank_breakdown(list(trace), wall)
+        mine["phases"] = phase_split(list(trace), windows, gradient_end, wall)
         mine["events"] = [[e.level, e.direction, e.duration] for e in trace if e.kind == "step"]
         solves = grad.last_solves
         mine["iterations"] = [solves["forward"].iterations, solves["backward"].iterations]
@@ -270,6 +277,10 @@ def report(one: dict, many: dict, layers: int) -> list[str]:
     lines.append(f"traced step on rank {q} (the slowest): {r['wall'] * ms:.1f} ms, "
                  f"{excess * ms:+.1f} ms against serial = " + " + ".join(
                      f"{k} {v * ms:+.1f}" for k, v in parts.items()))
+    from phase_split import phase_lines
+
+    lines += ["the traced step's phases (wall, and the part no traced event covers = its share "
+              "of the Python gap):", *phase_lines(per)]
     worst = max(parts, key=parts.get)
     verdict = "above" if excess > 0 else "below"
     lines.append(f"=> {P} ranks are {abs(excess) * ms:.1f} ms {verdict} serial; the largest "
