@@ -23,7 +23,9 @@ levels, cfactor 4, 2 forward / 1 adjoint iterations), one training step (gradien
       send                     time to post the sends; bytes sent, messages
       reductions               collectives (residual norms, broadcasts, the loss)
       Python gap               wall − everything traced: opening, closing, loss, Adam,
-                               recomputed caches, MGRIT bookkeeping, the glue
+                               recomputed caches, MGRIT bookkeeping, the glue; split by
+                               phase (:mod:`phase_split`: before, in and between the two
+                               solves, after them, the optimizer), wall and untraced ms
 
 * ideal       the virtual cluster (:func:`refbraid.scaling.virtual_step.
               simulate_gradient_schedule`) replaying the same 2-rank schedule with the step
@@ -41,6 +43,11 @@ with the serial step work N·(fine fwd + fine adj) at the step costs traced in t
 
 and name the largest, i.e. the category that keeps 2 ranks above serial, in ms. On a shared
 machine the numbers are only indicative (the load is printed); rerun on an idle one.
+
+``--profile DIR`` then profiles ``--profile-steps`` more steps with cProfile, one file per
+rank and dtype (``DIR/prof.<dtype>.serial`` for the serial step, ``DIR/prof.<dtype>.<rank>``
+for the ranks), and prints each rank's time split by the part of refbraid that owns it
+(:mod:`profile_split`): the step kernels, the MGRIT solver's bookkeeping, MPI, the glue.
 """
 
 from __future__ import annotations
@@ -102,6 +109,7 @@ def worker(spec: dict) -> None:
     """Under mpiexec: rank 0 prints one JSON line per dtype."""
     from bench_mpi import _median_step, _ping_pong, _unit_costs
     from mpi4py import MPI
+    from phase_split import phase_split, timed_solves
 
     from refbraid.backends import get_backend
     from refbraid.layer_parallel import LayerParallelSettings
@@ -129,6 +137,7 @@ def worker(spec: dict) -> None:
             res["serial_s"] = _median_step(serial, repeat)
             res.update(_unit_costs(net, params, x, bk))
             res["state_bytes"] = int(x.shape[0] * np.prod(net.step.state_shape) * x.itemsize)
+            _profile(spec, serial, f"prof.{dtype}.serial")
         grad = distributed_gradient(net, LayerParallelSettings(), bk)
         tr = ShardedTrainer(grad, params, make_optimizer("adam", 1e-4))
         res["lp_s"] = _median_step(lambda tr=tr, x=x, y=y: tr.step(x, y), repeat, world)
@@ -136,21 +145,41 @@ def worker(spec: dict) -> None:
         for _ in range(spec["traced"]):
             world.Barrier()
             origin = time.perf_counter()
-            with recording(Recorder(rank, origin)) as rec:
-                tr.step(x, y)
+            with recording(Recorder(rank, origin)) as rec, timed_solves(origin) as windows:
+                _, grads, _ = tr.gradient.sharded(tr.shard, x, y)  # = tr.step, timed in two
+                gradient_end = time.perf_counter() - origin
+                tr.optimizer.step(tr.shard, grads)
             wall = time.perf_counter() - origin
-            runs.append((world.allreduce(wall, op=MPI.MAX), wall, rec.trace()))
+            runs.append((world.allreduce(wall, op=MPI.MAX), wall, rec.trace(), windows,
+                         gradient_end))
         walls = [r[0] for r in runs]
         pick = walls.index(sorted(walls)[len(walls) // 2])  # the same index on every rank
-        _, wall, trace = runs[pick]
+        _, wall, trace, windows, gradient_end = runs[pick]
         mine = rank_breakdown(list(trace), wall)
+        mine["phases"] = phase_split(list(trace), windows, gradient_end, wall)
         mine["events"] = [[e.level, e.direction, e.duration] for e in trace if e.kind == "step"]
         solves = grad.last_solves
         mine["iterations"] = [solves["forward"].iterations, solves["backward"].iterations]
         mine["recomputed"] = solves.get("recomputed", 0)
         res["per_rank"] = world.gather(mine, root=0)
+        world.Barrier()
+        _profile(spec, lambda tr=tr, x=x, y=y: tr.step(x, y), f"prof.{dtype}.{rank}")
         if rank == 0:
             print(TAG + json.dumps(res), flush=True)
+
+
+def _profile(spec: dict, step, name: str) -> None:
+    """``--profile``: cProfile ``--profile-steps`` calls of ``step`` into DIR/name."""
+    if not spec.get("profile"):
+        return
+    import cProfile
+
+    prof = cProfile.Profile(time.process_time)  # CPU time: a descheduled rank charges nothing
+    prof.enable()
+    for _ in range(spec["profile_steps"]):
+        step()
+    prof.disable()
+    prof.dump_stats(str(Path(spec["profile"]) / name))
 
 
 # ----------------------------------------------------------------------------- the driver
@@ -248,6 +277,10 @@ def report(one: dict, many: dict, layers: int) -> list[str]:
     lines.append(f"traced step on rank {q} (the slowest): {r['wall'] * ms:.1f} ms, "
                  f"{excess * ms:+.1f} ms against serial = " + " + ".join(
                      f"{k} {v * ms:+.1f}" for k, v in parts.items()))
+    from phase_split import phase_lines
+
+    lines += ["the traced step's phases (wall, and the part no traced event covers = its share "
+              "of the Python gap):", *phase_lines(per)]
     worst = max(parts, key=parts.get)
     verdict = "above" if excess > 0 else "below"
     lines.append(f"=> {P} ranks are {abs(excess) * ms:.1f} ms {verdict} serial; the largest "
@@ -266,12 +299,19 @@ def main(argv=None) -> int:
                     choices=("float64", "float32"))
     ap.add_argument("--backend", default="numba")
     ap.add_argument("--timeout", type=float, default=1800.0)
+    ap.add_argument("--profile", metavar="DIR",
+                    help="also cProfile steps per rank into DIR and print the split by owner")
+    ap.add_argument("--profile-steps", type=int, default=5)
     args = ap.parse_args(argv)
     if args.worker:
         worker(json.loads(args.worker))
         return 0
     spec = {"layers": args.layers, "repeat": args.repeat, "traced": args.traced,
-            "dtypes": args.dtypes, "backend": args.backend}
+            "dtypes": args.dtypes, "backend": args.backend,
+            "profile": str(Path(args.profile).resolve()) if args.profile else None,
+            "profile_steps": args.profile_steps}
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
     print(f"MNIST conv network, N = {args.layers}, batch 50, backend {args.backend}, "
           f"TorchBraid's settings; load {os.getloadavg()[0]:.2f} (numbers on a loaded machine "
           f"are only indicative)", flush=True)
@@ -280,6 +320,14 @@ def main(argv=None) -> int:
     for dtype in args.dtypes:
         print()
         print("\n".join(report(one[dtype], many[dtype], args.layers)), flush=True)
+        if args.profile:
+            from profile_split import profile_lines
+
+            d = Path(args.profile)
+            names = [f"prof.{dtype}.serial"] + [f"prof.{dtype}.{r}" for r in range(args.ranks)]
+            print("\n".join(profile_lines([str(d / n) for n in names], args.profile_steps,
+                                           ["serial"] + [f"rank {r}" for r in range(args.ranks)])),
+                  flush=True)
     print(f"\nload at the end {os.getloadavg()[0]:.2f}")
     return 0
 
