@@ -84,9 +84,12 @@ def propagate_at(u, g, points, positions, step: StepFn, ghost=None, ghost_point=
     previous point is the ``ghost``. Returns shape (len(positions), *S).
     """
     xp = namespace(u)
+    ks = np.asarray(positions).tolist()
+    if isinstance(u, np.ndarray) and ks:
+        return _propagate_into_block(u, g, points, ks, step, ghost, ghost_point)
     out = []
     p = np.asarray(points).tolist()
-    for k in np.asarray(positions).tolist():
+    for k in ks:
         if k > 0:
             val = step(u[k - 1, ...], p[k - 1], p[k])
         elif int(points[0]) == 0:
@@ -100,6 +103,48 @@ def propagate_at(u, g, points, positions, step: StepFn, ghost=None, ghost_point=
     if not out:
         return u[:0, ...]
     return xp.stack(out)
+
+
+def _propagate_into_block(u, g, points, ks: list, step: StepFn, ghost, ghost_point):
+    """:func:`propagate_at` for NumPy arrays, each row written into one preallocated block
+    (``Φ(u[k-1]) + g[k]`` added straight into its row) instead of a list and a stack: the
+    same numbers whenever every row has u's dtype and row shape, as the steps of MGRIT's
+    problems do; the first row that does not sends the rest down the list path."""
+    p = np.asarray(points).tolist()
+    block = np.empty((len(ks), *u.shape[1:]), dtype=u.dtype)
+    for j, k in enumerate(ks):
+        if k > 0:
+            val = step(u[k - 1, ...], p[k - 1], p[k])
+        elif p[0] == 0:
+            if g is None:
+                block[j, ...] = 0
+            elif g.dtype == block.dtype:
+                block[j, ...] = g[0, ...]
+            else:
+                return _rest_as_list(block, j, g[0, ...], u, g, points, ks, step, ghost,
+                                     ghost_point)
+            continue
+        else:
+            if ghost is None:
+                raise ValueError(f"block starting at s={p[0]} needs a `ghost` value.")
+            val = step(ghost, int(ghost_point), p[0])
+        same = (isinstance(val, np.ndarray) and val.dtype == block.dtype
+                and val.shape == block.shape[1:] and (g is None or g.dtype == block.dtype))
+        if not same:
+            row = val + g[k, ...] if g is not None else val
+            return _rest_as_list(block, j, row, u, g, points, ks, step, ghost, ghost_point)
+        if g is None:
+            block[j, ...] = val
+        else:
+            np.add(val, g[k, ...], out=block[j, ...])
+    return block
+
+
+def _rest_as_list(block, j: int, row, u, g, points, ks: list, step, ghost, ghost_point):
+    """Rows ``block[:j]``, ``row`` and the rest of :func:`propagate_at`'s rows, stacked."""
+    tail = [propagate_at(u, g, points, [k], step, ghost, ghost_point)[0, ...]
+            for k in ks[j + 1:]]
+    return np.stack([*block[:j], row, *tail])
 
 
 def c_residual(u, g, points, c_pos, step: StepFn, ghost=None, ghost_point=None):
