@@ -65,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backends import Backend, get_backend
+from ..backends import Backend
 from ..layer_parallel import (
     CachingForward,
     CapturingAdjoint,
@@ -78,6 +78,7 @@ from ..parallel.mpi import Topology, split_world
 from ..parallel.ops import Broadcast, RowExchange
 from ..sequence.block_gradient import block_backprop
 from ..sequence.losses import IGNORE, cross_entropy
+from .mpi_common import gather_shards, host_backend
 from .ownership import BlockPlan, Rows
 
 
@@ -108,10 +109,7 @@ class DistributedGradient:
         if not isinstance(topology, Topology):
             raise TypeError(f"`topology` must be a refbraid.parallel.mpi.Topology (from "
                             f"split_world), got {type(topology).__name__}.")
-        self.bk = get_backend(bk)
-        if self.bk.xp is not np:
-            raise ValueError(f"`bk`: the MPI gradient sends host (NumPy) arrays; backend "
-                             f"{self.bk.name!r} keeps them on a device. Use numpy or numba.")
+        self.bk = host_backend(bk)
         self.net, self.topo = net, topology
         self.settings = LayerParallelSettings() if settings is None else settings
         self.plan = BlockPlan.build(net.n_layers, self.settings, topology.layer.size)
@@ -167,16 +165,7 @@ class DistributedGradient:
     def gather(self, shard: dict[str, Any], root: int = 0) -> dict[str, Any] | None:
         """Full arrays on world rank ``root`` from group 0's shards (keys ``[buffer/]name``);
         ``steps.*`` rows are stacked in layer order. Collective over the world."""
-        parts = self.topo.world.gather(shard if self.topo.group == 0 else None, root=root)
-        if parts is None:
-            return None
-        parts = [s for s in parts if s is not None]  # group 0, in layer-rank order
-        full: dict[str, Any] = {}
-        for k in sorted({k for s in parts for k in s}):
-            have = [s[k] for s in parts if k in s]
-            is_rows = k.rpartition("/")[2].startswith("steps.") and np.ndim(have[0]) > 0
-            full[k] = np.concatenate(have, axis=0) if is_rows else have[0]
-        return full
+        return gather_shards(self.topo, shard, root)
 
     def _rows(self, shard: Params, fetched: dict[int, dict[str, Any]] | None) -> dict[str, Rows]:
         """Per step-parameter name, the rows this rank may read: owned + fetched ghosts."""

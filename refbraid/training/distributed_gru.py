@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backends import Backend, get_backend
+from ..backends import Backend
 from ..errors import CollectiveError
 from ..layer_parallel import LayerParallelSettings
 from ..mgrit import Problem, build_hierarchy, solve
@@ -51,6 +51,7 @@ from ..parallel.ops import Broadcast, RowExchange
 from ..sequence.gru_model import CELL_WEIGHTS, GRUAdjoint, GRUModel
 from ..sequence.losses import cross_entropy
 from .distributed import _pack, _unpack, shard_sizes, solve_stats
+from .mpi_common import host_backend
 from .ownership import BlockPlan, Rows
 
 
@@ -78,10 +79,7 @@ class SequenceParallelGRU:
                  settings: LayerParallelSettings | None = None, bk: Backend | str = "numpy"):
         if not isinstance(model, GRUModel):
             raise TypeError(f"`model` must be a GRUModel, got {type(model).__name__}.")
-        self.bk = get_backend(bk)
-        if self.bk.xp is not np:
-            raise ValueError(f"`bk`: the MPI gradient sends host (NumPy) arrays; backend "
-                             f"{self.bk.name!r} keeps them on a device. Use numpy or numba.")
+        self.bk = host_backend(bk)
         self.model, self.topo = model, topology
         self.settings = LayerParallelSettings() if settings is None else settings
         Q, L = topology.layer.size, model.seq_len

@@ -50,6 +50,7 @@ from ..network import Params
 from ..parallel.mpi import split_world
 from ..parallel.ops import Broadcast, RowExchange
 from .distributed import DistributedGradient, _pack, _unpack
+from .mpi_common import gather_shards, steps_key
 from .ownership import Rows
 
 TIE_KEY, HEAD_KEY = "opening.W", "closing.W"
@@ -116,7 +117,7 @@ def _prefixed(d: dict, block: str) -> dict:
 
 
 def _is_rows(key: str) -> bool:
-    return _split_key(key)[1].rpartition("/")[2].startswith("steps.")
+    return steps_key(_split_key(key)[1])
 
 
 def _combined_stats(enc: dict[str, float], dec: dict[str, float]) -> dict[str, float]:
@@ -163,16 +164,7 @@ class Seq2SeqGradient:
     def gather(self, shard: dict[str, Any], root: int = 0) -> dict[str, Any] | None:
         """Full arrays on world rank ``root`` from group 0's shards; ``steps.*`` rows stacked
         in layer order. Collective over the world."""
-        parts = self.topo.world.gather(shard if self.topo.group == 0 else None, root=root)
-        if parts is None:
-            return None
-        parts = [s for s in parts if s is not None]  # group 0, in layer-rank order
-        full: dict[str, Any] = {}
-        for k in sorted({k for s in parts for k in s}):
-            have = [s[k] for s in parts if k in s]
-            rows = _is_rows(k) and np.ndim(have[0]) > 0
-            full[k] = np.concatenate(have, axis=0) if rows else have[0]
-        return full
+        return gather_shards(self.topo, shard, root, _is_rows)
 
     # -- the gradient -------------------------------------------------------------------
     def __call__(self, params: Params, x, labels):

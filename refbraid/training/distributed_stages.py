@@ -58,9 +58,8 @@ from typing import Any
 
 import numpy as np
 
-from ..backends import Backend, get_backend
+from ..backends import Backend
 from ..backends.host import host_float
-from ..errors import CollectiveError
 from ..layer_parallel import LayerParallelSettings, as_settings
 from ..mgrit import Problem, solve
 from ..network import Params, group
@@ -72,6 +71,7 @@ from ..stages.network import StagedNetwork, accumulate
 from ..stages.network import forward as staged_forward
 from ..stages.packing import PackedTransfer, Packing
 from .distributed import _pack, _unpack, shard_sizes, solve_stats
+from .mpi_common import host_backend
 from .ownership import BlockPlan
 from .sync_batchnorm import combined_batch_stats, synchronised_backend
 
@@ -124,10 +124,7 @@ class StagedDistributedGradient:
         if not isinstance(topology, Topology):
             raise TypeError(f"`topology` must be a refbraid.parallel.mpi.Topology (from "
                             f"split_world), got {type(topology).__name__}.")
-        self.bk = get_backend(bk)
-        if self.bk.xp is not np:
-            raise CollectiveError(f"`bk`: the MPI gradient sends host (NumPy) arrays; backend "
-                                  f"{self.bk.name!r} keeps them on a device. Use numpy or numba.")
+        self.bk = host_backend(bk)
         self.batch_norm = has_batch_norm(net)
         #: the backend of the staged steps: full-batch BN statistics over the groups (D > 1)
         self.sync_bn = self.batch_norm and topology.n_groups > 1

@@ -40,13 +40,16 @@ def mpi_gradient(config: TrainConfig, net, block, settings: LayerParallelSetting
     from .sharded import ShardedGradient
 
     D = config.data_parallel
-    if config.model == "conv-stages":  # a staged network (training/distributed_stages.py)
+    staged = config.model == "conv-stages"
+    tested = not staged and (block is not None or sequence_parallel(net))
+    if config.bias_control != "off" and not tested:  # bias control is tested on the others
         from ..errors import CollectiveError
+
+        raise CollectiveError(f"`--bias-control` with `--model {config.model}` runs in one "
+                              "process only (not under mpiexec); drop one of them.")
+    if staged:  # a staged network (training/distributed_stages.py)
         from .distributed_stages import staged_distributed_gradient
 
-        if config.bias_control != "off":
-            raise CollectiveError("`--bias-control` with `--model conv-stages` runs in one "
-                                  "process only (not under mpiexec); drop one of them.")
         return "layer-parallel-mpi", staged_distributed_gradient(net, settings, bk, D)
     if sequence_parallel(net):
         name = "sequence-parallel-mpi"
@@ -63,11 +66,6 @@ def mpi_gradient(config: TrainConfig, net, block, settings: LayerParallelSetting
 
     if config.bias_control == "off":
         return name, build(settings)
-    if block is None and not sequence_parallel(net):
-        from ..errors import CollectiveError
-
-        raise CollectiveError(f"`--bias-control` with `--model {config.model}` runs in one "
-                              "process only (not under mpiexec); drop one of them.")
     from ..parallel.mpi import MPIComm
     from .bias_control_mpi import MPIControlledGradient
     from .gradients import controlled_gradient
