@@ -40,7 +40,7 @@ from ..backends import Backend, get_backend
 from ..backends.dtypes import dtype_kind
 from ..backends.host import all_finite
 from ..backends.portable import zeros_on
-from ..layer_parallel import LayerParallelInfo, LayerParallelSettings
+from ..layer_parallel import LayerParallelInfo, LayerParallelSettings, batchable
 from ..layers import Classifier, GRUCell, GRUSequence
 from ..layers.gru import SCHEMES
 from ..layers.init import NonFiniteError, check_positive_int, check_step_size
@@ -225,6 +225,23 @@ class GRUForward:
         m = self.model
         return m.cell(span).step(self.cell, h, span * m.dt, self.x[:, start, :], self.bk)[0]
 
+    @property
+    def batched_step(self):
+        """Φ on k intervals at once (MGRIT's batched sweeps) where :func:`batchable`."""
+        return self._steps_at_once if batchable(self.model, self.bk) else None
+
+    def _steps_at_once(self, Hs, starts, stops):
+        """Rows Φ(Hs[j]; starts[j] → stops[j]): one :meth:`GRUCell.forward_batched` call per
+        distinct span (one per sweep but at a level's last, shorter interval)."""
+        m = self.model
+
+        def run(span, rows):
+            X = _inputs_at(self.x, starts[rows], self.bk)
+            return m.cell(span).forward_batched({**self.cell, "x": X}, Hs[rows, ...],
+                                                span * m.dt, self.bk)[0]
+
+        return _by_span(stops - starts, Hs, run, self.bk)
+
 
 @dataclass(frozen=True, eq=False)
 class GRUAdjoint:
@@ -243,6 +260,52 @@ class GRUAdjoint:
         _, cache = c.step(self.cell, self.states[stop, ...], span * m.dt, self.x[:, stop, :],
                           self.bk)
         return c.adjoint(self.cell, cache, lam, span * m.dt, self.bk, grads=False)[0]
+
+    @property
+    def batched_step(self):
+        """Ψ on k intervals at once (MGRIT's batched sweeps) where :func:`batchable`."""
+        return self._steps_at_once if batchable(self.model, self.bk) else None
+
+    def _steps_at_once(self, Lam, starts, stops):
+        """Rows Ψ(Lam[j]; starts[j] → stops[j]): the forward gates at the states
+        ``states[stops[j]]`` recomputed and :meth:`GRUCell.adjoint_batched`, per distinct span."""
+        m = self.model
+
+        def run(span, rows):
+            at = stops[rows]
+            c = m.cell(span)
+            params = {**self.cell, "x": _inputs_at(self.x, at, self.bk)}
+            _, cache = c.forward_batched(params, _states_at(self.states, at, self.bk),
+                                         span * m.dt, self.bk)
+            return c.adjoint_batched(params, cache, Lam[rows, ...], span * m.dt, self.bk)
+
+        return _by_span(starts - stops, Lam, run, self.bk)
+
+
+def _inputs_at(x, positions, bk):
+    """x[:, p, :] for each p, stacked: (k, B, I)."""
+    return bk.xp.permute_dims(x[:, positions, :], (1, 0, 2))
+
+
+def _states_at(states, positions, bk):
+    """states[p, ...] for each p, stacked: a stacked trajectory is indexed, a row view
+    (the distributed trainer's, indexable one row at a time) gathered row by row."""
+    if getattr(states, "ndim", None) is not None:
+        return states[positions, ...]
+    return bk.xp.stack([states[int(p), ...] for p in positions])
+
+
+def _by_span(spans, U, run, bk):
+    """``run(span, rows)`` for each distinct span, its rows of the result put in place."""
+    spans = np.asarray(spans)
+    first = int(spans[0])
+    if (spans == first).all():
+        return run(first, slice(None))
+    out = bk.xp.empty_like(U)
+    for span in np.unique(spans):
+        rows = np.flatnonzero(spans == span)
+        out[rows, ...] = run(int(span), rows)
+    return out
 
 
 def gru_model(data_shape: tuple[int, ...], n_classes: int, hidden: int,
