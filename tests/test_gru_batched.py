@@ -146,3 +146,17 @@ def test_thread_ranks_with_uneven_blocks_give_the_serial_trajectory():
     serial = solve(model.forward_problem(cell, x, bk), settings).solution
     for size in (1, 2, 3):
         np.testing.assert_array_equal(run_ranks(size, body)[0], serial)
+
+
+@pytest.mark.parametrize("rows_per_call", [1, 10])
+def test_chunked_calls_give_the_same_bits(monkeypatch, rows_per_call):
+    """A sweep split into chunks of ROWS_PER_CALL // B intervals (at least one): same gradient,
+    also where a chunk mixes nothing but one span and where spans differ."""
+    model, params, x, y = _case("classic", np.float64, L=38)
+    settings = SETTINGS[1]
+    ref = model.layer_parallel_gradient(params, x, y, settings)[1]
+    monkeypatch.setattr(gru_model_module, "ROWS_PER_CALL", rows_per_call)
+    got = model.layer_parallel_gradient(params, x, y, settings)[1]
+    for name in ref:
+        assert np.array_equal(got[name], ref[name]), name
+    test_mixed_spans_give_the_per_interval_steps()

@@ -295,16 +295,33 @@ def _states_at(states, positions, bk):
     return bk.xp.stack([states[int(p), ...] for p in positions])
 
 
+#: Rows (intervals × batch) per batched cell call: a sweep's k intervals go through the cell
+#: in chunks of at most ``ROWS_PER_CALL // B`` intervals, so the (rows, 3H) temporaries of the
+#: gate algebra stay in cache (one call for all k·B rows at B = 64 was slower than per-step
+#: calls; 256 rows measured best of 128–2048 at H = 32; docs/batched.md, "The GRU").
+ROWS_PER_CALL = 256
+
+
 def _by_span(spans, U, run, bk):
-    """``run(span, rows)`` for each distinct span, its rows of the result put in place."""
+    """``run(span, rows)`` for each distinct span, in chunks of at most ``ROWS_PER_CALL``
+    state rows, each result put in place (rows: a slice or an index array)."""
     spans = np.asarray(spans)
+    k, B = U.shape[0], U.shape[1]
+    per_call = max(1, ROWS_PER_CALL // B)
     first = int(spans[0])
-    if (spans == first).all():
+    if k <= per_call and (spans == first).all():
         return run(first, slice(None))
     out = bk.xp.empty_like(U)
+    if (spans == first).all():
+        for lo in range(0, k, per_call):
+            rows = slice(lo, min(lo + per_call, k))
+            out[rows, ...] = run(first, rows)
+        return out
     for span in np.unique(spans):
-        rows = np.flatnonzero(spans == span)
-        out[rows, ...] = run(int(span), rows)
+        where = np.flatnonzero(spans == span)
+        for lo in range(0, where.size, per_call):
+            rows = where[lo : lo + per_call]
+            out[rows, ...] = run(int(span), rows)
     return out
 
 
