@@ -24,10 +24,11 @@ backend's host-array mode, :func:`refbraid.backends.with_host_arrays`; the copie
 :class:`~refbraid.backends.numba_cuda_memory.KernelCall`'s), else the reference code with this
 backend's activation kernels (device-resident arrays).
 
-**Not switched on** for MGRIT's sweeps (:data:`SWITCHED_ON`): whether k steps in one launch
-beat k launches on a GPU is measured by ``benchmarks/bench_gpu.py`` (rows ``dense sweeps``),
-and no GPU was lent when this was written. To switch it on, set :data:`SWITCHED_ON` to True;
-:func:`refbraid.layer_parallel.batchable` has to read it (docs/batched.md, "cuda").
+**Not switched on** for MGRIT's sweeps (:data:`SWITCHED_ON`): whether k steps in one
+launch beat k launches on a GPU is measured by ``benchmarks/bench_gpu.py`` (rows
+``sweeps per-step`` and ``sweeps batched``), and no GPU was lent when this was written. To
+switch it on, set :data:`SWITCHED_ON` to True; :func:`refbraid.layer_parallel.batchable`
+has to read it (docs/batched.md, "cuda").
 
 Shape legend: k rows, B batch, C width; op(A) is A or Aᵀ per row.
 """
@@ -53,7 +54,7 @@ from .reference_batched import _dense_adjoint, _dense_forward
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 #: Whether MGRIT's sweeps on ``cuda`` use the batched dense step (module docstring): off until
-#: ``benchmarks/bench_gpu.py``'s ``dense sweeps`` rows show that it pays on a GPU.
+#: ``benchmarks/bench_gpu.py``'s ``sweeps batched`` rows show that it pays on a GPU.
 SWITCHED_ON = False
 
 OVERRIDES = ("dense_step_batched", "dense_step_batched_adjoint") if cuda is not None else ()
