@@ -187,6 +187,31 @@ class GRUCell:
         dH += xp.reshape(dh, (k, B, H))  # dh + dgh W_hh (addition commutes exactly)
         return dH
 
+    def weight_gradients_batched(self, params, cache, dH_new, dt: float, bk):
+        """The weight gradients of k steps, stacked (k, ...): per row j, as :meth:`adjoint`,
+        ``dW_ih = dgxᵀ x``, ``db_ih = Σ_B dgx``, ``dW_hh = dghᵀ h``, ``db_hh = Σ_B dgh``
+        (``matmul`` of the transposed stacks: the per-step 2-D GEMM per row; the bias sums
+        add the B rows in order, as the per-step column sums do). Needs x with the full
+        batch (k, B, I)."""
+        xp = bk.xp
+        X, Hs, gh, gates = cache
+        dt = check_step_size("dt", dt)
+        check_adjoint("dH_new", dH_new, Hs.shape)
+        k, B, H = Hs.shape
+        if X.shape[1] != B:
+            raise ValueError(f"`x` must have the full batch ({k}, {B}, {self.input_size}) for "
+                             f"stacked weight gradients, got {tuple(X.shape)}.")
+        rows = k * B
+        dgx, dgh, _ = bk.gru_cell_adjoint(xp.reshape(gates, (rows, 3 * H)),
+                                          xp.reshape(gh, (rows, 3 * H)),
+                                          xp.reshape(Hs, (rows, H)),
+                                          xp.reshape(dH_new, (rows, H)), dt, self.implicit)
+        dgx, dgh = xp.reshape(dgx, (k, B, 3 * H)), xp.reshape(dgh, (k, B, 3 * H))
+        return {"W_ih": xp.matmul(xp.permute_dims(dgx, (0, 2, 1)), X),
+                "W_hh": xp.matmul(xp.permute_dims(dgh, (0, 2, 1)), Hs),
+                "b_ih": xp.sum(dgx, axis=1), "b_hh": xp.sum(dgh, axis=1)}
+
+
 
 @dataclass(frozen=True)
 class GRUSequence:

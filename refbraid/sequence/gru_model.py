@@ -195,8 +195,23 @@ class GRUModel:
         return loss, {k: grads[k] for k in params}, info
 
     def weight_gradient_sweep(self, cell, x, states, adjoints, bk) -> dict[str, Any]:
-        """∂L/∂θ = Σ_k (∂Φ(h[k]; k → k+1)/∂θ)ᵀ λ[k+1] (independent per k, then summed)."""
+        """∂L/∂θ = Σ_k (∂Φ(h[k]; k → k+1)/∂θ)ᵀ λ[k+1] (independent per k, then summed).
+
+        Where :func:`batchable`, the terms come from :meth:`GRUCell.weight_gradients_batched`
+        on chunks of positions and are added in the same order: the same bits."""
         dcell = {k: bk.xp.zeros_like(cell[k]) for k in CELL_WEIGHTS}
+        if batchable(self, bk):
+            per_call = max(1, ROWS_PER_CALL // x.shape[0])
+            for lo in range(0, self.seq_len, per_call):
+                at = np.arange(lo, min(lo + per_call, self.seq_len))
+                p = {**cell, "x": _inputs_at(x, at, bk)}
+                _, cache = self.step.forward_batched(p, states[at, ...], self.dt, bk)
+                d = self.step.weight_gradients_batched(cell, cache, adjoints[at + 1, ...],
+                                                       self.dt, bk)
+                for j in range(at.size):
+                    for name in CELL_WEIGHTS:
+                        dcell[name] += d[name][j, ...]
+            return dcell
         for k in range(self.seq_len):
             _, cache = self.step.step(cell, states[k, ...], self.dt, x[:, k, :], bk)
             _, d = self.step.adjoint(cell, cache, adjoints[k + 1, ...], self.dt, bk)
