@@ -43,11 +43,16 @@ def test_rows_are_the_per_step_bits(scheme, dtype, backend, x_rows):
     H_new, cache = cell.forward_batched({**params, "x": X}, Hs, dt, bk)
     lam = rng.standard_normal(Hs.shape).astype(dtype)
     dH = cell.adjoint_batched(params, cache, lam, dt, bk)
+    dW = cell.weight_gradients_batched(params, cache, lam, dt, bk) if x_rows is None else None
     for j in range(Hs.shape[0]):
         h_j, c_j = cell.forward({**params, "x": X[j]}, Hs[j], dt, bk)
         d_j, _ = cell.adjoint(params, c_j, lam[j], dt, bk, grads=False)
         assert H_new.dtype == h_j.dtype and np.array_equal(H_new[j], h_j)
         assert np.array_equal(dH[j], d_j)
+        if dW is not None:  # the weight gradients of row j: the per-step adjoint's bits
+            _, g_j = cell.adjoint(params, c_j, lam[j], dt, bk)
+            for name in dW:
+                assert np.array_equal(dW[name][j], g_j[name]), name
 
 
 @pytest.mark.parametrize("scheme", ["classic", "implicit"])
