@@ -12,9 +12,8 @@ row j with weights ``W[j]``, bias ``b[j]`` and step size ``h[j]``::
 written against the array API (``matmul`` of the stacks: on NumPy the per-step 2-D GEMM per
 row, so each row has the bits of :meth:`refbraid.layers.DenseStep.forward` / ``adjoint``).
 
-Convolutions:
-
-The reference :func:`refbraid.backends.reference.conv2d` and ``conv2d_adjoint`` applied to the
+Convolutions (``conv2d_batched``, ``conv2d_adjoint_batched``, not catalogue kernels): the
+reference :func:`refbraid.backends.reference.conv2d` and ``conv2d_adjoint`` applied to the
 k rows of a stack, row j with weights ``W[j]``::
 
     Z[j]  = W[j] * X[j] + b[j]                     (k, B, O, H, W)
@@ -27,7 +26,8 @@ C-ordered operands (one BLAS GEMM each, the same shapes), and the offsets are su
 same order (tests/test_conv_batched.py compares every entry). What it saves is Python: one
 pass over the 9 offsets for k rows instead of k passes.
 
-Shape legend: k rows, B batch, C input channels, O output channels, H height, W width.
+Shape legend: k rows, B batch, C input channels (dense: width), O output channels, H height,
+W width.
 """
 
 from __future__ import annotations
