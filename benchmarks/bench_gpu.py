@@ -21,6 +21,15 @@ in and its outputs out), so ``cuda-host`` / ``cuda`` is what residency buys. A s
 sequential backprop through the same ResNet (what one would run instead). Every backend's
 layer output is compared with the NumPy reference first (``check``: max relative difference).
 Times are medians over ``--repeats`` runs after ``--warmup``, with the device synchronised.
+
+Rows ``sweeps per-step`` / ``sweeps batched``: the same layer-parallel step on ``cuda``
+and ``cuda-host`` with MGRIT's sweeps per step (one launch set per interval, the default)
+and batched (one launch set per sweep: the catalogue kernels ``dense_step_batched`` and
+``dense_step_batched_adjoint`` of :mod:`refbraid.backends.numba_cuda_batched`, switched on
+here by patching :func:`refbraid.layer_parallel.batchable`), at N = 64 and 256, widths 32
+and 256; ``ratio`` is batched / per-step, ``check`` the largest relative gradient difference
+(0: bit-identical). These rows decide ``numba_cuda_batched.SWITCHED_ON``
+(docs/batched.md, "cuda").
 """
 
 from __future__ import annotations
@@ -190,6 +199,46 @@ def step_rows(backends, dtype, tiny, warmup, repeats):
     return rows
 
 
+def sweep_rows(backends, dtype, tiny, warmup, repeats):
+    """Per-step against batched MGRIT sweeps of the dense network on the cuda backends."""
+    from unittest import mock
+
+    import refbraid.layer_parallel as lp
+
+    shapes = [(8, 4, 4)] if tiny else [(64, 32, 64), (256, 32, 64), (64, 256, 1024),
+                                       (256, 256, 1024)]
+    settings = LayerParallelSettings.with_iterations(1, 1, levels=2, cfactor=2) if tiny \
+        else LayerParallelSettings()
+    rows = []
+    for n_layers, width, batch in shapes:
+        net = build_network("resnet", (2,), 5, n_layers, width, 3.0)
+        rng = np.random.default_rng(0)
+        params = init_params(net, 0, dtype)
+        x = np.asarray(rng.standard_normal((batch, 2)), dtype=dtype)
+        y = rng.integers(0, 5, batch)
+        size = f"N={n_layers} C={width} B={batch}"
+        for bname in [b for b in backends if b in ("cuda", "cuda-host")]:
+            bk = backend(bname)
+            gradient = mgrit_gradient(net, settings, bk)
+            p, xb, yb = to_backend(params, bk), bk.asarray(x), bk.asarray(y)
+
+            def run(g=gradient, p=p, xb=xb, yb=yb):
+                return g(p, xb, yb)
+
+            per_step = median_ms(run, bname, warmup, repeats)
+            g_p = run()[1]
+            with mock.patch.object(lp, "batchable", lambda net, bk: True):
+                batched = median_ms(run, bname, warmup, repeats)
+                g_b = run()[1]
+            diff = max(float(np.max(np.abs(to_host(g_b[k]) - to_host(g_p[k]))))
+                       / max(float(np.max(np.abs(to_host(g_p[k])))), 1e-300) for k in g_p)
+            rows.append(("sweeps per-step", size, np.dtype(dtype).name, bname, per_step, 1.0,
+                         "-"))
+            rows.append(("sweeps batched", size, np.dtype(dtype).name, bname, batched,
+                         batched / per_step, f"{diff:.1e}"))
+    return rows
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", choices=["float64", "float32", "both"], default="both")
@@ -221,7 +270,8 @@ def main(argv=None) -> None:
           f"{header[5]:>6} {header[6]:>8}")
     for dtype in dtypes:
         for row in layer_rows(backends, dtype, args.simulator, args.warmup, args.repeats) + \
-                step_rows(backends, dtype, args.simulator, args.warmup, args.repeats):
+                step_rows(backends, dtype, args.simulator, args.warmup, args.repeats) + \
+                sweep_rows(backends, dtype, args.simulator, args.warmup, args.repeats):
             print(f"{row[0]:<20} {row[1]:<22} {row[2]:<8} {row[3]:<9} {row[4]:>10.3f} "
                   f"{row[5]:>6.2f} {row[6]:>8}")
 

@@ -255,8 +255,27 @@ def _spatial_cases() -> list[Case]:
     return cases
 
 
+def _batched_cases() -> list[Case]:
+    """k dense steps at once (MGRIT's batched sweeps): stacked states, weights, step sizes."""
+    shapes = {"3x4x5": (3, 4, 5), "1x1x1": (1, 1, 1), "2x5x20": (2, 5, 20)}
+    cases = []
+    for act in ACTS:
+        for sname, (k, B, C) in shapes.items():
+            h = [0.25 + 0.125 * j for j in range(k)]  # a list: every backend takes it as is
+            cases += [
+                Case("dense_step_batched", f"{act}-{sname}",
+                     lambda g, d, k=k, B=B, C=C, h=h, a=act: (
+                         _r(g, (k, B, C), d), _r(g, (k, C, C), d), _r(g, (k, C), d), h, a)),
+                Case("dense_step_batched_adjoint", f"{act}-{sname}",
+                     lambda g, d, k=k, B=B, C=C, h=h, a=act: (
+                         _r(g, (k, B, C), d), _r(g, (k, B, C), d), _r(g, (k, B, C), d),
+                         _r(g, (k, C, C), d), h, a)),
+            ]
+    return cases
+
+
 CASES = _elementwise_cases() + _dense_cases() + _conv_cases() + _loss_cases()
-CASES += _transformer_cases() + _spatial_cases()
+CASES += _transformer_cases() + _spatial_cases() + _batched_cases()
 
 
 def _catalogue_params():

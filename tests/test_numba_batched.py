@@ -155,3 +155,18 @@ def test_layer_parallel_gradient_on_cuda_is_bit_identical_batched_or_not(monkeyp
     assert loss_b == loss_p
     for k in g_p:
         np.testing.assert_array_equal(g_b[k], g_p[k], err_msg=k)
+    _, g_n, _ = layer_parallel_gradient(net, params, x, y, settings, bk="numpy")  # batched
+    for k in g_n:  # the cuda batched gradient against NumPy's: round-off (float64)
+        np.testing.assert_allclose(g_b[k], g_n[k], rtol=1e-12, atol=1e-14, err_msg=k)
+
+
+def test_cuda_batched_sweeps_are_off_until_measured_on_a_gpu():
+    """docs/batched.md, "cuda": SWITCHED_ON stays False until bench_gpu.py's ``sweeps batched`` rows
+    show a gain on a GPU; the catalogue kernels are the cuda backend's own either way."""
+    pytest.importorskip("numba.cuda")
+    from refbraid.backends import numba_cuda_batched
+
+    assert numba_cuda_batched.SWITCHED_ON is False
+    bk = get_backend("cuda")
+    assert bk.dense_step_batched is numba_cuda_batched.dense_step_batched
+    assert {"dense_step_batched", "dense_step_batched_adjoint"} <= set(bk.overrides)

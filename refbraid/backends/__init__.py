@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from . import reference, reference_spatial
+from . import reference, reference_batched, reference_spatial
 from .host import to_host
 
 BACKENDS = ("numpy", "numba", "cuda", "cupy")
@@ -74,10 +74,13 @@ KERNELS = (
     "batchnorm_stats",
     "batchnorm_apply",
     "batchnorm_adjoint",
+    # k dense ODE steps at once (refbraid.backends.reference_batched): MGRIT's batched sweeps
+    "dense_step_batched",
+    "dense_step_batched_adjoint",
 )
 
 #: The reference modules, whose functions every backend starts from.
-_REFERENCE_MODULES = (reference, reference_spatial)
+_REFERENCE_MODULES = (reference, reference_spatial, reference_batched)
 
 #: Modules whose OVERRIDES make up each backend, later modules taking precedence.
 _MODULES = {
@@ -91,6 +94,7 @@ _MODULES = {
         "refbraid.backends.numba_cpu_conv3d",  # conv3d
         "refbraid.backends.numba_cpu_pool",  # 2×2(×2) pooling
         "refbraid.backends.numba_cpu_batchnorm",  # batch norm
+        "refbraid.backends.numba_cpu_batched",  # k dense steps at once
     ),
     "cuda": (
         "refbraid.backends.numba_cuda",  # activations, Euler update
@@ -100,6 +104,7 @@ _MODULES = {
         "refbraid.backends.numba_cuda_conv3d",  # conv3d
         "refbraid.backends.numba_cuda_pool",  # 2×2(×2) pooling
         "refbraid.backends.numba_cuda_batchnorm",  # batch norm
+        "refbraid.backends.numba_cuda_batched",  # k dense steps at once
     ),
     "cupy": ("refbraid.backends.cupy_gpu",),
     "strict": ("refbraid.backends.strict_device",),

@@ -18,9 +18,10 @@ bit-identical (tests/test_numba_batched.py). The GEMMs stay BLAS (``np.matmul`` 
 product per row), as in the per-step path; the element-wise work is fused (no h·σ(Z) or σ'
 temporaries over the whole stack).
 
-These are not entries of :data:`refbraid.backends.KERNELS` (no other backend has them):
-:meth:`DenseStep.forward_batched` calls them on the numba backend when :func:`applies`
-(:mod:`refbraid.backends.numba_cuda_batched` is the cuda backend's twin).
+The catalogue kernels ``dense_step_batched`` / ``dense_step_batched_adjoint``
+(:data:`refbraid.backends.KERNELS`, reference in :mod:`refbraid.backends.reference_batched`)
+run these when :func:`applies`, else the reference code with the numba backend's activation
+kernels (:mod:`refbraid.backends.numba_cuda_batched` is the cuda backend's twin).
 
 Shape legend: k rows (intervals), B batch, C width.
 """
@@ -30,7 +31,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from . import numba_cpu
 from .numba_cpu import GELU, IDENTITY, RELU, TANH, _act, _act_adjoint, activation_code
+from .reference_batched import _dense_adjoint, _dense_forward
+
+OVERRIDES = ("dense_step_batched", "dense_step_batched_adjoint")
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -132,3 +137,19 @@ def dense_adjoint_batched(Y, Z, dY_next, W, h, act: str, grads: bool = True):
     db = np.empty((S.shape[0], S.shape[2]), S.dtype)
     _column_sums(S, db)
     return dY, {"W": np.matmul(S.transpose(0, 2, 1), Y), "b": db}
+
+
+# ----------------------------------------------------------------------------- catalogue entries
+def dense_step_batched(Y, W, b, h, act: str):
+    """reference_batched.dense_step_batched: the fused kernels where :func:`applies`."""
+    if applies(act, Y, W, b):
+        return dense_forward_batched(Y, W, b, h, act)
+    return _dense_forward(Y, W, b, h, act, numba_cpu.activation)
+
+
+def dense_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True):
+    """reference_batched.dense_step_batched_adjoint: the fused kernels where :func:`applies`."""
+    if applies(act, Y, Z, dY_next, W):
+        dY, d = dense_adjoint_batched(Y, Z, dY_next, W, h, act, grads)
+        return (dY, None, None) if d is None else (dY, d["W"], d["b"])
+    return _dense_adjoint(Y, Z, dY_next, W, h, act, grads, numba_cpu.activation_adjoint)

@@ -17,14 +17,18 @@ kernels of :mod:`refbraid.backends.numba_cuda`; ``h`` in float64 in the Euler up
 the array dtype in the adjoint's host multiply, as the per-step calls take it), so the two are
 bit-identical (tests/test_numba_batched.py, in the CUDA simulator).
 
-Not switched on in :func:`refbraid.layer_parallel.batchable` for cuda: the backend's contract
-is that every host↔device copy happens inside a catalogued kernel
-(:data:`refbraid.backends.KERNELS`, counted by tests/test_cudasim_training_step.py), so the
-batched step would first have to become a catalogue entry with a reference version and test
-cases; and whether it pays needs a GPU to measure. These kernels take NumPy arrays (the
+Catalogue kernels ``dense_step_batched`` / ``dense_step_batched_adjoint``
+(:data:`refbraid.backends.KERNELS`, reference in :mod:`refbraid.backends.reference_batched`,
+cases in tests/test_backends.py): these kernels where :func:`applies` (NumPy arrays: the
 backend's host-array mode, :func:`refbraid.backends.with_host_arrays`; the copies are
-:class:`~refbraid.backends.numba_cuda_memory.KernelCall`'s); on the device-resident arrays
-:meth:`DenseStep.forward_batched` / ``adjoint_batched`` run the array-API code.
+:class:`~refbraid.backends.numba_cuda_memory.KernelCall`'s), else the reference code with this
+backend's activation kernels (device-resident arrays).
+
+**Not switched on** for MGRIT's sweeps (:data:`SWITCHED_ON`): whether k steps in one
+launch beat k launches on a GPU is measured by ``benchmarks/bench_gpu.py`` (rows
+``sweeps per-step`` and ``sweeps batched``), and no GPU was lent when this was written. To
+switch it on, set :data:`SWITCHED_ON` to True; :func:`refbraid.layer_parallel.batchable`
+has to read it (docs/batched.md, "cuda").
 
 Shape legend: k rows, B batch, C width; op(A) is A or Aᵀ per row.
 """
@@ -45,8 +49,15 @@ from .numba_cuda import (
 )
 from .numba_cuda_dense import SMALL_BLOCK, TILE
 from .numba_cuda_memory import KernelCall, Output
+from .reference_batched import _dense_adjoint, _dense_forward
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+#: Whether MGRIT's sweeps on ``cuda`` use the batched dense step (module docstring): off until
+#: ``benchmarks/bench_gpu.py``'s ``sweeps batched`` rows show that it pays on a GPU.
+SWITCHED_ON = False
+
+OVERRIDES = ("dense_step_batched", "dense_step_batched_adjoint") if cuda is not None else ()
 
 
 def applies(act: str, *arrays) -> bool:
@@ -196,3 +207,24 @@ def dense_adjoint_batched(Y, Z, dY_next, W, h, act: str, grads: bool = True):
     db = call.out((k, C), dtype)
     _column_sums_kernel[blocks(k * C), THREADS](Sd, db.arg)
     return dY, {"W": call.result(dW), "b": call.result(db)}
+
+
+# ----------------------------------------------------------------------------- catalogue entries
+def dense_step_batched(Y, W, b, h, act: str):
+    """reference_batched.dense_step_batched: the batched launches where :func:`applies`."""
+    from . import numba_cuda
+
+    if applies(act, Y, W, b):
+        return dense_forward_batched(Y, W, b, h, act)
+    return _dense_forward(Y, W, b, h, act, numba_cuda.activation)
+
+
+def dense_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True):
+    """reference_batched.dense_step_batched_adjoint: the batched launches where
+    :func:`applies`."""
+    from . import numba_cuda
+
+    if applies(act, Y, Z, dY_next, W):
+        dY, d = dense_adjoint_batched(Y, Z, dY_next, W, h, act, grads)
+        return (dY, None, None) if d is None else (dY, d["W"], d["b"])
+    return _dense_adjoint(Y, Z, dY_next, W, h, act, grads, numba_cuda.activation_adjoint)

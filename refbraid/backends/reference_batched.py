@@ -1,6 +1,19 @@
-"""k convolutions at once, each with its own weights: MGRIT's batched sweeps of a conv network.
+"""k layers at once, each with its own weights: MGRIT's batched sweeps of a dense or conv network.
 
-The reference :func:`refbraid.backends.reference.conv2d` and ``conv2d_adjoint`` applied to the
+Dense ODE steps (catalogue kernels ``dense_step_batched`` / ``dense_step_batched_adjoint``,
+:data:`refbraid.backends.KERNELS`; the numba and cuda backends override them with fused
+kernels, :mod:`refbraid.backends.numba_cpu_batched`, :mod:`refbraid.backends.numba_cuda_batched`),
+row j with weights ``W[j]``, bias ``b[j]`` and step size ``h[j]``::
+
+    Z[j] = Y[j] W[j]ᵀ + b[j],   Y_next[j] = Y[j] + h[j] σ(Z[j])
+    S[j] = h[j] σ'(Z[j]) ⊙ dY_next[j],   dY[j] = dY_next[j] + S[j] W[j],
+    dW[j] = S[j]ᵀ Y[j],   db[j] = Σ_B S[j]
+
+written against the array API (``matmul`` of the stacks: on NumPy the per-step 2-D GEMM per
+row, so each row has the bits of :meth:`refbraid.layers.DenseStep.forward` / ``adjoint``).
+
+Convolutions (``conv2d_batched``, ``conv2d_adjoint_batched``, not catalogue kernels): the
+reference :func:`refbraid.backends.reference.conv2d` and ``conv2d_adjoint`` applied to the
 k rows of a stack, row j with weights ``W[j]``::
 
     Z[j]  = W[j] * X[j] + b[j]                     (k, B, O, H, W)
@@ -13,12 +26,57 @@ C-ordered operands (one BLAS GEMM each, the same shapes), and the offsets are su
 same order (tests/test_conv_batched.py compares every entry). What it saves is Python: one
 pass over the 9 offsets for k rows instead of k passes.
 
-Shape legend: k rows, B batch, C input channels, O output channels, H height, W width.
+Shape legend: k rows, B batch, C input channels (dense: width), O output channels, H height,
+W width.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from .portable import asarray_on
+from .reference import activation, activation_adjoint, array_namespace, check_activation
+
+
+def _dense_forward(Y, W, b, h, act: str, sigma):
+    """(Y_next, Z) of :func:`dense_step_batched` with the activation kernel ``sigma``."""
+    check_activation(act)
+    xp = array_namespace(Y)
+    h = asarray_on(Y, h, dtype=Y.dtype)[:, None, None]  # as a Python float h is: Y's dtype
+    Z = xp.matmul(Y, xp.permute_dims(W, (0, 2, 1)))  # k,B,C
+    Z += b[:, None, :]
+    # Y + h σ(Z), updating the fresh σ(Z) in place (h σ, then + Y: the same two roundings
+    # as the expression, one (k, B, C) temporary fewer per call)
+    out = sigma(Z, act)
+    out *= h
+    out += Y
+    return out, Z
+
+
+def _dense_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool, sigma_adjoint):
+    """(dY, dW, db) of :func:`dense_step_batched_adjoint` with the kernel ``sigma_adjoint``."""
+    check_activation(act)
+    xp = array_namespace(dY_next)
+    h = asarray_on(dY_next, h, dtype=dY_next.dtype)[:, None, None]
+    S = sigma_adjoint(Z, dY_next, act)  # k,B,C, a fresh array
+    S *= h  # h σ'(Z) ⊙ dY_next
+    dY = xp.matmul(S, W)
+    dY += dY_next  # dY_next + S W (addition commutes exactly: the same bits)
+    if not grads:
+        return dY, None, None
+    return dY, xp.matmul(xp.permute_dims(S, (0, 2, 1)), Y), xp.sum(S, axis=1)
+
+
+def dense_step_batched(Y, W, b, h, act: str):
+    """k dense ODE steps: Y (k,B,C), W (k,C,C), b (k,C), h (k,) -> (Y_next, Z) (module
+    docstring)."""
+    return _dense_forward(Y, W, b, h, act, activation)
+
+
+def dense_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True):
+    """The adjoints of k dense ODE steps -> (dY, dW (k,C,C), db (k,C)); dW and db None
+    unless ``grads``."""
+    return _dense_adjoint(Y, Z, dY_next, W, h, act, grads, activation_adjoint)
 
 
 def _pad_hw(X, r: int):

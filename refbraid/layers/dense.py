@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backends.portable import asarray_on
 from ..backends.reference import check_activation
 from .init import (
     check_adjoint,
@@ -29,20 +28,6 @@ from .init import (
     check_step_size,
     uniform_fan_in,
 )
-
-
-def _fused_batched(bk, act: str, *arrays):
-    """The backend's own batched dense kernels when they take these arrays, else None (the
-    array-API code of the methods runs): numba :mod:`refbraid.backends.numba_cpu_batched`,
-    cuda :mod:`refbraid.backends.numba_cuda_batched`, each bit-identical to its backend's
-    per-step path."""
-    if bk.name == "numba":
-        from ..backends import numba_cpu_batched as fused
-    elif bk.name == "cuda":
-        from ..backends import numba_cuda_batched as fused
-    else:
-        return None
-    return fused if fused.applies(act, *arrays) else None
 
 
 @dataclass(frozen=True)
@@ -93,38 +78,17 @@ class DenseStep:
     def forward_batched(self, params, Y, h, bk):
         """k steps at once, row j as :meth:`forward` with ``params[·][j]`` and ``h[j]``:
         ``Z = Y Wᵀ + b``, ``Y_next = Y + h σ(Z)``. Y (k,B,C), W (k,C,C), b (k,C), h (k,);
-        returns (Y_next, Z). The same floating-point operations per row as :meth:`forward` on
-        the NumPy backend (``np.matmul`` runs the 2-D product per row): bit-identical there."""
-        xp = bk.xp
-        fused = _fused_batched(bk, self.activation, Y, params["W"], params["b"])
-        if fused is not None:  # h as its backend's per-step path takes it
-            return fused.dense_forward_batched(Y, params["W"], params["b"], h, self.activation)
-        h = asarray_on(Y, h, dtype=Y.dtype)[:, None, None]  # as a Python float h is: Y's dtype
-        Z = xp.matmul(Y, xp.permute_dims(params["W"], (0, 2, 1)))  # k,B,C
-        Z += params["b"][:, None, :]
-        # Y + h σ(Z), updating the fresh σ(Z) in place (h σ, then + Y: the same two roundings
-        # as the expression, one (k, B, C) temporary fewer per call)
-        out = bk.activation(Z, self.activation)
-        out *= h
-        out += Y
-        return out, Z
+        returns (Y_next, Z). The catalogue kernel ``dense_step_batched``
+        (:mod:`refbraid.backends.reference_batched`; fused on numba and cuda), each backend's
+        version bit-identical to its per-step path."""
+        return bk.dense_step_batched(Y, params["W"], params["b"], h, self.activation)
 
     def adjoint_batched(self, params, Y, Z, dY_next, h, bk, grads: bool = True):
         """:meth:`adjoint` of k steps at once: ``S = h σ'(Z) ⊙ dY_next``, ``dY = dY_next + S W``,
         with grads ``dW = Sᵀ Y``, ``db = Σ_B S`` per row. Returns (dY, dparams stacked or None)."""
-        xp = bk.xp
-        fused = _fused_batched(bk, self.activation, Y, Z, dY_next, params["W"])
-        if fused is not None:
-            return fused.dense_adjoint_batched(Y, Z, dY_next, params["W"], h, self.activation,
-                                               grads)
-        h = asarray_on(dY_next, h, dtype=dY_next.dtype)[:, None, None]
-        S = bk.activation_adjoint(Z, dY_next, self.activation)  # k,B,C, a fresh array
-        S *= h  # h σ'(Z) ⊙ dY_next
-        dY = xp.matmul(S, params["W"])
-        dY += dY_next  # dY_next + S W (addition commutes exactly: the same bits)
-        if not grads:
-            return dY, None
-        return dY, {"W": xp.matmul(xp.permute_dims(S, (0, 2, 1)), Y), "b": xp.sum(S, axis=1)}
+        dY, dW, db = bk.dense_step_batched_adjoint(Y, Z, dY_next, params["W"], h,
+                                                   self.activation, grads)
+        return dY, (None if dW is None else {"W": dW, "b": db})
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from ..backends import Backend, get_backend
 from ..backends.dtypes import dtype_kind
 from ..backends.host import all_finite
 from ..backends.portable import zeros_on
-from ..layer_parallel import LayerParallelInfo, LayerParallelSettings
+from ..layer_parallel import LayerParallelInfo, LayerParallelSettings, batchable
 from ..layers import Classifier, GRUCell, GRUSequence
 from ..layers.gru import SCHEMES
 from ..layers.init import NonFiniteError, check_positive_int, check_step_size
@@ -195,8 +195,23 @@ class GRUModel:
         return loss, {k: grads[k] for k in params}, info
 
     def weight_gradient_sweep(self, cell, x, states, adjoints, bk) -> dict[str, Any]:
-        """∂L/∂θ = Σ_k (∂Φ(h[k]; k → k+1)/∂θ)ᵀ λ[k+1] (independent per k, then summed)."""
+        """∂L/∂θ = Σ_k (∂Φ(h[k]; k → k+1)/∂θ)ᵀ λ[k+1] (independent per k, then summed).
+
+        Where :func:`batchable`, the terms come from :meth:`GRUCell.weight_gradients_batched`
+        on chunks of positions and are added in the same order: the same bits."""
         dcell = {k: bk.xp.zeros_like(cell[k]) for k in CELL_WEIGHTS}
+        if batchable(self, bk):
+            per_call = max(1, ROWS_PER_CALL // x.shape[0])
+            for lo in range(0, self.seq_len, per_call):
+                at = np.arange(lo, min(lo + per_call, self.seq_len))
+                p = {**cell, "x": _inputs_at(x, at, bk)}
+                _, cache = self.step.forward_batched(p, states[at, ...], self.dt, bk)
+                d = self.step.weight_gradients_batched(cell, cache, adjoints[at + 1, ...],
+                                                       self.dt, bk)
+                for j in range(at.size):
+                    for name in CELL_WEIGHTS:
+                        dcell[name] += d[name][j, ...]
+            return dcell
         for k in range(self.seq_len):
             _, cache = self.step.step(cell, states[k, ...], self.dt, x[:, k, :], bk)
             _, d = self.step.adjoint(cell, cache, adjoints[k + 1, ...], self.dt, bk)
@@ -225,6 +240,23 @@ class GRUForward:
         m = self.model
         return m.cell(span).step(self.cell, h, span * m.dt, self.x[:, start, :], self.bk)[0]
 
+    @property
+    def batched_step(self):
+        """Φ on k intervals at once (MGRIT's batched sweeps) where :func:`batchable`."""
+        return self._steps_at_once if batchable(self.model, self.bk) else None
+
+    def _steps_at_once(self, Hs, starts, stops):
+        """Rows Φ(Hs[j]; starts[j] → stops[j]): one :meth:`GRUCell.forward_batched` call per
+        distinct span (one per sweep but at a level's last, shorter interval)."""
+        m = self.model
+
+        def run(span, rows):
+            X = _inputs_at(self.x, starts[rows], self.bk)
+            return m.cell(span).forward_batched({**self.cell, "x": X}, Hs[rows, ...],
+                                                span * m.dt, self.bk)[0]
+
+        return _by_span(stops - starts, Hs, run, self.bk)
+
 
 @dataclass(frozen=True, eq=False)
 class GRUAdjoint:
@@ -243,6 +275,69 @@ class GRUAdjoint:
         _, cache = c.step(self.cell, self.states[stop, ...], span * m.dt, self.x[:, stop, :],
                           self.bk)
         return c.adjoint(self.cell, cache, lam, span * m.dt, self.bk, grads=False)[0]
+
+    @property
+    def batched_step(self):
+        """Ψ on k intervals at once (MGRIT's batched sweeps) where :func:`batchable`."""
+        return self._steps_at_once if batchable(self.model, self.bk) else None
+
+    def _steps_at_once(self, Lam, starts, stops):
+        """Rows Ψ(Lam[j]; starts[j] → stops[j]): the forward gates at the states
+        ``states[stops[j]]`` recomputed and :meth:`GRUCell.adjoint_batched`, per distinct span."""
+        m = self.model
+
+        def run(span, rows):
+            at = stops[rows]
+            c = m.cell(span)
+            params = {**self.cell, "x": _inputs_at(self.x, at, self.bk)}
+            _, cache = c.forward_batched(params, _states_at(self.states, at, self.bk),
+                                         span * m.dt, self.bk)
+            return c.adjoint_batched(params, cache, Lam[rows, ...], span * m.dt, self.bk)
+
+        return _by_span(starts - stops, Lam, run, self.bk)
+
+
+def _inputs_at(x, positions, bk):
+    """x[:, p, :] for each p, stacked: (k, B, I)."""
+    return bk.xp.permute_dims(x[:, positions, :], (1, 0, 2))
+
+
+def _states_at(states, positions, bk):
+    """states[p, ...] for each p, stacked: a stacked trajectory is indexed, a row view
+    (the distributed trainer's, indexable one row at a time) gathered row by row."""
+    if getattr(states, "ndim", None) is not None:
+        return states[positions, ...]
+    return bk.xp.stack([states[int(p), ...] for p in positions])
+
+
+#: Rows (intervals × batch) per batched cell call: a sweep's k intervals go through the cell
+#: in chunks of at most ``ROWS_PER_CALL // B`` intervals, so the (rows, 3H) temporaries of the
+#: gate algebra stay in cache (one call for all k·B rows at B = 64 was slower than per-step
+#: calls; 256 rows measured best of 128–2048 at H = 32; docs/batched.md, "The GRU").
+ROWS_PER_CALL = 256
+
+
+def _by_span(spans, U, run, bk):
+    """``run(span, rows)`` for each distinct span, in chunks of at most ``ROWS_PER_CALL``
+    state rows, each result put in place (rows: a slice or an index array)."""
+    spans = np.asarray(spans)
+    k, B = U.shape[0], U.shape[1]
+    per_call = max(1, ROWS_PER_CALL // B)
+    first = int(spans[0])
+    if k <= per_call and (spans == first).all():
+        return run(first, slice(None))
+    out = bk.xp.empty_like(U)
+    if (spans == first).all():
+        for lo in range(0, k, per_call):
+            rows = slice(lo, min(lo + per_call, k))
+            out[rows, ...] = run(first, rows)
+        return out
+    for span in np.unique(spans):
+        where = np.flatnonzero(spans == span)
+        for lo in range(0, where.size, per_call):
+            rows = where[lo : lo + per_call]
+            out[rows, ...] = run(int(span), rows)
+    return out
 
 
 def gru_model(data_shape: tuple[int, ...], n_classes: int, hidden: int,
