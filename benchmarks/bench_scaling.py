@@ -37,28 +37,118 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def _machine(case: dict, max_ranks: int, messages):
+TAG = "SCALING "
+ROOT = Path(__file__).resolve().parents[1]
+#: ``--fixed-malloc``: glibc's mmap and trim thresholds fixed (docs/scaling_overhead.md §4).
+FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "8388608", "MALLOC_TRIM_THRESHOLD_": "67108864"}
+TOLERANCE = 0.15  # |pred / meas − 1| ≤ 15 %: PASS
+
+
+def _problem(case: dict):
     from bench_mpi import _data, _network
 
     from refbraid.backends import get_backend
-    from refbraid.layer_parallel import LayerParallelSettings
     from refbraid.network import init_params
-    from refbraid.scaling.predict import calibrate_network
-    from refbraid.training.optim import make_optimizer
 
     net = _network(case)
     bk = get_backend(case["backend"])
     params = init_params(net, 0, np.dtype(case["dtype"]))
     x, y = _data(net, case["batch"])
-    x = x.astype(case["dtype"])
-    machine = calibrate_network(net, params, x, y, LayerParallelSettings(), bk,
-                                optimizer=lambda: make_optimizer("adam", 1e-4),
-                                max_ranks=max_ranks, measure_messages=lambda: messages)
+    return net, params, x.astype(case["dtype"]), y, bk
+
+
+def _sharded_step(net, params, x, y, bk, world):
+    """The layer-parallel training step as ``mpiexec -n P refbraid train`` runs it: the
+    sharded distributed gradient + Adam on this rank's shard (ShardedTrainer)."""
+    from refbraid.layer_parallel import LayerParallelSettings
+    from refbraid.training.distributed import distributed_gradient
+    from refbraid.training.optim import make_optimizer
+    from refbraid.training.sharded import ShardedTrainer
+
+    grad = distributed_gradient(net, LayerParallelSettings(), bk, world=world)
+    trainer = ShardedTrainer(grad, params, make_optimizer("adam", 1e-4))
+    return lambda: trainer.step(x, y)
+
+
+def _machine(case: dict, max_ranks: int, messages, clock):
+    """The calibrated machine (one interleaved session in THIS process, trace on and off) for
+    the one-rank sharded step as it runs; see refbraid/scaling/calibration.py."""
+    from mpi4py import MPI
+
+    from refbraid.layer_parallel import LayerParallelSettings
+    from refbraid.scaling.predict import calibrate_network
+    from refbraid.training.optim import make_optimizer
+
+    net, params, x, y, bk = _problem(case)
+    machine = calibrate_network(
+        net, params, x, y, LayerParallelSettings(), bk,
+        optimizer=lambda: make_optimizer("adam", 1e-4), max_ranks=max_ranks,
+        measure_messages=lambda: messages, clock=clock,
+        make_training_step=lambda: _sharded_step(net, params, x, y, bk, MPI.COMM_SELF))
     return machine, (net, params, x, y, bk)
 
 
+# ----------------------------------------------------------------------------- the worker
+def worker(spec: dict) -> None:
+    """Under mpiexec: the sharded training step of every case, wall and CPU seconds (slowest
+    rank; median of ``repeat`` after 2 warm-ups); rank 0 prints one JSON line per case."""
+    import json
+    import statistics
+    import time
+
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    for case in spec["cases"]:
+        net, params, x, y, bk = _problem(case)
+        step = _sharded_step(net, params, x, y, bk, world)
+        step()
+        step()
+        wall, cpu = [], []
+        for _ in range(spec["repeat"]):
+            world.Barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+            step()
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
+            wall.append(world.allreduce(dt, op=MPI.MAX))
+            cpu.append(world.allreduce(dc, op=MPI.MAX))
+        if world.Get_rank() == 0:
+            print(TAG + json.dumps({"wall": statistics.median(wall),
+                                    "cpu": statistics.median(cpu)}), flush=True)
+
+
+def _launch(n: int, cases: list[dict], repeat: int, timeout: float) -> list[dict]:
+    import json
+
+    from refbraid.parallel.launch import run_mpi
+
+    spec = json.dumps({"cases": cases, "repeat": repeat})
+    run = run_mpi(n, [str(Path(__file__).resolve()), "--worker", spec], timeout=timeout,
+                  cwd=ROOT).check()
+    return [json.loads(line[len(TAG):]) for line in run.output.splitlines()
+            if line.startswith(TAG)]
+
+
+def _verdict(ratio: float) -> str:
+    return "PASS" if abs(ratio - 1.0) <= TOLERANCE else "miss"
+
+
+def _why(machine, dist, measured_p2: float) -> str:
+    """One line for a P = 2 row: the predicted critical path's breakdown (steps, messages,
+    waits, collectives) and the calibration's numbers, so a miss can be read."""
+    from refbraid.parallel.trace import path_breakdown
+
+    run = dist.run.run
+    timed = [e for e in run.critical_path if e.t0 >= dist.run.t0]
+    parts = ", ".join(f"{k} {1e3 * v:.2f}" for k, v in sorted(path_breakdown(timed).items())
+                      if v > 0)
+    return (f"    P=2 critical path (ms): {parts}; extra {1e3 * machine.extra:.2f}; "
+            f"idle {100 * run.idle_fraction():.0f} %; "
+            f"meas − pred {1e3 * (measured_p2 - dist.step):+.2f}")
+
+
 def main(argv=None) -> int:
-    from bench_mpi import _launch
+    import time
 
     from refbraid.scaling.messages import measure_messages
     from refbraid.scaling.predict import format_table, predict
@@ -66,56 +156,89 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="dense N = 64, 256 only, no conv")
-    ap.add_argument("--repeat", type=int, default=5, help="timed steps per case (median)")
+    ap.add_argument("--repeat", type=int, default=7, help="timed steps per case (median)")
+    ap.add_argument("--calibrations", type=int, default=1,
+                    help="independent calibrations per case (the spread of P=1 pred/meas)")
     ap.add_argument("--no-conv", action="store_true", help="skip TorchBraid's conv network")
+    ap.add_argument("--float32", action="store_true", help="also the conv rows in float32")
+    ap.add_argument("--layers", type=int, nargs="+", default=None, help="dense N (override)")
     ap.add_argument("--max-ranks", type=int, default=1024, help="largest P of the tables")
+    ap.add_argument("--no-scaling", action="store_true", help="skip the strong-scaling tables")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per mpiexec launch")
+    ap.add_argument("--cpu", action="store_true",
+                    help="CPU time (process_time) for the calibration and the comparison: "
+                    "on a loaded machine the idle-core time, where wall time is not")
+    ap.add_argument("--fixed-malloc", action="store_true",
+                    help="rerun with glibc's mmap/trim thresholds fixed (both sides)")
     ap.add_argument("--alpha", type=float, default=None,
                     help="seconds per message instead of the 2-rank ping-pong (on a loaded "
                     "machine the ping-pong measures the OS scheduler, not the messages)")
     ap.add_argument("--beta", type=float, default=None, help="seconds per byte (with --alpha)")
     args = ap.parse_args(argv)
+    if args.fixed_malloc and os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
+        import subprocess
+
+        rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--fixed-malloc"]
+        return subprocess.call([sys.executable, __file__, *rest],
+                               env={**os.environ, **FIXED_MALLOC})
+    layers = args.layers or ([64, 256] if args.quick else [64, 128, 256, 512, 1024])
     dense = [{"model": "resnet", "layers": n, "width": 32, "batch": 64, "backend": "numpy",
-              "dtype": "float64"} for n in ([64, 256] if args.quick else [64, 128, 256, 512,
-                                                                          1024])]
+              "dtype": "float64"} for n in layers]
+    dtypes = ("float64", "float32") if args.float32 else ("float64",)
     conv = [] if (args.quick or args.no_conv) else [
-        {"model": "conv", "layers": n, "batch": 50, "backend": "numba", "dtype": "float64"}
-        for n in (32, 128)]
+        {"model": "conv", "layers": n, "batch": 50, "backend": "numba", "dtype": dt}
+        for dt in dtypes for n in (32, 128)]
     cases = dense + conv
-    print(f"load average before: {os.getloadavg()[0]:.2f} (2 cores)")
+    malloc = "fixed malloc thresholds" if os.environ.get("MALLOC_MMAP_THRESHOLD_") else \
+        "default malloc"
+    clock_name, key = ("CPU time", "cpu") if args.cpu else ("wall time", "wall")
+    clock = time.process_time if args.cpu else time.perf_counter
+    print(f"load average before: {os.getloadavg()[0]:.2f} (2 cores); {malloc}; {clock_name}")
     if args.alpha is None:
         messages, how = measure_messages(), "2-rank ping-pong"
     else:
         messages, how = (args.alpha, args.beta or 0.0), "given: --alpha, --beta"
-    measured = {1: _launch(1, cases, args.repeat, args.timeout),
-                2: _launch(2, cases, args.repeat, args.timeout)}
+    measured = {p: _launch(p, cases, args.repeat, args.timeout) for p in (1, 2)}
     print(f"α = {messages[0] * 1e6:.2f} µs, β = {messages[1] * 1e9:.3f} ns/byte ({how}); ms "
-          f"per layer-parallel training step (gradient + Adam)")
+          f"per layer-parallel training step (sharded gradient + Adam, as mpiexec runs it); "
+          f"meas: mpiexec -n P, slowest rank, median of {args.repeat}")
     print("pred: the MGRIT solves' schedule (cost-only) + extra; dist: the whole distributed "
-          "step (DistributedGradient, sharded, real values) on the virtual cluster + extra")
-    print(f"{'network':>8} {'N':>5} | {'P=1 pred':>8} {'meas':>8} {'ratio':>6} | "
-          f"{'P=2 pred':>8} {'dist':>8} {'meas':>8} {'ratio':>6} {'dist/m':>6} | "
-          f"{'comm':>6} {'serial':>7}")
+          "step (DistributedGradient, sharded, real values) on the virtual cluster + extra; "
+          f"PASS: |pred/meas − 1| ≤ {TOLERANCE:.0%} (P=2: dist)")
+    head = (f"{'network':>8} {'dtype':>7} {'N':>5} | {'P=1 pred':>8} {'meas':>8} {'ratio':>6} "
+            f"{'':>4} | {'P=2 pred':>8} {'dist':>8} {'meas':>8} {'dist/m':>6} {'':>4} | "
+            f"{'comm':>6} {'trace×':>6}")
+    print(head + "\n" + "-" * len(head))
+    spread = []
     for i, case in enumerate(cases):
-        m, (net, params, x, y, bk) = _machine(case, 2, messages)
+        m1, m2 = measured[1][i][key], measured[2][i][key]
+        ratios = []
+        for _ in range(args.calibrations):
+            m, (net, params, x, y, bk) = _machine(case, 2, messages, clock)
+            ratios.append(predict(m, max_ranks=1)[0].layer_parallel / m1)
         rows = predict(m, max_ranks=2)
         dist = {(r.ranks, r.groups): r for r in predict_steps(m, net, params, x, y, bk, 2)}
-        cells = []
-        for p, row in zip((1, 2), rows, strict=True):
-            meas = measured[p][i]["lp_s"]
-            pred = row.layer_parallel
-            if p == 1:
-                cells.append(f"{1e3 * pred:8.2f} {1e3 * meas:8.2f} {pred / meas:6.2f}")
-            else:
-                d = dist[2, 1].step
-                cells.append(f"{1e3 * pred:8.2f} {1e3 * d:8.2f} {1e3 * meas:8.2f} "
-                             f"{pred / meas:6.2f} {d / meas:6.2f}")
-        serial = measured[1][i]["serial_s"]
-        print(f"{case['model']:>8} {case['layers']:5d} | {cells[0]} | {cells[1]} | "
-              f"{1e3 * dist[2, 1].comm:6.2f} {1e3 * serial:7.2f}", flush=True)
+        p1, p2, d = rows[0].layer_parallel, rows[1].layer_parallel, dist[2, 1].step
+        print(f"{case['model']:>8} {case['dtype']:>7} {case['layers']:5d} | {1e3 * p1:8.2f} "
+              f"{1e3 * m1:8.2f} {p1 / m1:6.2f} {_verdict(p1 / m1):>4} | {1e3 * p2:8.2f} "
+              f"{1e3 * d:8.2f} {1e3 * m2:8.2f} {d / m2:6.2f} {_verdict(d / m2):>4} | "
+              f"{1e3 * dist[2, 1].comm:6.2f} {float(m.source['trace_factor']):6.3f}",
+              flush=True)
+        if _verdict(d / m2) == "miss":
+            print(_why(m, dist[2, 1], m2), flush=True)
+        spread.append((case, ratios))
     print(f"load average after: {os.getloadavg()[0]:.2f}")
+    if args.calibrations > 1:
+        print(f"\ncalibration consistency: P=1 pred/meas over {args.calibrations} independent "
+              "calibrations (one measurement per case)")
+        for case, r in spread:
+            print(f"{case['model']:>8} {case['dtype']:>7} {case['layers']:5d}: "
+                  + " ".join(f"{v:.3f}" for v in r)
+                  + f"   min {min(r):.3f} max {max(r):.3f}")
+    if args.no_scaling:
+        return 0
     for case in ([{**dense[0], "layers": 4096}] + conv[-1:]):
-        m, _ = _machine(case, args.max_ranks, messages)
+        m, _ = _machine(case, args.max_ranks, messages, clock)
         title = (f"\nstrong scaling, {case['model']} N = {case['layers']}, batch "
                  f"{case['batch']} (calibrated here)")
         print(format_table(m, predict(m, args.max_ranks), title), flush=True)
@@ -123,4 +246,9 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
+        import json
+
+        worker(json.loads(sys.argv[2]))
+    else:
+        sys.exit(main())
