@@ -58,3 +58,22 @@ def test_one_virtual_rank_charges_the_measured_gradient():
                           alpha=1e-6, beta=1e-10, rounds=3)
     assert _lp_virtual(m, 1, 1.0) == pytest.approx(float(m.source["gradient_s"]), rel=1e-3)
     assert m.extra >= 0.0 and set(m.serial) == {8, 4}
+
+
+def test_extra_is_charged_by_the_busiest_ranks_share_of_layers():
+    from dataclasses import replace
+
+    from refbraid.parallel.costs import StepCosts
+    from refbraid.scaling.predict import Machine, extra_on
+    from refbraid.training.ownership import BlockPlan
+
+    settings = LayerParallelSettings()
+    m = Machine(StepCosts(1.0), 0.0, 0.0, {64: 1.0}, 0.0, 8, 8, (1, 0), 64, 64, settings)
+    assert extra_on(m, 4) == 0.0
+    m = replace(m, extra=2.0)
+    assert extra_on(m, 1) == 2.0
+    for ranks in (2, 3, 4):
+        layout = BlockPlan.build(64, settings, ranks).forward_layout
+        owned = [min(hi, 64) - lo for lo, hi in map(layout.bounds, range(ranks))]
+        assert sum(owned) == 64
+        assert extra_on(m, ranks) == pytest.approx(2.0 * max(owned) / 64)

@@ -11,9 +11,12 @@ Calibration (:func:`calibrate`, on this machine, for a ``refbraid train`` config
   ``o = (T_grad − Σ step durations) / steps``, so the virtual cluster with one rank reproduces
   the measured one-process gradient;
 * ``extra`` — what the virtual run does not charge (optimizer; sharding glue when the
-  training step as it runs is given): ``T_step − virtual(P = 1)``, added to every
-  layer-parallel prediction (a constant: on P ranks the optimizer work would shrink, so this
-  errs on the slow side);
+  training step as it runs is given): ``T_step − virtual(P = 1)``. On P ranks it is charged
+  in proportion to the busiest rank's share of the layers, ``extra · max_q n_q / N``
+  (:func:`extra_on`): in the sharded step (``mpiexec refbraid train``) each rank's optimizer
+  and sharding glue touch only its own rows, so a constant would overpredict P ≥ 2 (measured:
+  this per-row part is most of ``extra``; the constant rest — the opening's and closing's
+  few parameters, a loss reduction — makes it err slightly fast);
 * all of these from ONE session of interleaved rounds after warm-up, medians
   (:mod:`refbraid.scaling.calibration`: the steady state, not a cold process's first calls);
 * α, β — a two-rank ping-pong through ``MPIComm`` (:mod:`refbraid.scaling.messages`), or given.
@@ -215,6 +218,20 @@ def _lp_virtual(machine: Machine, ranks: int, scale: float):
     return run.wall_time
 
 
+def extra_on(machine: Machine, ranks: int) -> float:
+    """``extra`` on ``ranks`` layer ranks: ``extra · max_q n_q / N`` with n_q the layers rank q
+    owns (:class:`~refbraid.training.ownership.BlockPlan`); 0-safe; the whole on one rank."""
+    if ranks <= 1 or machine.extra == 0.0:
+        return machine.extra
+    try:
+        plan = BlockPlan.build(machine.n_layers, machine.settings, ranks)
+    except ValueError:
+        return machine.extra
+    layout = plan.forward_layout
+    most = max(min(hi, machine.n_layers) - lo for lo, hi in map(layout.bounds, range(ranks)))
+    return machine.extra * most / machine.n_layers
+
+
 @dataclass(frozen=True)
 class ScalingRow:
     """Predicted seconds per training step on P ranks (None: that split is not possible)."""
@@ -237,7 +254,7 @@ def predict(machine: Machine, max_ranks: int = 1024) -> list[ScalingRow]:
             b = math.ceil(B / d)
             scale = machine.serial.get(b, full * b / B) / full
             t = _lp_virtual(machine, q, scale)
-            lp_cache[q, d] = None if t is None else t + machine.extra * scale
+            lp_cache[q, d] = None if t is None else t + extra_on(machine, q) * scale
         return lp_cache[q, d]
 
     def dp(d: int) -> float | None:
