@@ -1,25 +1,38 @@
 """The virtual cluster against reality, then strong scaling to 1,024 ranks.
 
-    python benchmarks/bench_scaling.py [--quick] [--repeat 5] [--no-conv] [--max-ranks 1024]
-        [--alpha S --beta S]
+    python benchmarks/bench_scaling.py [--quick] [--float32] [--repeat 7] [--calibrations 3]
+        [--no-conv] [--layers 64 256] [--max-ranks 1024] [--no-scaling]
+        [--cpu] [--min] [--fixed-malloc] [--alpha S --beta S]
 
-1. Predicted vs measured. For benchmarks/bench_mpi.py's networks (dense ResNet, width 32,
-   batch 64, N = 64 … 1024, NumPy; TorchBraid's MNIST conv network, batch 50, N = 32 and 128,
-   Numba), the machine model is calibrated in this process (:func:`refbraid.scaling.predict.
-   calibrate_network`: a traced one-process layer-parallel gradient, serial steps, α and β from
-   a 2-rank ping-pong) and the virtual cluster predicts one layer-parallel training step on
-   P = 1 and 2 ranks; bench_mpi.py's MPI worker measures the same step (``ShardedTrainer``:
-   gradient + Adam, slowest rank, median of ``--repeat``) under ``mpiexec -n 1`` and ``-n 2``.
-   ``pred/meas`` is the ratio; the goal is within 15 %. At P = 2 a second prediction,
-   ``dist``, runs the whole distributed training step itself (``DistributedGradient``, sharded,
-   with real values: ghost weights, both solves, broadcasts, state rows, gradient rows home,
-   the reductions) on the virtual cluster (:func:`refbraid.scaling.virtual_training.
-   predict_steps`) + the same ``extra``; ``comm`` is its critical path's ms in messages and
-   collectives.
-2. Strong scaling of the dense network at N = 4096 and the conv network at N = 128 with the
-   calibrated model: P = 1 … ``--max-ranks`` (the ``refbraid scale`` table).
+For the lead, on an idle machine: ``python benchmarks/bench_scaling.py --float32
+--calibrations 3`` (≈ 10 min on 2 cores); on a loaded one add ``--min`` (wall time of the
+fastest call, both sides) and read P = 1 only.
 
-The machine is shared: the load is printed; rerun before trusting small differences.
+1. Predicted vs measured. For bench_mpi.py's networks (dense ResNet, width 32, batch 64,
+   N = 64 … 1024, NumPy; TorchBraid's MNIST conv network, batch 50, N = 32 and 128, Numba,
+   float64 and with ``--float32`` float32), this script's MPI worker measures the
+   layer-parallel training step as ``mpiexec -n P refbraid train`` runs it (``ShardedTrainer``:
+   sharded gradient + Adam; slowest rank; median — or ``--min`` fastest — of ``--repeat`` after
+   two warm-ups; wall — or ``--cpu`` CPU — time) under ``mpiexec -n 1`` and ``-n 2``. Then,
+   in THIS process, the machine model is calibrated (:func:`refbraid.scaling.predict.
+   calibrate_network` with the one-rank sharded step: one interleaved steady-state session,
+   refbraid/scaling/calibration.py; α and β from a 2-rank ping-pong or given) and the virtual
+   cluster predicts P = 1 and 2: ``pred`` the MGRIT solves' schedule (cost-only) + extra on
+   the busiest rank's share of the layers; ``dist`` the whole distributed step
+   (``DistributedGradient``, sharded, real values: ghost weights, both solves, broadcasts,
+   state rows, gradient rows home, the reductions; :func:`refbraid.scaling.virtual_training.
+   predict_steps`) + the same extra. ``ratio`` = pred / meas at P = 1 and dist / meas at P = 2;
+   PASS within 15 %, else ``miss`` and the predicted P = 2 critical path (steps per level and
+   direction, messages, collectives, extra, idle share) is printed under the row, to compare
+   with the measured time. ``trace×`` = untraced ÷ traced gradient (the trace's own cost).
+   ``--calibrations K`` repeats the calibration K times against the one measurement: the
+   spread of P = 1 pred/meas is the calibration's own consistency.
+2. Strong scaling of the dense network at N = 4096 and the (last) conv network at N = 128 with
+   the calibrated model: P = 1 … ``--max-ranks`` (the ``refbraid scale`` table).
+
+The machine is shared: the load is printed before and after; two ranks on two cores shared
+with other tenants measure the OS scheduler (an MPI receive busy-waits), so P = 2 rows are
+only meaningful idle. docs/scaling_calibration.md has the measured tables.
 """
 
 from __future__ import annotations
