@@ -152,8 +152,9 @@ def _why(machine, dist, measured_p2: float) -> str:
     waits, collectives) and the calibration's numbers, so a miss can be read."""
     from refbraid.parallel.trace import path_breakdown
 
-    run = dist.run.run
-    timed = [e for e in run.critical_path if e.t0 >= dist.run.t0]
+    run, t0 = dist.run.run, dist.run.t0
+    end = t0 + dist.run.step_time  # the setup before and the shards' gather after: untimed
+    timed = [e for e in run.critical_path if t0 <= e.t0 < end]
     parts = ", ".join(f"{k} {1e3 * v:.2f}" for k, v in sorted(path_breakdown(timed).items())
                       if v > 0)
     return (f"    P=2 critical path (ms): {parts}; extra {1e3 * machine.extra:.2f}; "
