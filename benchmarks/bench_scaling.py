@@ -13,15 +13,17 @@ fastest call, both sides) and read P = 1 only.
    float64 and with ``--float32`` float32), this script's MPI worker measures the
    layer-parallel training step as ``mpiexec -n P refbraid train`` runs it (``ShardedTrainer``:
    sharded gradient + Adam; slowest rank; median — or ``--min`` fastest — of ``--repeat`` after
-   two warm-ups; wall — or ``--cpu`` CPU — time) under ``mpiexec -n 1`` and ``-n 2``. Then,
-   in THIS process, the machine model is calibrated (:func:`refbraid.scaling.predict.
+   two warm-ups; wall — or ``--cpu`` CPU — time) under ``mpiexec -n 1`` and ``-n 2``. Then
+   the machine model is calibrated (:func:`refbraid.scaling.predict.
    calibrate_network` with the one-rank sharded step: one interleaved steady-state session,
    refbraid/scaling/calibration.py; α and β from a 2-rank ping-pong or given) and the virtual
-   cluster predicts P = 1 and 2: ``pred`` the MGRIT solves' schedule (cost-only) + extra on
-   the busiest rank's share of the layers; ``dist`` the whole distributed step
-   (``DistributedGradient``, sharded, real values: ghost weights, both solves, broadcasts,
-   state rows, gradient rows home, the reductions; :func:`refbraid.scaling.virtual_training.
-   predict_steps`) + the same extra. ``ratio`` = pred / meas at P = 1 and dist / meas at P = 2;
+   cluster predicts P = 1 and 2 — each calibration in a fresh process (as ``refbraid scale``
+   runs), so it does not inherit this script's allocation history: ``pred`` the MGRIT
+   solves' schedule (cost-only) + extra on the busiest rank's share of the layers; ``dist``
+   the whole distributed step (``DistributedGradient``, sharded, real values: ghost weights,
+   both solves, broadcasts, state rows, gradient rows home, the reductions;
+   :func:`refbraid.scaling.virtual_training.predict_steps`) + the same extra. ``ratio`` =
+   pred / meas at P = 1 and dist / meas at P = 2;
    PASS within 15 %, else ``miss`` and the predicted P = 2 critical path (steps per level and
    direction, messages, collectives, extra, idle share) is printed under the row, to compare
    with the measured time. ``trace×`` = untraced ÷ traced gradient (the trace's own cost).
@@ -84,7 +86,7 @@ def _sharded_step(net, params, x, y, bk, world):
 
 
 def _machine(case: dict, max_ranks: int, messages, clock, statistic):
-    """The calibrated machine (one interleaved session in THIS process, trace on and off) for
+    """The calibrated machine (one interleaved session in this process, trace on and off) for
     the one-rank sharded step as it runs; see refbraid/scaling/calibration.py."""
     from mpi4py import MPI
 
@@ -147,9 +149,9 @@ def _verdict(ratio: float) -> str:
     return "PASS" if abs(ratio - 1.0) <= TOLERANCE else "miss"
 
 
-def _why(machine, dist, measured_p2: float) -> str:
-    """One line for a P = 2 row: the predicted critical path's breakdown (steps, messages,
-    waits, collectives) and the calibration's numbers, so a miss can be read."""
+def _path_line(machine, dist) -> str:
+    """The predicted P = 2 step's critical path (steps per level and direction, messages,
+    collectives), extra and idle share: printed under a miss, to read where it differs."""
     from refbraid.parallel.trace import path_breakdown
 
     run, t0 = dist.run.run, dist.run.t0
@@ -158,8 +160,40 @@ def _why(machine, dist, measured_p2: float) -> str:
     parts = ", ".join(f"{k} {1e3 * v:.2f}" for k, v in sorted(path_breakdown(timed).items())
                       if v > 0)
     return (f"    P=2 critical path (ms): {parts}; extra {1e3 * machine.extra:.2f}; "
-            f"idle {100 * run.idle_fraction():.0f} %; "
-            f"meas − pred {1e3 * (measured_p2 - dist.step):+.2f}")
+            f"idle {100 * run.idle_fraction():.0f} %")
+
+
+def predict_case(spec: dict) -> dict:
+    """Calibrate and predict one case (run in a FRESH process: the calibration must not
+    inherit the bench's allocation history, docs/scaling_calibration.md §1)."""
+    import statistics
+    import time
+
+    from refbraid.scaling.predict import predict
+    from refbraid.scaling.virtual_training import predict_steps
+
+    clock = time.process_time if spec["cpu"] else time.perf_counter
+    statistic = min if spec["min"] else statistics.median
+    m, (net, params, x, y, bk) = _machine(spec["case"], 2, tuple(spec["messages"]), clock,
+                                          statistic)
+    rows = predict(m, max_ranks=2)
+    dist = predict_steps(m, net, params, x, y, bk, 2)
+    d = next(r for r in dist if (r.ranks, r.groups) == (2, 1))
+    return {"p1": rows[0].layer_parallel, "p2": rows[1].layer_parallel, "dist": d.step,
+            "comm": d.comm, "trace": float(m.source["trace_factor"]),
+            "path": _path_line(m, d)}
+
+
+def _predict_fresh(case: dict, messages, args) -> dict:
+    import json
+    import subprocess
+
+    spec = json.dumps({"case": case, "messages": list(messages), "cpu": args.cpu,
+                       "min": args.min})
+    out = subprocess.run([sys.executable, __file__, "--predict", spec], check=True,
+                         capture_output=True, text=True, cwd=ROOT).stdout
+    line = next(v for v in out.splitlines() if v.startswith(TAG))
+    return json.loads(line[len(TAG):])
 
 
 def main(argv=None) -> int:
@@ -168,7 +202,6 @@ def main(argv=None) -> int:
 
     from refbraid.scaling.messages import measure_messages
     from refbraid.scaling.predict import format_table, predict
-    from refbraid.scaling.virtual_training import predict_steps
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="dense N = 64, 256 only, no conv")
@@ -234,21 +267,16 @@ def main(argv=None) -> int:
     spread = []
     for i, case in enumerate(cases):
         m1, m2 = measured[1][i][key], measured[2][i][key]
-        ratios = []
-        for _ in range(args.calibrations):
-            m, (net, params, x, y, bk) = _machine(case, 2, messages, clock, statistic)
-            ratios.append(predict(m, max_ranks=1)[0].layer_parallel / m1)
-        rows = predict(m, max_ranks=2)
-        dist = {(r.ranks, r.groups): r for r in predict_steps(m, net, params, x, y, bk, 2)}
-        p1, p2, d = rows[0].layer_parallel, rows[1].layer_parallel, dist[2, 1].step
+        runs = [_predict_fresh(case, messages, args) for _ in range(args.calibrations)]
+        r = runs[-1]
+        p1, p2, d = r["p1"], r["p2"], r["dist"]
         print(f"{case['model']:>8} {case['dtype']:>7} {case['layers']:5d} | {1e3 * p1:8.2f} "
               f"{1e3 * m1:8.2f} {p1 / m1:6.2f} {_verdict(p1 / m1):>4} | {1e3 * p2:8.2f} "
               f"{1e3 * d:8.2f} {1e3 * m2:8.2f} {d / m2:6.2f} {_verdict(d / m2):>4} | "
-              f"{1e3 * dist[2, 1].comm:6.2f} {float(m.source['trace_factor']):6.3f}",
-              flush=True)
+              f"{1e3 * r['comm']:6.2f} {r['trace']:6.3f}", flush=True)
         if _verdict(d / m2) == "miss":
-            print(_why(m, dist[2, 1], m2), flush=True)
-        spread.append((case, ratios))
+            print(f"{r['path']}; meas − pred {1e3 * (m2 - d):+.2f}", flush=True)
+        spread.append((case, [v["p1"] / m1 for v in runs]))
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     if args.calibrations > 1:
         print(f"\ncalibration consistency: P=1 pred/meas over {args.calibrations} independent "
@@ -268,9 +296,12 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
+    if len(sys.argv) > 2 and sys.argv[1] in ("--worker", "--predict"):
         import json
 
-        worker(json.loads(sys.argv[2]))
+        if sys.argv[1] == "--worker":
+            worker(json.loads(sys.argv[2]))
+        else:
+            print(TAG + json.dumps(predict_case(json.loads(sys.argv[2]))), flush=True)
     else:
         sys.exit(main())
