@@ -199,6 +199,7 @@ def _predict_fresh(case: dict, messages, args) -> dict:
 def main(argv=None) -> int:
     import statistics
     import time
+    from dataclasses import replace
 
     from refbraid.scaling.messages import measure_messages
     from refbraid.scaling.predict import format_table, predict
@@ -289,6 +290,7 @@ def main(argv=None) -> int:
         return 0
     for case in ([{**dense[0], "layers": 4096}] + conv[-1:]):
         m, _ = _machine(case, args.max_ranks, messages, clock, statistic)
+        m = replace(m, source={**m.source, "messages": how})  # not "calibrated" when given
         title = (f"\nstrong scaling, {case['model']} N = {case['layers']}, batch "
                  f"{case['batch']} (calibrated here)")
         print(format_table(m, predict(m, args.max_ranks), title), flush=True)
