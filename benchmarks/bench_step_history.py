@@ -2,6 +2,7 @@
 
     python benchmarks/bench_step_history.py [--layers 128] [--dtype float64] [--repeat 15]
         [--rounds 2] [--histories none bench_mpi] [--mallocs default pinned heap]
+        [--settings torchbraid fast fast-2level] [--ranks 1 2]
 
 ``bench_mpi.py`` and ``bench_two_rank_breakdown.py`` measured the same 2-rank float64 step of
 TorchBraid's MNIST conv network (N = 128, batch 50, numba, TorchBraid's settings) at 549 ms and
@@ -16,6 +17,9 @@ fresh ``mpiexec`` per cell, crossing
 * malloc    ``default``: glibc's dynamic thresholds;
             ``pinned``: :func:`refbraid.runtime.pin_allocator` (fixed mmap/trim thresholds);
             ``heap``: pinned and ``M_MMAP_MAX = 0`` (no block is ever mmapped);
+
+* settings  the MGRIT settings of the 2-rank step (``bench_mpi.named_settings``; serial has
+            none);
 
 and per cell prints the median and minimum step (the slowest rank's wall time, ``--repeat``
 steps after one warm-up, the timer of bench_mpi), CPU ms per step, minor page faults per step
@@ -76,11 +80,10 @@ def _history(world) -> None:
 
 def worker(spec: dict) -> None:
     """Under mpiexec: time the step after the history, rank 0 prints one JSON line."""
-    from bench_mpi import _data, _network
+    from bench_mpi import _data, _network, named_settings
     from mpi4py import MPI
 
     from refbraid.backends import get_backend
-    from refbraid.layer_parallel import LayerParallelSettings
     from refbraid.network import backprop, init_params
     from refbraid.training.distributed import distributed_gradient
     from refbraid.training.optim import make_optimizer
@@ -104,7 +107,8 @@ def worker(spec: dict) -> None:
             _, g, _ = backprop(net, params, x, y, bk)
             opt.step(params, g)
     else:
-        tr = ShardedTrainer(distributed_gradient(net, LayerParallelSettings(), bk), params,
+        settings = named_settings(spec.get("settings", "torchbraid"))
+        tr = ShardedTrainer(distributed_gradient(net, settings, bk), params,
                             make_optimizer("adam", 1e-4))
 
         def step():
@@ -152,29 +156,33 @@ def main(argv=None) -> int:
                     choices=("none", "bench_mpi"))
     ap.add_argument("--mallocs", nargs="+", default=["default", "pinned"],
                     choices=("default", "pinned", "heap"))
+    ap.add_argument("--settings", nargs="+", default=["torchbraid"],
+                    choices=("torchbraid", "fast", "fast-2level"))
     ap.add_argument("--timeout", type=float, default=900.0)
     args = ap.parse_args(argv)
     if args.worker:
         worker(json.loads(args.worker))
         return 0
-    cells = [(p, h, m) for p in args.ranks for h in args.histories for m in args.mallocs]
-    print(f"MNIST conv network, N = {args.layers}, {args.dtype}, batch 50, numba, TorchBraid's "
-          f"settings; fresh mpiexec per cell, {args.rounds} rounds alternating; load "
+    cells = [(p, h, m, s) for p in args.ranks for h in args.histories for m in args.mallocs
+             for s in (["-"] if p == 1 else args.settings)]
+    print(f"MNIST conv network, N = {args.layers}, {args.dtype}, batch 50, numba; fresh "
+          f"mpiexec per cell, {args.rounds} rounds alternating; load "
           f"{os.getloadavg()[0]:.2f}", flush=True)
     results: dict[tuple, list[dict]] = {c: [] for c in cells}
     for rnd in range(args.rounds):
         order = cells if rnd % 2 == 0 else cells[::-1]
-        for ranks, history, malloc in order:
+        for ranks, history, malloc, settings in order:
             spec = {"layers": args.layers, "dtype": args.dtype, "repeat": args.repeat,
-                    "history": history, "malloc": malloc}
+                    "history": history, "malloc": malloc, "settings": settings}
             res = _cell(ranks, spec, args.timeout)
-            results[(ranks, history, malloc)].append(res)
-            print(f"  round {rnd + 1}: ranks {ranks} history {history:<9} malloc {malloc:<7} "
+            results[(ranks, history, malloc, settings)].append(res)
+            print(f"  round {rnd + 1}: ranks {ranks} {settings:<11} history {history:<9} malloc "
+                  f"{malloc:<7} "
                   f"median {1e3 * res['median']:7.1f} ms (load {os.getloadavg()[0]:.2f})",
                   flush=True)
-    print(f"\n{'ranks':>5} {'history':<10} {'malloc':<8} {'median ms':>18} {'min ms':>16} "
-          f"{'CPU ms/rank':>16} {'faults/step':>18} {'peak RSS MB':>16}")
-    for (ranks, history, malloc), runs in results.items():
+    print(f"\n{'ranks':>5} {'settings':<11} {'history':<10} {'malloc':<8} {'median ms':>18} "
+          f"{'min ms':>16} {'CPU ms/rank':>16} {'faults/step':>18} {'peak RSS MB':>16}")
+    for (ranks, history, malloc, settings), runs in results.items():
         def span(values, fmt="{:.0f}"):
             lo, hi = min(values), max(values)
             return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else \
@@ -186,8 +194,8 @@ def main(argv=None) -> int:
                        for q in range(ranks))
         flt = "/".join(span([r["per_rank"][q]["faults"] for r in runs]) for q in range(ranks))
         rss = "/".join(span([r["per_rank"][q]["rss_mb"] for r in runs]) for q in range(ranks))
-        print(f"{ranks:>5} {history:<10} {malloc:<8} {med:>18} {mn:>16} {cpu:>16} {flt:>18} "
-              f"{rss:>16}")
+        print(f"{ranks:>5} {settings:<11} {history:<10} {malloc:<8} {med:>18} "
+              f"{mn:>16} {cpu:>16} {flt:>18} {rss:>16}")
     print(f"load at the end {os.getloadavg()[0]:.2f}")
     return 0
 
