@@ -1,7 +1,7 @@
 """Per-batch training time: serial sequential training vs layer-parallel MPI ranks, with a model.
 
     python benchmarks/bench_mpi.py [--quick] [--ranks 2] [--repeat 5] [--no-conv] [--no-torch]
-        [--settings torchbraid|fast|fast-2level] [--default-malloc] [--same-process]
+        [--settings torchbraid|2level|fast|fast-2level] [--default-malloc] [--same-process]
 
 Runs itself under ``mpiexec -n 1`` and ``mpiexec -n P`` (``python -m mpi4py``, one thread per
 rank) and prints the tables; every ratio is formed from timings taken in this one run.
@@ -61,7 +61,7 @@ import numpy as np  # noqa: E402
 
 TAG = "BENCH "
 ROOT = Path(__file__).resolve().parents[1]
-SETTINGS = ("torchbraid", "fast", "fast-2level")
+SETTINGS = ("torchbraid", "2level", "fast", "fast-2level")
 
 
 def named_settings(name: str):
@@ -69,18 +69,22 @@ def named_settings(name: str):
 
     torchbraid   TorchBraid's examples: 3 levels, cfactor 4, F / FCF, skipped first down-cycle,
                  2 forward iterations (skip + 1 cycle) and 1 adjoint (the skipped cycle)
-    fast         the same with 1 forward iteration (the skipped cycle only)
+    2level       2 levels, cfactor 16, F, TorchBraid's iterations (2 forward / 1 adjoint): the
+                 same gradient error as torchbraid at ≈ 0.76× its ideal 2-rank path
+    fast         torchbraid with 1 forward iteration (the skipped cycle only)
     fast-2level  2 levels, cfactor 16, 1 forward and 1 adjoint iteration
     """
     from refbraid.layer_parallel import LayerParallelSettings
     from refbraid.mgrit import MGRITSettings
 
-    def one_iteration(levels: int, cfactor: int) -> LayerParallelSettings:
-        s = MGRITSettings.torchbraid(levels=levels, cfactor=cfactor, max_iter=0)
-        return LayerParallelSettings(forward=s, backward=s)
+    def iterations(levels: int, cfactor: int, forward: int) -> LayerParallelSettings:
+        def mg(max_iter):
+            return MGRITSettings.torchbraid(levels=levels, cfactor=cfactor, max_iter=max_iter)
 
-    table = {"torchbraid": LayerParallelSettings, "fast": lambda: one_iteration(3, 4),
-             "fast-2level": lambda: one_iteration(2, 16)}
+        return LayerParallelSettings(forward=mg(forward), backward=mg(0))
+
+    table = {"torchbraid": LayerParallelSettings, "2level": lambda: iterations(2, 16, 1),
+             "fast": lambda: iterations(3, 4, 0), "fast-2level": lambda: iterations(2, 16, 0)}
     if name not in table:
         raise ValueError(f"`--settings` must be one of {', '.join(table)}, got {name!r}.")
     return table[name]()

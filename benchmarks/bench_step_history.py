@@ -2,7 +2,7 @@
 
     python benchmarks/bench_step_history.py [--layers 128] [--dtype float64] [--repeat 15]
         [--rounds 2] [--histories none bench_mpi] [--mallocs default pinned heap]
-        [--settings torchbraid fast fast-2level] [--ranks 1 2]
+        [--settings torchbraid 2level fast fast-2level] [--ranks 1 2]
 
 ``bench_mpi.py`` and ``bench_two_rank_breakdown.py`` measured the same 2-rank float64 step of
 TorchBraid's MNIST conv network (N = 128, batch 50, numba, TorchBraid's settings) at 549 ms and
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mallocs", nargs="+", default=["default", "pinned"],
                     choices=("default", "pinned", "heap"))
     ap.add_argument("--settings", nargs="+", default=["torchbraid"],
-                    choices=("torchbraid", "fast", "fast-2level"))
+                    choices=("torchbraid", "2level", "fast", "fast-2level"))
     ap.add_argument("--timeout", type=float, default=900.0)
     args = ap.parse_args(argv)
     if args.worker:

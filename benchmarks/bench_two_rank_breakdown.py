@@ -2,7 +2,7 @@
 
     python benchmarks/bench_two_rank_breakdown.py [--layers 128] [--repeat 5] [--traced 3]
         [--dtypes float64 float32] [--backend numba] [--ranks 2]
-        [--settings torchbraid|fast|fast-2level] [--default-malloc]
+        [--settings torchbraid|2level|fast|fast-2level] [--default-malloc]
 
 Issue 10, item 6: TorchBraid's MNIST conv network (``--model conv``: ConvLift(1→4) + ReLU,
 N ConvSteps 3×3 on 28×28, close Linear(4·28·28 → 10); batch 50; TorchBraid's settings: 3
@@ -320,7 +320,7 @@ def main(argv=None) -> int:
                     help="also cProfile steps per rank into DIR and print the split by owner")
     ap.add_argument("--profile-steps", type=int, default=5)
     ap.add_argument("--settings", default="torchbraid",
-                    choices=("torchbraid", "fast", "fast-2level"),
+                    choices=("torchbraid", "2level", "fast", "fast-2level"),
                     help="MGRIT settings of the layer-parallel step (bench_mpi.named_settings)")
     ap.add_argument("--default-malloc", action="store_true",
                     help="leave glibc malloc's thresholds dynamic (REFBRAID_PIN_ALLOCATOR=0)")
