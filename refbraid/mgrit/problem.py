@@ -278,26 +278,39 @@ class CountingStep:
         )
 
 
-def stacked(xp, value, n: int):
-    """``n`` copies of ``value`` stacked along a new first axis: shape (n, *value.shape)."""
+def stacked(xp, value, n: int, out=None):
+    """``n`` copies of ``value`` stacked along a new first axis: shape (n, *value.shape)
+    (written into ``out`` when given)."""
     value = xp.asarray(value)
     # a fresh C-ordered array (a copy of a broadcast view may keep the zero stride innermost,
     # which makes every later row access slow)
-    out = empty_on(value, (n, *value.shape))
+    out = empty_on(value, (n, *value.shape)) if out is None else out
     out[...] = value
     return out
 
 
-def rhs_solver_order(problem: Problem):
-    """Right-hand side in solver order: ``g_s[0] = u0``, ``g_s[s] = g[i(s)]``; (N + 1, *S)."""
+def rhs_solver_order(problem: Problem, workspace=None):
+    """Right-hand side in solver order: ``g_s[0] = u0``, ``g_s[s] = g[i(s)]``; (N + 1, *S).
+
+    With a :class:`~refbraid.mgrit.workspace.Workspace` the array is the workspace's: the
+    unforced one is zeroed when it is made and only its row 0 is ever written (nothing writes
+    a level's g in place), the forced one is overwritten by ``g`` every time."""
     xp = namespace(problem.u0)
     u0 = xp.asarray(problem.u0)
+    shape = (problem.n_steps + 1, *u0.shape)
     if problem.g is None:
-        g = zeros_on(u0, (problem.n_steps + 1, *u0.shape))  # lazily zeroed pages
-    else:
+        if workspace is None:
+            g = zeros_on(u0, shape)  # lazily zeroed pages
+        else:
+            g = workspace.zeros("rhs unforced", 0, u0, shape)
+    elif workspace is None:
         g = xp.asarray(problem.g, dtype=u0.dtype, copy=True)
         if problem.direction == "backward":
             g = xp.flip(g, axis=0)
+    else:
+        src = xp.asarray(problem.g, dtype=u0.dtype)
+        g = workspace.empty("rhs", 0, u0, shape)
+        g[...] = xp.flip(src, axis=0) if problem.direction == "backward" else src
     g[0, ...] = u0
     return g
 
