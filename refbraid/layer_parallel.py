@@ -38,6 +38,7 @@ import numpy as np
 
 from .backends import Backend, get_backend
 from .backends.host import host_float
+from .layers.forward_into import forward_into
 from .mgrit import GradientWorkspace, MGRITResult, MGRITSettings, Problem, solve
 from .mgrit.transfer import SpatialCoarsening, restrict_to_shape
 from .network import (
@@ -133,10 +134,9 @@ class ForwardPropagator:
     steps: dict[str, Any]
     bk: Backend
 
-    def step(self, y, start: int, stop: int):
-        theta = layer_params(self.steps, start)
-        y_next, _ = self.net.step.forward(theta, y, (stop - start) * self.net.h, self.bk)
-        return y_next
+    def step(self, y, start: int, stop: int, out=None):  # out: where y_next may be written
+        theta, hc = layer_params(self.steps, start), (stop - start) * self.net.h
+        return forward_into(self.net.step, theta, y, hc, self.bk, out)[0]
 
     @property
     def batched_step(self):
@@ -203,11 +203,11 @@ class CachingForward(ForwardPropagator):
         object.__setattr__(self, "caches", {})
         object.__setattr__(self, "origins", {})  # layer -> batched call (step_caches.py)
 
-    def step(self, y, start: int, stop: int):
+    def step(self, y, start: int, stop: int, out=None):
         if stop - start != 1:
-            return super().step(y, start, stop)
-        y_next, cache = self.net.step.forward(layer_params(self.steps, start), y, self.net.h,
-                                              self.bk)
+            return super().step(y, start, stop, out)
+        y_next, cache = forward_into(self.net.step, layer_params(self.steps, start), y,
+                                     self.net.h, self.bk, out)
         self.caches[start] = cache
         self.origins.pop(start, None)
         return y_next

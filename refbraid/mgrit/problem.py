@@ -33,6 +33,7 @@ Shape legend: N steps, S = state shape, so a trajectory is (N + 1, *S).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter
@@ -222,18 +223,26 @@ class CountingStep:
         self.seconds = 0.0
         self._shape = problem.state_shape if shape is None else tuple(shape)
         self._step = problem.step
+        #: whether ``step`` takes ``out=`` (write its result there where it can, e.g. the
+        #: layer-parallel propagators): :meth:`__call__` passes it on, else drops it
+        self.takes_out = _takes_out(problem.step)
         # solver index -> fine index:  i = s (forward),  i = N - s (backward)
         self._flip = problem.n_steps if problem.direction == "backward" else None
         self.batched = problem.batched_step is not None
 
-    def __call__(self, u, s_start: int, s_stop: int):
+    def __call__(self, u, s_start: int, s_stop: int, out=None):
+        """``Φ(u; s_start → s_stop)``; ``out``: where the step may write it, if it takes
+        ``out=`` (the result ``is out`` then; otherwise a new array the caller copies)."""
         flip = self._flip
         if flip is None:
             start, stop = int(s_start), int(s_stop)
         else:
             start, stop = flip - int(s_start), flip - int(s_stop)
         t0 = perf_counter()
-        out = self._step(u, start, stop)
+        if out is not None and self.takes_out:
+            out = self._step(u, start, stop, out=out)
+        else:
+            out = self._step(u, start, stop)
         t1 = perf_counter()
         self.seconds += t1 - t0
         self.count += 1
@@ -276,6 +285,14 @@ class CountingStep:
             f"`{name}` returned {got} for start={start}, stop={stop} (level {self.level}); "
             f"expected an array of {what} {want}."
         )
+
+
+def _takes_out(step) -> bool:
+    """Whether the callable ``step`` has a parameter named ``out``."""
+    try:
+        return "out" in inspect.signature(step).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def stacked(xp, value, n: int, out=None):
