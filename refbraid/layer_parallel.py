@@ -38,7 +38,7 @@ import numpy as np
 
 from .backends import Backend, get_backend
 from .backends.host import host_float
-from .layers.forward_into import forward_into
+from .layers.forward_into import adjoint_into, forward_into
 from .mgrit import GradientWorkspace, MGRITResult, MGRITSettings, Problem, solve
 from .mgrit.transfer import SpatialCoarsening, restrict_to_shape
 from .network import (
@@ -244,7 +244,7 @@ class CapturingAdjoint(AdjointPropagator):
         object.__setattr__(self, "grads", {})
         object.__setattr__(self, "counts", {"cache_hits": 0, "recomputed": 0})
 
-    def step(self, lam, start: int, stop: int):
+    def step(self, lam, start: int, stop: int, out=None):  # out: where λ[a] may be written
         if start - stop != 1:
             return super().step(lam, start, stop)
         theta = layer_params(self.steps, stop)
@@ -254,8 +254,8 @@ class CapturingAdjoint(AdjointPropagator):
             self.counts["recomputed"] += 1
         else:
             self.counts["cache_hits"] += 1
-        lam_prev, dtheta = self.net.step.adjoint(theta, cache, lam, self.net.h, self.bk,
-                                                 grads=True)
+        lam_prev, dtheta = adjoint_into(self.net.step, theta, cache, lam, self.net.h, self.bk,
+                                        True, out)
         self.grads[stop] = dtheta
         return lam_prev
 

@@ -8,7 +8,7 @@ import pytest
 
 from refbraid.backends import get_backend
 from refbraid.backends.into import euler_act_into, writes_into
-from refbraid.layers.forward_into import forward_into
+from refbraid.layers.forward_into import adjoint_into, forward_into
 from refbraid.mgrit import Problem
 from refbraid.mgrit.problem import CountingStep
 from refbraid.mgrit.relax import f_relax
@@ -72,3 +72,37 @@ def test_f_relax_with_an_out_step_equals_the_copying_step(forced):
         assert step.takes_out == (fn is with_out)
         results.append(f_relax(u, g, np.arange(9), f_pos, step))
     assert np.array_equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("model, shape", [("resnet", (3, 4)), ("conv", (2, 2, 5, 5))])
+@pytest.mark.parametrize("grads", [True, False])
+def test_step_adjoint_into_equals_adjoint(model, shape, grads):
+    bk = get_backend("numpy")
+    net = build_network(model, (2,) if model == "resnet" else (1, 5, 5), 3, 2, shape[1], 1.0)
+    layer, params = net.step, layer_params(group(init_params(net, 0), "steps"), 1)
+    rng = np.random.default_rng(4)
+    y, lam = rng.standard_normal(shape), rng.standard_normal(shape)
+    _, cache = layer.forward(params, y, 0.25, bk)
+    want, dw = layer.adjoint(params, cache, lam, 0.25, bk, grads=grads)
+    out = np.full_like(y, np.nan)
+    got, dg = adjoint_into(layer, params, cache, lam, 0.25, bk, grads, out)
+    assert got is out and np.array_equal(got, want)
+    assert (dw is None) == (dg is None) and (dw is None or all(
+        np.array_equal(dw[k], dg[k]) for k in dw))
+    # out overlapping dy_next: refused, a new array with the same numbers
+    same, _ = adjoint_into(layer, params, cache, lam, 0.25, bk, grads, lam)
+    assert same is not lam and np.array_equal(same, want)
+
+
+def test_batched_forced_sweeps_add_into_the_iterate():
+    from refbraid.mgrit import batched
+    from refbraid.mgrit.problems import dahlquist
+
+    problem = dahlquist(-1.0, 16)
+    rng = np.random.default_rng(5)
+    u, g = rng.standard_normal((17, *problem.state_shape)), rng.standard_normal(
+        (17, *problem.state_shape))
+    f_pos = [k for k in range(17) if k % 4]
+    want = f_relax(u, g, np.arange(17), f_pos, CountingStep(problem))
+    got = batched.f_relax(u, g, np.arange(17), batched.f_sweeps(f_pos), CountingStep(problem))
+    assert np.array_equal(got, want)

@@ -4,7 +4,8 @@
 ``out`` where the backend can (the NumPy reference and the Numba CPU kernels, on a NumPy
 ``out`` of y's shape and dtype, C-contiguous): the same operations, another destination.
 Everywhere else (CUDA, CuPy, the strict stand-in, a mismatched ``out``) it returns a new
-array, and the caller copies it (``result is out`` tells which happened).
+array, and the caller copies it (``result is out`` tells which happened). ``add_into(a, b,
+out)`` is ``a + b`` the same way (the adjoint steps' last sum), on NumPy arrays.
 """
 
 from __future__ import annotations
@@ -28,3 +29,14 @@ def euler_act_into(bk, y, z, h: float, act: str, out=None):
     if writes_into(bk, out, y, z):
         return bk.euler_act(y, z, h, act, out=out)
     return bk.euler_act(y, z, h, act)
+
+
+def add_into(a, b, out=None):
+    """``a + b``, written into ``out`` (``numpy.add(a, b, out=out)``, the same additions) when
+    all three are NumPy arrays of one dtype and shape and ``out`` overlaps neither; else new."""
+    if (out is not None and isinstance(out, np.ndarray) and isinstance(a, np.ndarray)
+            and isinstance(b, np.ndarray) and out.dtype == a.dtype == b.dtype
+            and out.shape == a.shape == b.shape
+            and not (np.may_share_memory(out, a) or np.may_share_memory(out, b))):
+        return np.add(a, b, out=out)
+    return a + b

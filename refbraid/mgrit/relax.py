@@ -112,9 +112,12 @@ def _propagate_into_block(u, g, points, ks: list, step: StepFn, ghost, ghost_poi
     problems do; the first row that does not sends the rest down the list path."""
     p = np.asarray(points).tolist()
     block = np.empty((len(ks), *u.shape[1:]), dtype=u.dtype)
+    into = g is None and getattr(step, "takes_out", False)  # Φ written into its row
     for j, k in enumerate(ks):
+        row = block[j, ...]
         if k > 0:
-            val = step(u[k - 1, ...], p[k - 1], p[k])
+            val = step(u[k - 1, ...], p[k - 1], p[k], out=row) if into \
+                else step(u[k - 1, ...], p[k - 1], p[k])
         elif p[0] == 0:
             if g is None:
                 block[j, ...] = 0
@@ -133,7 +136,7 @@ def _propagate_into_block(u, g, points, ks: list, step: StepFn, ghost, ghost_poi
         if not same:
             row = val + g[k, ...] if g is not None else val
             return _rest_as_list(block, j, row, u, g, points, ks, step, ghost, ghost_point)
-        _write_row(block[j, ...], val, None if g is None else g[k, ...])
+        _write_row(row, val, None if g is None else g[k, ...])
     return block
 
 
