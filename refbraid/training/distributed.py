@@ -72,7 +72,7 @@ from ..layer_parallel import (
     LayerParallelSettings,
     mgrit_forward,
 )
-from ..mgrit import Problem, solve
+from ..mgrit import GradientWorkspace, Problem, solve
 from ..network import Network, Params, backprop, check_batch, group
 from ..parallel.mpi import Topology, split_world
 from ..parallel.ops import Broadcast, RowExchange
@@ -128,6 +128,9 @@ class DistributedGradient:
         self.states_x = RowExchange(layer, self.y_owned, state_in)
         self.grads_x = RowExchange(layer, self.owned, self.grad_rows)  # used through .adjoint
         self.last_solves: dict[str, Any] = {}  # this rank's MGRIT records of the last call
+        #: both solves' arrays, reused by every call: the solutions in ``last_solves`` are
+        #: overwritten by the next call (refbraid.mgrit.workspace)
+        self.workspace = GradientWorkspace()
         self.last_timings: dict[str, float] = {}  # and its seconds per phase
         self.bcast_y0 = Broadcast(layer, root=0)
         self.bcast_lam = Broadcast(layer, root=self.last)
@@ -315,7 +318,8 @@ class DistributedGradient:
         y0 = self.bcast_y0.forward(y0)
         forward = CachingForward(net, rows, bk)
         fwd = solve(Problem(forward, y0, N, transfer=self.settings.forward_transfer),
-                    self.settings.forward, comm=layer, layout=plan.forward_layout)
+                    self.settings.forward, comm=layer, layout=plan.forward_layout,
+                    workspace=self.workspace.forward)
         states = dict(zip((int(i) for i in fwd.fine_indices), fwd.solution, strict=True))
         lam_N, loss_part = self._close(params, states.get(N), ys, weight, part, dloss)
         states.update(self.states_x.forward({i: states[i] for i in self.y_owned}))
@@ -324,7 +328,7 @@ class DistributedGradient:
                                    spatial.restriction if spatial else "average")
         bwd = solve(Problem(adjoint, lam_N, N, direction="backward",
                             transfer=self.settings.backward_transfer), self.settings.backward,
-                    comm=layer, layout=plan.backward_layout)
+                    comm=layer, layout=plan.backward_layout, workspace=self.workspace.backward)
         missing = [int(a) for a in self.grad_rows if int(a) not in adjoint.grads]
         if missing:  # cannot happen: the final relaxation makes every fine adjoint step
             raise RuntimeError(f"rank {self.q}: no captured gradient for layers {missing[:8]}.")
