@@ -29,6 +29,11 @@ def test_the_plain_networks_keep_the_device_backend():
     strict = get_backend("strict")
     assert device_resident_mpi(TrainConfig(model="resnet"), _resnet())
     assert mpi_backend(TrainConfig(model="resnet"), _resnet(), strict) is strict
+    tokens = {"vocab_size": 7, "per_token": True, "language_model": True}
+    untied = build_network("gpt-untied", (5,), 7, 8, 4, 1.0, "tanh", tokens)
+    tied = build_network("gpt", (5,), 7, 8, 4, 1.0, "tanh", tokens)
+    assert device_resident_mpi(TrainConfig(model="gpt-untied"), untied)  # its mpi_network
+    assert not device_resident_mpi(TrainConfig(model="gpt"), tied)  # distributed_seq: host
 
 
 @pytest.mark.parametrize("config, net", [
@@ -43,7 +48,7 @@ def test_other_mpi_runs_fall_back_to_host_arrays_and_say_what_is_device_resident
     assert host.name == "cuda" and host.xp.__name__ == "numpy"
     if cuda.xp is not host.xp:  # device-resident cuda: the fallback is announced
         assert len(said) == 1 and "trains on host arrays" in said[0]
-        assert "Device-resident MPI training covers the layer-parallel resnet" in said[0]
+        assert "Device-resident MPI training covers the models whose one Network" in said[0]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert mpi_backend(config, net, get_backend("numpy")).name == "numpy"  # silent
@@ -52,6 +57,7 @@ def test_other_mpi_runs_fall_back_to_host_arrays_and_say_what_is_device_resident
 def test_a_host_only_mpi_gradient_refuses_device_arrays_naming_what_is_device_resident():
     with pytest.raises(CollectiveError, match=r"DASO handles host \(NumPy\) arrays only; "
                        r"backend 'strict' keeps them on a device\. Device-resident MPI "
-                       r"training covers the layer-parallel resnet and conv networks"):
+                       r"training covers the models whose one Network DistributedGradient "
+                       r"distributes: resnet, conv, transformer, gpt-untied"):
         host_backend("strict", "DASO")
     assert host_backend("numpy").name == "numpy"

@@ -21,9 +21,9 @@ from ..backends.portable import namespace
 from ..errors import CollectiveError
 
 #: what trains on device arrays under mpiexec (error messages and docs/gpu.md say the same)
-DEVICE_RESIDENT_MPI = ("the layer-parallel resnet and conv networks (DistributedGradient, "
-                       "sharded or replicated; not with --space-parallel, DASO, "
-                       "--bias-control or --mgopt-levels)")
+DEVICE_RESIDENT_MPI = ("the models whose one Network DistributedGradient distributes: resnet, "
+                       "conv, transformer, gpt-untied (sharded or replicated; not with "
+                       "--space-parallel, DASO, --bias-control or --mgopt-levels)")
 
 
 def host_backend(bk: Backend | str, what: str = "this MPI gradient") -> Backend:

@@ -29,8 +29,10 @@ from .mpi_common import DEVICE_RESIDENT_MPI
 
 def device_resident_mpi(config: TrainConfig, net) -> bool:
     """Whether ``refbraid train`` under mpiexec keeps this run's arrays on the device: a
-    :class:`~refbraid.network.Network` trained by the plain (sharded) DistributedGradient."""
-    return (isinstance(net, Network) and config.model != "conv-stages"
+    :class:`~refbraid.network.Network` (or a sequence model's ``mpi_network``: transformer,
+    untied GPT) trained by the plain (sharded) DistributedGradient."""
+    block = net if isinstance(net, Network) else getattr(net, "mpi_network", None)
+    return (isinstance(block, Network) and config.model != "conv-stages"
             and config.space_parallel == 1 and config.dp_groups == 1
             and config.global_sync_every == 1 and config.bias_control == "off"
             and not config.mgopt_levels)

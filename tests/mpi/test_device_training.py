@@ -31,6 +31,7 @@ from refbraid.backends.strict_device import DEVICE, forbid_host_conversions
 from refbraid.layer_parallel import LayerParallelSettings
 from refbraid.network import init_params, to_backend
 from refbraid.parallel.device_messages import refuse_pickled_device_arrays
+from refbraid.sequence.losses import IGNORE
 from refbraid.training.config import TrainConfig
 from refbraid.training.distributed import distributed_gradient
 from refbraid.training.models import build_network
@@ -56,16 +57,37 @@ def _splits(size: int) -> list[int]:
     return sorted({1, 2 if size % 2 == 0 else size})
 
 
+#: token models: 7 token ids, 5 positions; the GPT scores the last 3 tokens (IGNORE before)
+TOKENS = {"vocab_size": 7}
+LM = {"vocab_size": 7, "per_token": True, "language_model": True}
+
+
 def _net(kind: str, layers: int = N, width: int = 4):
+    """The Network the MPI gradient distributes (a token model's ``mpi_network``)."""
     if kind == "resnet":
         return build_network("resnet", (2,), 3, layers, width, 1.0, "tanh")
-    return build_network("conv", (1, 4, 4), 3, layers, 2, 1.0, "relu")
+    if kind == "conv":
+        return build_network("conv", (1, 4, 4), 3, layers, 2, 1.0, "relu")
+    info = TOKENS if kind == "transformer" else LM
+    return build_network(kind, (5,), 3 if kind == "transformer" else 7, layers, width, 1.0,
+                         "tanh", info).mpi_network
 
 
 def _batches(net, n: int = 2, B: int = 6):
     rng = np.random.default_rng(7)
-    return [(rng.standard_normal((B, *net.opening.in_shape)),
-             rng.integers(0, net.closing.out_shape[0], B)) for _ in range(n)]
+    if net.opening.in_shape != (5,):  # features
+        return [(rng.standard_normal((B, *net.opening.in_shape)),
+                 rng.integers(0, net.closing.out_shape[0], B)) for _ in range(n)]
+    out = []
+    for _ in range(n):  # token ids; per-sequence classes, or per-token ids scored at the end
+        x = rng.integers(0, 7, (B, 5))
+        if len(net.closing.out_shape) == 1:
+            out.append((x, rng.integers(0, net.closing.out_shape[0], B)))
+        else:
+            y = rng.integers(0, 7, (B, 5))
+            y[:, :2] = IGNORE
+            out.append((x, y))
+    return out
 
 
 def _train(net, bk, D: int, batches):
@@ -82,7 +104,7 @@ def _host(tree):
     return {k: np.asarray(to_host(v)) for k, v in tree.items()}
 
 
-@pytest.mark.parametrize("kind", ["resnet", "conv"])
+@pytest.mark.parametrize("kind", ["resnet", "conv", "transformer", "gpt-untied"])
 def test_sharded_training_on_device_arrays_equals_numpy(world, kind):
     net = _net(kind)
     batches = _batches(net)
