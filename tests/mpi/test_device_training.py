@@ -251,7 +251,7 @@ def test_language_model_fit_and_report_on_device_arrays_equal_numpy(world, share
     from refbraid.training.gradients import select_gradient
     from refbraid.training.run import write_language_report
 
-    config = TrainConfig(model="gpt-untied", layers=4, levels=2, cfactor=2, width=4, samples=16,
+    config = TrainConfig(model="gpt-untied", layers=8, levels=2, cfactor=2, width=4, samples=16,
                          batch_size=8, epochs=1, quiet=True)
     results = {}
     for bk in (NUMPY, STRICT):
@@ -261,12 +261,12 @@ def test_language_model_fit_and_report_on_device_arrays_equal_numpy(world, share
         name, grad = select_gradient(config, net, bk)
         fit(net, state, data, grad, epochs=1, batch_size=8, bk=bk, quiet=True)
         report = None
-        if grad.is_root:
+        if getattr(grad, "is_root", True):  # one rank: the single-process gradient
             (shared_tmp / bk.name).mkdir(exist_ok=True)
             report = write_language_report(config, net, data, state, bk, grad.logits,
                                            None).read_text()
         results[bk.name] = (name, state.history[-1], report)
     (name, ref, ref_report), (dev_name, dev, dev_report) = results["numpy"], results["strict"]
-    assert name == dev_name == "layer-parallel-mpi"
+    assert name == dev_name == ("layer-parallel-mpi" if world.size > 1 else "layer-parallel")
     assert dev["train_loss"] == ref["train_loss"] and dev["val_acc"] == ref["val_acc"]
     assert dev_report == ref_report
