@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .backends import Backend, get_backend
+from .backends import Backend, batched_sweeps_on, get_backend
 from .backends.host import host_float
 from .layers.forward_into import adjoint_into, forward_into
 from .mgrit import GradientWorkspace, MGRITResult, MGRITSettings, Problem, solve
@@ -116,10 +116,10 @@ class LayerParallelSettings:
 def batchable(net: Network, bk: Backend) -> bool:
     """Whether the propagators offer MGRIT batched steps (one call per sweep,
     :mod:`refbraid.mgrit.batched`): a step layer with ``forward_batched`` / ``adjoint_batched``
-    on the numpy or numba backend, bit-identical to its per-step calls, that says batching pays
-    (``batched_sweeps_pay``; docs/batched.md has the measurements)."""
+    where the backend's batched sweeps are on (:func:`~refbraid.backends.batched_sweeps_on`),
+    bit-identical to its per-step calls, that says batching pays (``batched_sweeps_pay``)."""
     layer = getattr(net, "step", None)
-    return (bk.name in ("numpy", "numba") and callable(getattr(layer, "forward_batched", None))
+    return (batched_sweeps_on(bk) and callable(getattr(layer, "forward_batched", None))
             and getattr(layer, "batched_sweeps_pay", False))
 
 
