@@ -21,6 +21,7 @@ from refbraid.parallel import run_ranks
 from refbraid.sequence import GPTModel, TransformerModel
 
 transformer_module = sys.modules["refbraid.layers.transformer"]
+batched_module = sys.modules["refbraid.layers.transformer_batched"]
 
 
 def _stack(rng, step, k=4, B=3, dtype=np.float64):
@@ -193,3 +194,30 @@ def test_bad_stacks_are_named():
     _, Z = step.forward_batched(P, Y, np.ones(4), bk)
     with pytest.raises(ValueError, match="`dY_next` must have shape"):
         step.adjoint_batched(P, Y, Z, Y[:2], np.ones(4), bk)
+
+
+@pytest.mark.parametrize("token_rows", [1, 60], ids=["1-layer-chunks", "3-layer-chunks"])
+def test_chunked_calls_give_the_same_bits(monkeypatch, token_rows):
+    """Sweeps cut into chunks of TOKEN_ROWS_PER_CALL // (B·T) layers (at least one; B·T = 20
+    here): the same gradient, also where the adjoint's chunks span two forward chunks."""
+    m, params, x, y = _model("transformer", np.float64)
+    ref = m.layer_parallel_gradient(params, x, y, SETTINGS[1])[1]
+    monkeypatch.setattr(batched_module, "TOKEN_ROWS_PER_CALL", token_rows)
+    got = m.layer_parallel_gradient(params, x, y, SETTINGS[1])[1]
+    for name in ref:
+        assert np.array_equal(got[name], ref[name]), name
+    step = m.net.step
+    layers, P, Y = _stack(np.random.default_rng(4), step, k=7, B=5)
+    h = np.linspace(0.1, 0.7, 7)
+    Y_next, Z = step.forward_batched(P, Y, h, get_backend("numpy"))
+    dY = np.random.default_rng(5).standard_normal(Y.shape)
+    rows = [6, 4, 3, 2, 0]  # rows of two or three forward chunks, in reverse, uneven
+    dYs, dP = step.adjoint_batched({n: v[rows] for n, v in P.items()}, Y[rows], Z[rows],
+                                   dY[rows], h[rows], get_backend("numpy"))
+    for i, j in enumerate(rows):
+        y_next, cache = step.forward(layers[j], Y[j], float(h[j]), get_backend("numpy"))
+        assert np.array_equal(Y_next[j], y_next)
+        dy, dp = step.adjoint(layers[j], cache, dY[j], float(h[j]), get_backend("numpy"))
+        assert np.array_equal(dYs[i], dy)
+        for name in dp:
+            assert np.array_equal(dP[name][i], dp[name]), name

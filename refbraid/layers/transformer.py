@@ -169,7 +169,7 @@ class EncoderStep:
     # -- k layers at once (MGRIT's batched sweeps; refbraid.layers.transformer_batched) -----
     def forward_batched(self, params, Y, h, bk):
         """Row j = :meth:`forward` (θ = ``params[·][j]``, ``h[j]``), bit for bit: Y (k, B, T, E),
-        stacked params (k, ...), h (k,). Returns (Y_next, Z: the packed caches (k, W))."""
+        stacked params (k, ...), h (k,). Returns (Y_next, Z: the (k,) cache handles)."""
         return forward_batched(self, params, Y, h, bk)
 
     def adjoint_batched(self, params, Y, Z, dY_next, h, bk, grads: bool = True):

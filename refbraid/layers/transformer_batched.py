@@ -22,14 +22,16 @@ Bit-identical to k per-step calls, by construction:
   B·T tokens as the kernel sums them; on other backends (numba's fused kernels take one γ)
   one kernel call per row.
 
-The forward's cache is one array ``Z`` (k, W): row j packs layer j's activations (LN means
-and reciprocal deviations, the normalised inputs, q, k, v, the attention weights, the merged
-heads, X + a, the MLP's pre- and post-GELU rows) so that the layer-parallel propagators can
-keep ``(Y[j], Z[j])`` as a layer's cache and hand views of Z back to :func:`adjoint_batched`
-(:mod:`refbraid.step_caches`); ``EncoderStep.adjoint`` accepts such a cache (``unpack_row``).
+The forward's cache ``Z`` is an object array (k,) of :class:`CacheRow` handles: row j names
+the call's stacked activations (LN means and reciprocal deviations, the normalised inputs,
+q, k, v, the attention weights, the merged heads, X + a, the MLP's pre- and post-GELU rows)
+and j, with no copy. So the layer-parallel propagators can keep ``(Y[j], Z[j])`` as a layer's
+cache (``EncoderStep.adjoint`` takes it: :func:`unpack_row`, views) and hand rows of Z back to
+:func:`adjoint_batched` (:mod:`refbraid.step_caches`), which reads evenly spaced rows of one
+call as views of its stacks and stacks any other rows.
 
 Shape legend: k rows (layers), B batch, T tokens, E width, F MLP width, nh heads, d = E/nh,
-R = B·T token rows, G = k·B·nh attention matrices, W the packed cache width per row.
+R = B·T token rows, G = k·B·nh attention matrices.
 """
 
 from __future__ import annotations
@@ -38,8 +40,14 @@ import numpy as np
 
 from ..backends import reference
 from ..backends.portable import asarray_on, contiguous
+from ..indexing import signed_even_slice
 from .attention import _merge_heads, _split_heads, _t
 from .mlp import ACTIVATION
+
+#: Token rows (k·B·T) per stacked call. One call for a whole sweep was up to 2× slower than
+#: per-step calls at B·T = 128 (its (k, B, T, ·) temporaries leave the cache); chunks of
+#: 128–512 token rows were fastest at B·T = 16–128 (docs/batched.md, "Transformer blocks").
+TOKEN_ROWS_PER_CALL = 256
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -83,6 +91,28 @@ def _layernorm_adjoint(bk, X, mean, rstd, gamma, dY, grads: bool):
     return dX, xp.stack([o[1] for o in out]), xp.stack([o[2] for o in out])
 
 
+def _gelu(bk, z):
+    """GELU of a stack (k, R, F). The reference kernel (NumPy: ``math.erf`` element by element
+    through ``np.vectorize``) is called per row: on the whole stack its object temporaries
+    made it 1.5–2× slower per element (measured here); element-wise either way, same bits."""
+    if bk.activation is not reference.activation:
+        return bk.activation(z, ACTIVATION)
+    out = bk.xp.empty_like(z)
+    for j in range(z.shape[0]):
+        out[j, ...] = bk.activation(z[j, ...], ACTIVATION)
+    return out
+
+
+def _gelu_adjoint(bk, z, dy):
+    """gelu'(z) ⊙ dy of a stack, per row on the reference kernel (as :func:`_gelu`)."""
+    if bk.activation_adjoint is not reference.activation_adjoint:
+        return bk.activation_adjoint(z, dy, ACTIVATION)
+    out = bk.xp.empty_like(dy)
+    for j in range(z.shape[0]):
+        out[j, ...] = bk.activation_adjoint(z[j, ...], dy[j, ...], ACTIVATION)
+    return out
+
+
 def _stacked_mask(sa, xp, params, k: int, B: int, T: int, like):
     """The (k·B·nh, T, T) attention mask of k rows (causal and/or a stacked key-padding
     mask (k, B, T)), or None."""
@@ -96,44 +126,40 @@ def _stacked_mask(sa, xp, params, k: int, B: int, T: int, like):
 
 
 # ----------------------------------------------------------------------------- the cache
-def cache_layout(step, B: int) -> list[tuple[str, tuple[int, ...]]]:
-    """The packed cache of one row: (name, per-row shape) in packing order."""
-    E, T, F, nh = step.dim, step.seq_len, step.hidden, step.heads
-    d, G = E // nh, B * nh
-    return [("mean1", (B, T)), ("rstd1", (B, T)), ("l1", (B * T, E)),
-            ("q", (G, T, d)), ("k", (G, T, d)), ("v", (G, T, d)), ("p", (G, T, T)),
-            ("o2", (B * T, E)), ("u", (B, T, E)), ("mean2", (B, T)), ("rstd2", (B, T)),
-            ("l2", (B * T, E)), ("z", (B * T, F)), ("a", (B * T, F))]
+class CacheRow:
+    """Row j of a batched call's caches: the call's stacked activations (shared) and j."""
+
+    __slots__ = ("stacks", "j")
+
+    def __init__(self, stacks: dict, j: int):
+        self.stacks, self.j = stacks, j
 
 
-def _pack(xp, k: int, parts: dict):
-    """One (k, W) array holding ``parts`` (each with k rows) in :func:`cache_layout` order."""
-    return xp.concat([xp.reshape(a, (k, -1)) for a in parts.values()], axis=1)
+def _row_handles(stacks: dict, k: int):
+    """Z: an object array (k,) of :class:`CacheRow` (no copy of the activations)."""
+    Z = np.empty(k, dtype=object)
+    for j in range(k):
+        Z[j] = CacheRow(stacks, j)
+    return Z
 
 
-def _unpack(step, Z, k: int | None):
-    """The named views of a packed cache: Z (k, W) -> {name: (k, *shape)} (with k), or
-    Z (W,) -> {name: shape} (k None)."""
-    xp = reference.array_namespace(Z)
-    E, T, F, nh = step.dim, step.seq_len, step.hidden, step.heads
-    per_sample = T * (4 + 7 * E + 2 * F + nh * T)
-    B = Z.shape[-1] // per_sample
-    out, at = {}, 0
-    for name, shape in cache_layout(step, B):
-        n = int(np.prod(shape))
-        piece = Z[..., at : at + n]
-        out[name] = xp.reshape(piece, shape if k is None else (k, *shape))
-        at += n
-    if at != Z.shape[-1]:
-        raise ValueError(f"a packed encoder cache of width {Z.shape[-1]} does not fit "
-                         f"dim={E}, seq_len={T}, hidden={F}, heads={nh}.")
-    return out, B
+def _gather(xp, Z) -> dict:
+    """The stacks (k, ...) of the rows Z (an object array of :class:`CacheRow`): views when
+    all rows are evenly spaced rows of one call, else the rows stacked (a copy)."""
+    rows = list(np.reshape(Z, (-1,)))
+    first = rows[0].stacks
+    if all(r.stacks is first for r in rows):
+        at = signed_even_slice([r.j for r in rows])
+        if at is not None:
+            return {n: a[at, ...] for n, a in first.items()}
+    return {n: xp.stack([r.stacks[n][r.j, ...] for r in rows]) for n in first}
 
 
-def unpack_row(step, y, z):
-    """The per-step cache ``EncoderStep.forward`` returns, from ``(y, Z[j])`` of a batched call."""
-    c, B = _unpack(step, z, None)
-    T = step.seq_len
+def unpack_row(step, y, row: CacheRow):
+    """The per-step cache ``EncoderStep.forward`` returns, from ``(Y[j], Z[j])`` of a batched
+    call (views of its stacks)."""
+    c = {n: a[row.j, ...] for n, a in row.stacks.items()}
+    B, T = c["u"].shape[0], step.seq_len
     return ((y, c["mean1"], c["rstd1"]),
             (c["l1"], None, c["q"], c["k"], c["v"], c["p"], c["o2"], (B, T, T, B)),
             (c["u"], c["mean2"], c["rstd2"]),
@@ -141,17 +167,42 @@ def unpack_row(step, y, z):
 
 
 # ----------------------------------------------------------------------------- forward
+def rows_per_call(B: int, T: int) -> int:
+    """Layers per stacked call: as many as keep k·B·T ≤ :data:`TOKEN_ROWS_PER_CALL` (at least 1)."""
+    return max(1, TOKEN_ROWS_PER_CALL // (B * T))
+
+
+def _chunks(k: int, size: int):
+    return [slice(a, min(a + size, k)) for a in range(0, k, size)]
+
+
+def _rows_of(params: dict, at: slice) -> dict:
+    return {n: v[at, ...] for n, v in params.items()}
+
+
 def forward_batched(step, params, Y, h, bk):
-    """k encoder steps (module docstring): Y (k, B, T, E), params stacked (k, ...), h (k,).
-    Returns (Y_next (k, B, T, E), Z the packed caches (k, W))."""
-    xp = bk.xp
+    """k encoder steps (module docstring): Y (k, B, T, E), params stacked (k, ...), h (k,),
+    in chunks of :func:`rows_per_call` layers. Returns (Y_next (k, B, T, E), Z the cache
+    handles (k,), module docstring)."""
     if getattr(Y, "ndim", None) != 4 or tuple(Y.shape[2:]) != step.state_shape:
         raise ValueError(f"`Y` must have shape (k, batch, {step.seq_len}, {step.dim}), "
                          f"got {getattr(Y, 'shape', type(Y).__name__)}.")
-    k, B, T, E = Y.shape
-    R, nh = B * T, step.heads
+    k, B, T, _ = Y.shape
+    h = np.asarray(h, dtype=np.float64).reshape(-1)
     if len(h) != k:
         raise ValueError(f"`h` must hold one step size per row ({k}), got {len(h)}.")
+    parts = [_forward_rows(step, _rows_of(params, at), Y[at, ...], h[at], bk)
+             for at in _chunks(k, rows_per_call(B, T))]
+    if len(parts) == 1:
+        return parts[0]
+    return bk.xp.concat([p[0] for p in parts], axis=0), np.concatenate([p[1] for p in parts])
+
+
+def _forward_rows(step, params, Y, h, bk):
+    """:func:`forward_batched` of one chunk, one stacked call per product."""
+    xp = bk.xp
+    k, B, T, E = Y.shape
+    R, nh = B * T, step.heads
     sa = step.parts()["sa"]
     hs = asarray_on(Y, h, dtype=Y.dtype)[:, None, None, None]
     l1, mean1, rstd1 = _layernorm(bk, Y, params["ln1.gamma"], params["ln1.beta"], step.eps)
@@ -168,33 +219,57 @@ def forward_batched(step, params, Y, h, bk):
     l2, mean2, rstd2 = _layernorm(bk, u, params["ln2.gamma"], params["ln2.beta"], step.eps)
     l2 = xp.reshape(l2, (k, R, E))
     z = _linear(xp, l2, params["mlp.W1"], params["mlp.b1"])  # k,R,F
-    act = bk.activation(z, ACTIVATION)
+    act = _gelu(bk, z)
     c = xp.reshape(_linear(xp, act, params["mlp.W2"], params["mlp.b2"]), Y.shape)
     Y_next = Y + hs * (a + c)
-    Z = _pack(xp, k, {"mean1": mean1, "rstd1": rstd1, "l1": l1, "q": q, "k": kk, "v": v,
-                      "p": p, "o2": o2, "u": u, "mean2": mean2, "rstd2": rstd2, "l2": l2,
-                      "z": z, "a": act})
-    return Y_next, Z
+    G = B * nh  # attention matrices per row
+    stacks = {"mean1": mean1, "rstd1": rstd1, "l1": xp.reshape(l1, (k, R, E)),
+              **{n: xp.reshape(a, (k, G, *a.shape[1:])) for n, a in (("q", q), ("k", kk),
+                                                                      ("v", v), ("p", p))},
+              "o2": o2, "u": u, "mean2": mean2, "rstd2": rstd2, "l2": l2, "z": z, "a": act}
+    return Y_next, _row_handles(stacks, k)
 
 
 # ----------------------------------------------------------------------------- adjoint
 def adjoint_batched(step, params, Y, Z, dY_next, h, bk, grads: bool = True):
     """The adjoints of k encoder steps: dY (k, B, T, E) and, with grads, the weight gradients
-    stacked (k, ...) keyed as the step's params (else None). Z: :func:`forward_batched`'s."""
+    stacked (k, ...) keyed as the step's params (else None). Z: rows of
+    :func:`forward_batched`'s handles; chunks of at most :func:`rows_per_call` rows that come
+    from one forward chunk (so their activations are views)."""
     xp = bk.xp
-    k, B, T, E = Y.shape
+    k, B, T, _ = Y.shape
     if tuple(dY_next.shape) != tuple(Y.shape):
         raise ValueError(f"`dY_next` must have shape {tuple(Y.shape)}, "
                          f"got {tuple(dY_next.shape)}.")
+    h = np.asarray(h, dtype=np.float64).reshape(-1)
+    handles = list(np.reshape(Z, (-1,)))
+    size, cuts = rows_per_call(B, T), [0]
+    for j in range(1, k):  # a new chunk when full or where the rows' forward call changes
+        if j - cuts[-1] == size or handles[j].stacks is not handles[j - 1].stacks:
+            cuts.append(j)
+    parts = [_adjoint_rows(step, _rows_of(params, at), Y[at, ...], Z[at], dY_next[at, ...],
+                           h[at], bk, grads) for at in map(slice, cuts, [*cuts[1:], k])]
+    if len(parts) == 1:
+        return parts[0]
+    dY = xp.concat([p[0] for p in parts], axis=0)
+    if not grads:
+        return dY, None
+    return dY, {n: xp.concat([p[1][n] for p in parts], axis=0) for n in parts[0][1]}
+
+
+def _adjoint_rows(step, params, Y, Z, dY_next, h, bk, grads: bool):
+    """:func:`adjoint_batched` of one chunk."""
+    xp = bk.xp
+    k, B, T, E = Y.shape
     R, nh = B * T, step.heads
-    c, _ = _unpack(step, Z, k)
+    c = _gather(xp, Z)
     scale = step.parts()["sa"].scale
     hs = asarray_on(Y, h, dtype=dY_next.dtype)[:, None, None, None]
     g = hs * dY_next
     # MLP: dl2 = φ2'ᵀ g (before LN2)
     da, dW2, db2 = _linear_adjoint(xp, c["a"], params["mlp.W2"], xp.reshape(g, (k, R, E)),
                                    grads)
-    dz = bk.activation_adjoint(c["z"], da, ACTIVATION)
+    dz = _gelu_adjoint(bk, c["z"], da)
     dl2, dW1, db1 = _linear_adjoint(xp, c["l2"], params["mlp.W1"], dz, grads)
     du, dg2, dbe2 = _layernorm_adjoint(bk, c["u"], c["mean2"], c["rstd2"], params["ln2.gamma"],
                                        xp.reshape(dl2, Y.shape), grads)
