@@ -198,11 +198,13 @@ def test_bad_stacks_are_named():
 
 @pytest.mark.parametrize("token_rows", [1, 60], ids=["1-layer-chunks", "3-layer-chunks"])
 def test_chunked_calls_give_the_same_bits(monkeypatch, token_rows):
-    """Sweeps cut into chunks of TOKEN_ROWS_PER_CALL // (B·T) layers (at least one; B·T = 20
-    here): the same gradient, also where the adjoint's chunks span two forward chunks."""
+    """Sweeps cut into chunks of TOKEN_ROWS_PER_CALL // (B·T) layers (B·T = 20 here; one
+    layer: the per-step calls): the same gradient, also where the adjoint's rows come from
+    several forward chunks."""
     m, params, x, y = _model("transformer", np.float64)
     ref = m.layer_parallel_gradient(params, x, y, SETTINGS[1])[1]
     monkeypatch.setattr(batched_module, "TOKEN_ROWS_PER_CALL", token_rows)
+    monkeypatch.setattr(batched_module, "MIN_LAYERS_PER_CALL", 1)
     got = m.layer_parallel_gradient(params, x, y, SETTINGS[1])[1]
     for name in ref:
         assert np.array_equal(got[name], ref[name]), name

@@ -48,6 +48,9 @@ from .mlp import ACTIVATION
 #: per-step calls at B·T = 128 (its (k, B, T, ·) temporaries leave the cache); chunks of
 #: 128–512 token rows were fastest at B·T = 16–128 (docs/batched.md, "Transformer blocks").
 TOKEN_ROWS_PER_CALL = 256
+#: Fewer layers per call than this (B·T > 64 tokens per layer) did not pay: a stack of 2
+#: layers at B·T = 128 ran 0.5–0.85× per-step speed; those rows go through the per-step calls.
+MIN_LAYERS_PER_CALL = 4
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -168,15 +171,17 @@ def unpack_row(step, y, row: CacheRow):
 
 # ----------------------------------------------------------------------------- forward
 def rows_per_call(B: int, T: int) -> int:
-    """Layers per stacked call: as many as keep k·B·T ≤ :data:`TOKEN_ROWS_PER_CALL` (at least 1)."""
-    return max(1, TOKEN_ROWS_PER_CALL // (B * T))
+    """Layers per stacked call: as many as keep k·B·T ≤ :data:`TOKEN_ROWS_PER_CALL`, when that
+    is at least :data:`MIN_LAYERS_PER_CALL`; else 1 (the per-step call, row by row)."""
+    k = TOKEN_ROWS_PER_CALL // (B * T)
+    return k if k >= MIN_LAYERS_PER_CALL else 1
 
 
 def _chunks(k: int, size: int):
     return [slice(a, min(a + size, k)) for a in range(0, k, size)]
 
 
-def _rows_of(params: dict, at: slice) -> dict:
+def _rows_of(params: dict, at) -> dict:
     return {n: v[at, ...] for n, v in params.items()}
 
 
@@ -199,8 +204,17 @@ def forward_batched(step, params, Y, h, bk):
 
 
 def _forward_rows(step, params, Y, h, bk):
-    """:func:`forward_batched` of one chunk, one stacked call per product."""
+    """:func:`forward_batched` of one chunk, one stacked call per product (one row: the
+    per-step call, its cache seen as one-row stacks)."""
     xp = bk.xp
+    if Y.shape[0] == 1:
+        y_next, (c_ln1, c_sa, c_ln2, c_mlp) = step.forward(_rows_of(params, 0), Y[0, ...],
+                                                           float(h[0]), bk)
+        cache = {"mean1": c_ln1[1], "rstd1": c_ln1[2], "l1": c_sa[0], "q": c_sa[2],
+                 "k": c_sa[3], "v": c_sa[4], "p": c_sa[5], "o2": c_sa[6], "u": c_ln2[0],
+                 "mean2": c_ln2[1], "rstd2": c_ln2[2], "l2": c_mlp[0], "z": c_mlp[1],
+                 "a": c_mlp[2]}
+        return y_next[None, ...], _row_handles({n: a[None, ...] for n, a in cache.items()}, 1)
     k, B, T, E = Y.shape
     R, nh = B * T, step.heads
     sa = step.parts()["sa"]
@@ -258,8 +272,12 @@ def adjoint_batched(step, params, Y, Z, dY_next, h, bk, grads: bool = True):
 
 
 def _adjoint_rows(step, params, Y, Z, dY_next, h, bk, grads: bool):
-    """:func:`adjoint_batched` of one chunk."""
+    """:func:`adjoint_batched` of one chunk (one row: the per-step call)."""
     xp = bk.xp
+    if Y.shape[0] == 1:
+        dy, d = step.adjoint(_rows_of(params, 0), (Y[0, ...], np.reshape(Z, (-1,))[0]),
+                             dY_next[0, ...], float(h[0]), bk, grads)
+        return dy[None, ...], (None if d is None else {n: a[None, ...] for n, a in d.items()})
     k, B, T, E = Y.shape
     R, nh = B * T, step.heads
     c = _gather(xp, Z)
