@@ -19,6 +19,7 @@ from refbraid.layers import EncoderStep
 from refbraid.network import group
 from refbraid.parallel import run_ranks
 from refbraid.sequence import GPTModel, TransformerModel
+from refbraid.sequence.block_gradient import for_batch
 
 transformer_module = sys.modules["refbraid.layers.transformer"]
 batched_module = sys.modules["refbraid.layers.transformer_batched"]
@@ -109,8 +110,9 @@ def test_mixed_intervals_give_the_per_interval_steps():
     rng = np.random.default_rng(2)
     steps = group(model.init_params(rng), "steps")
     states = rng.standard_normal((12, 3, 4, 8))
-    fwd = ForwardPropagator(model.net, steps, bk)
-    adj = AdjointPropagator(model.net, steps, states, bk)
+    net = for_batch(model.net, 3)
+    fwd = ForwardPropagator(net, steps, bk)
+    adj = AdjointPropagator(net, steps, states, bk)
     starts, stops = np.array([0, 4, 8, 9]), np.array([4, 8, 9, 11])
     U = rng.standard_normal((4, 3, 4, 8))
     out = fwd.batched_step(U, starts, stops)
@@ -151,7 +153,7 @@ def test_gradient_is_bit_identical_to_per_step(monkeypatch, settings, kind, dtyp
                         lambda *a: calls.append(1) or spy(*a))
     loss_b, g_b, info_b = m.layer_parallel_gradient(params, x, y, settings, backend)
     assert calls, "the batched path was not taken"
-    monkeypatch.setattr(EncoderStep, "batched_sweeps_pay", False)
+    monkeypatch.setattr(transformer_module, "batched_pays", lambda B, T: False)
     n_calls = len(calls)
     loss_p, g_p, info_p = m.layer_parallel_gradient(params, x, y, settings, backend)
     assert len(calls) == n_calls  # the per-step run made no batched call
@@ -168,7 +170,8 @@ def test_thread_ranks_with_uneven_blocks_give_the_serial_trajectory():
 
     m, params, x, _ = _model("gpt", np.float64)
     bk = get_backend("numpy")
-    net = m.net
+    net = for_batch(m.net, x.shape[0])
+    assert net.step.batched_sweeps_pay
     y0, _ = net.opening.forward(group(params, "opening"), x, bk)
     steps = group(params, "steps")
     settings = LayerParallelSettings.with_iterations(3, 2, levels=3, cfactor=2).forward
@@ -181,6 +184,16 @@ def test_thread_ranks_with_uneven_blocks_give_the_serial_trajectory():
         got = run_ranks(size, lambda comm: gather_solution(solve(problem(), settings,
                                                                  comm=comm), comm))
         np.testing.assert_array_equal(got[0], serial)
+
+
+def test_switched_on_for_small_batches_only():
+    """Batched sweeps paid for B·T ≤ 64 tokens (docs/batched.md): the models switch them on
+    per batch; the flag is not part of the step's identity."""
+    step = EncoderStep(8, 2, 12, 16)
+    assert not step.batched_sweeps_pay  # off unless a batch is known
+    assert step.for_batch(4).batched_sweeps_pay and not step.for_batch(5).batched_sweeps_pay
+    assert step.for_batch(4) == step
+    assert for_batch(TransformerModel(7, 16, 3, 4, 8, 2, 12).net, 4).step.batched_sweeps_pay
 
 
 def test_bad_stacks_are_named():

@@ -54,7 +54,7 @@ Shape legend: B batch, T tokens (``seq_len``), S memory tokens (``memory_len``),
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import numpy as np
@@ -70,7 +70,7 @@ from .init import (
 )
 from .layernorm import EPS, LayerNorm, check_eps
 from .mlp import MLP
-from .transformer_batched import adjoint_batched, forward_batched, unpack_row
+from .transformer_batched import adjoint_batched, batched_pays, forward_batched, unpack_row
 
 
 def subparams(params: dict, prefix: str) -> dict:
@@ -102,11 +102,14 @@ class EncoderStep:
     causal: bool = False
     eps: float = EPS
 
+    #: MGRIT's sweeps call :meth:`forward_batched` / :meth:`adjoint_batched` (k layers per call,
+    #: bit-identical) where True (``refbraid.layer_parallel.batchable``). It pays for small
+    #: batches only (B·T ≤ 64 tokens), so it is off here and :meth:`for_batch` sets it per batch
+    #: (docs/batched.md, "Transformer blocks"). Not part of the step's identity (compare=False).
+    batched_sweeps_pay: bool = field(default=False, compare=False, repr=False)
+
     #: params entries that are data, not weights (module docstring)
     data_entries: ClassVar[tuple[str, ...]] = ("key_padding_mask",)
-    #: MGRIT's sweeps call :meth:`forward_batched` / :meth:`adjoint_batched` (k layers per call,
-    #: bit-identical; docs/batched.md, "Transformer blocks", has the measurements)
-    batched_sweeps_pay: ClassVar[bool] = True
 
     def __post_init__(self):
         check_eps(self.eps)
@@ -167,6 +170,10 @@ class EncoderStep:
         return dy, dparams
 
     # -- k layers at once (MGRIT's batched sweeps; refbraid.layers.transformer_batched) -----
+    def for_batch(self, batch: int) -> EncoderStep:
+        """This step with batched sweeps on if they pay for ``batch`` samples (B·T ≤ 64)."""
+        return replace(self, batched_sweeps_pay=batched_pays(batch, self.seq_len))
+
     def forward_batched(self, params, Y, h, bk):
         """Row j = :meth:`forward` (θ = ``params[·][j]``, ``h[j]``), bit for bit: Y (k, B, T, E),
         stacked params (k, ...), h (k,). Returns (Y_next, Z: the (k,) cache handles)."""

@@ -177,6 +177,11 @@ def rows_per_call(B: int, T: int) -> int:
     return k if k >= MIN_LAYERS_PER_CALL else 1
 
 
+def batched_pays(B: int, T: int) -> bool:
+    """Whether stacked calls paid for B samples of T tokens (measured: B·T ≤ 64)."""
+    return rows_per_call(B, T) > 1
+
+
 def _chunks(k: int, size: int):
     return [slice(a, min(a + size, k)) for a in range(0, k, size)]
 
