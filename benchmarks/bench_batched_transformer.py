@@ -1,4 +1,4 @@
-"""Does the batched transformer step pay? Per-step against batched: the step, MGRIT solves, gradient.
+"""Does the batched transformer step pay? Per-step vs batched: the step, MGRIT solves, gradient.
 
     python benchmarks/bench_batched_transformer.py [--dims 32] [--tokens 16] [--batches 8 32]
         [--layers 64 256] [--k 16 64] [--backends numpy numba] [--repeat 3] [--no-step]
@@ -18,8 +18,10 @@ Two tables, heads E/8, MLP width 2E, 1 thread, CPU time of this process, median 
 * the ``transformer`` model (``refbraid.sequence.TransformerModel``, pooled head, N layers,
   TorchBraid's settings): ms of the MGRIT forward solve, the MGRIT adjoint solve, and the
   whole layer-parallel gradient (both solves, loss, weight gradients), with the batched path
-  on (``EncoderStep.batched_sweeps_pay``, what ``refbraid.layer_parallel.batchable`` reads)
-  and off; ``max |Δ|`` compares the solutions and the gradients (0: bit-identical).
+  forced on (``EncoderStep.batched_sweeps_pay``, what ``refbraid.layer_parallel.batchable``
+  reads; B·T > 64 then runs one layer per call through the batched machinery) and off;
+  ``max |Δ|`` compares the solutions and the gradients (0: bit-identical); ``rule`` is what
+  the models choose (``EncoderStep.for_batch``: on for B·T ≤ 64).
 
 The decision and the numbers: docs/batched.md, "Transformer blocks".
 """
@@ -27,6 +29,7 @@ The decision and the numbers: docs/batched.md, "Transformer blocks".
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import time
@@ -43,6 +46,7 @@ from refbraid.layer_parallel import (  # noqa: E402
     adjoint_problem,
     mgrit_forward,
 )
+from refbraid.layers import transformer as transformer_module  # noqa: E402
 from refbraid.layers.transformer import EncoderStep  # noqa: E402
 from refbraid.mgrit import solve  # noqa: E402
 from refbraid.network import group  # noqa: E402
@@ -109,33 +113,39 @@ def model_row(backend: str, E: int, T: int, B: int, N: int, repeat: int) -> str:
     x = rng.integers(0, 16, (B, T))
     y = rng.integers(0, 4, B)
     s = LayerParallelSettings()
-    net, steps = model.net, group(params, "steps")
-    states = mgrit_forward(net, params, x, s.forward, bk)[1].solution
+    steps = group(params, "steps")
+    on = dataclasses.replace(model.net.step, batched_sweeps_pay=True)
+    nets = {True: dataclasses.replace(model.net, step=on), False: model.net}
+    states = mgrit_forward(model.net, params, x, s.forward, bk)[1].solution
     lam_N = rng.standard_normal(states.shape[1:])
+    batched = [True]  # which path the timed calls take
 
     def fwd():
-        return mgrit_forward(net, params, x, s.forward, bk)[1].solution
+        return mgrit_forward(nets[batched[0]], params, x, s.forward, bk)[1].solution
 
     def adj():
-        return solve(adjoint_problem(net, steps, states, lam_N, bk), s.backward).solution
+        return solve(adjoint_problem(nets[batched[0]], steps, states, lam_N, bk),
+                     s.backward).solution
 
-    def grad():
-        return model.layer_parallel_gradient(params, x, y, s, bk)[1]
+    def grad():  # the model switches batching per batch (EncoderStep.for_batch): forced here
+        with mock.patch.object(transformer_module, "batched_pays", lambda B, T: batched[0]):
+            return model.layer_parallel_gradient(params, x, y, s, bk)[1]
 
-    out, results = [], {}
+    out = []
     for name, fn in (("fwd", fwd), ("adj", adj), ("grad", grad)):
+        batched[0] = True
         t_b = median_time(fn, repeat)
-        with mock.patch.object(EncoderStep, "batched_sweeps_pay", False):
-            t_p = median_time(fn, repeat)
-            per = fn()
         bat = fn()
+        batched[0] = False
+        t_p = median_time(fn, repeat)
+        per = fn()
         if name == "grad":
             d = max(float(np.max(np.abs(per[k] - bat[k]))) for k in per)
         else:
             d = float(np.max(np.abs(per - bat)))
-        results[name] = d
         out.append(f"{1e3 * t_p:>9.1f} {1e3 * t_b:>9.1f} {t_p / t_b:>6.2f} {d:>8.1e}")
-    return f"{backend:<6} {E:>3} {T:>3} {B:>3} {N:>4}  " + "  ".join(out)
+    rule = "on" if on.for_batch(B).batched_sweeps_pay else "off"
+    return f"{backend:<6} {E:>3} {T:>3} {B:>3} {N:>4}  " + "  ".join(out) + f"  {rule:>4}"
 
 
 def main(argv=None) -> None:
@@ -168,13 +178,14 @@ def main(argv=None) -> None:
           f"vs batched, median of {args.repeat}; load {os.getloadavg()[0]:.2f}")
     head = (f"{'bk':<6} {'E':>3} {'T':>3} {'B':>3} {'N':>4}  {'fwd per':>9} {'fwd bat':>9} "
             f"{'speed':>6} {'max |Δ|':>8}  {'adj per':>9} {'adj bat':>9} {'speed':>6} "
-            f"{'max |Δ|':>8}  {'grad per':>9} {'grad bat':>9} {'speed':>6} {'max |Δ|':>8}")
+            f"{'max |Δ|':>8}  {'grad per':>9} {'grad bat':>9} {'speed':>6} {'max |Δ|':>8}  rule")
     print(head)
     print("-" * len(head))
     for b, E, T, B in grid:
         for N in args.layers:
             print(model_row(b, E, T, B, N, args.repeat), flush=True)
-    print(f"load at the end {os.getloadavg()[0]:.2f}; max |Δ| = 0: bit-identical.")
+    print(f"load at the end {os.getloadavg()[0]:.2f}; max |Δ| = 0: bit-identical; rule: what "
+          f"EncoderStep.for_batch (B·T ≤ 64) switches on in the models.")
 
 
 if __name__ == "__main__":
