@@ -18,7 +18,7 @@ from refbraid.layer_parallel import AdjointPropagator, ForwardPropagator, LayerP
 from refbraid.layers import EncoderStep
 from refbraid.network import group
 from refbraid.parallel import run_ranks
-from refbraid.sequence import GPTModel, TransformerModel
+from refbraid.sequence import GPTModel, Seq2SeqModel, TransformerModel
 from refbraid.sequence.block_gradient import for_batch
 
 transformer_module = sys.modules["refbraid.layers.transformer"]
@@ -133,6 +133,9 @@ def _model(kind, dtype):
     if kind == "transformer":
         m = TransformerModel(7, 4, 3, 19, 8, 2, 12, 2.0)
         y = rng.integers(0, 3, 5)
+    elif kind == "seq2seq":  # the encoder block batched, the decoder's steps per step
+        m = Seq2SeqModel(7, 4, 6, 19, 8, 2, 12, 2.0)
+        y = rng.integers(0, 6, (5, 4))
     else:
         m = GPTModel(9, 5, 19, 8, 2, 12, 2.0)
         y = rng.integers(0, 9, (5, 5))
@@ -143,6 +146,7 @@ def _model(kind, dtype):
 @pytest.mark.parametrize("settings", SETTINGS, ids=["torchbraid", "L3-m2"])
 @pytest.mark.parametrize("kind,dtype,backend", [
     ("transformer", np.float64, "numpy"), ("gpt", np.float64, "numpy"),
+    ("seq2seq", np.float64, "numpy"),
     ("transformer", np.float32, "numpy"), ("gpt", np.float64, "numba"),
     ("transformer", np.float32, "numba")])
 def test_gradient_is_bit_identical_to_per_step(monkeypatch, settings, kind, dtype, backend):
@@ -160,8 +164,11 @@ def test_gradient_is_bit_identical_to_per_step(monkeypatch, settings, kind, dtyp
     assert loss_b == loss_p
     for name in g_p:
         assert np.array_equal(g_b[name], g_p[name]), name
-    assert np.array_equal(info_b.states, info_p.states)
-    assert np.array_equal(info_b.adjoints, info_p.adjoints)
+    blocks = ((info_b.encoder, info_p.encoder), (info_b.decoder, info_p.decoder)) \
+        if kind == "seq2seq" else ((info_b, info_p),)
+    for b, p in blocks:
+        assert np.array_equal(b.states, p.states)
+        assert np.array_equal(b.adjoints, p.adjoints)
     assert info_b.stats()["phi_calls"] == info_p.stats()["phi_calls"]
 
 
