@@ -1,9 +1,16 @@
 """Per-batch training time: serial sequential training vs layer-parallel MPI ranks, with a model.
 
     python benchmarks/bench_mpi.py [--quick] [--ranks 2] [--repeat 5] [--no-conv] [--no-torch]
+        [--settings torchbraid|2level|fast|fast-2level] [--default-malloc] [--same-process]
 
 Runs itself under ``mpiexec -n 1`` and ``mpiexec -n P`` (``python -m mpi4py``, one thread per
 rank) and prints the tables; every ratio is formed from timings taken in this one run.
+
+Every case runs in a fresh ``mpiexec`` (its own processes) with glibc malloc's thresholds
+pinned (:func:`refbraid.runtime.pin_allocator`), so a case's time does not depend on what ran
+before it (docs/scaling_overhead.md §5). ``--same-process`` and ``--default-malloc`` bring
+back the old way, to show that effect. ``--settings`` picks the MGRIT settings of the
+layer-parallel runs (:func:`named_settings`).
 
 Dense ResNets (``resnet`` model, width C, batch B, N = 64 … 1024 layers). One training step:
 sequential backprop + Adam (``serial``) against the sharded layer-parallel step
@@ -54,6 +61,40 @@ import numpy as np  # noqa: E402
 
 TAG = "BENCH "
 ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = ("torchbraid", "2level", "fast", "fast-2level")
+
+
+def named_settings(name: str):
+    """The layer-parallel MGRIT settings called ``name`` (docs/scaling_overhead.md §6).
+
+    torchbraid   TorchBraid's examples: 3 levels, cfactor 4, F / FCF, skipped first down-cycle,
+                 2 forward iterations (skip + 1 cycle) and 1 adjoint (the skipped cycle)
+    2level       2 levels, cfactor 16, F, TorchBraid's iterations (2 forward / 1 adjoint): the
+                 same gradient error as torchbraid at ≈ 0.76× its ideal 2-rank path
+    fast         torchbraid with 1 forward iteration (the skipped cycle only)
+    fast-2level  2 levels, cfactor 16, 1 forward and 1 adjoint iteration
+    """
+    from refbraid.layer_parallel import LayerParallelSettings
+    from refbraid.mgrit import MGRITSettings
+
+    def iterations(levels: int, cfactor: int, forward: int) -> LayerParallelSettings:
+        def mg(max_iter):
+            return MGRITSettings.torchbraid(levels=levels, cfactor=cfactor, max_iter=max_iter)
+
+        return LayerParallelSettings(forward=mg(forward), backward=mg(0))
+
+    table = {"torchbraid": LayerParallelSettings, "2level": lambda: iterations(2, 16, 1),
+             "fast": lambda: iterations(3, 4, 0), "fast-2level": lambda: iterations(2, 16, 0)}
+    if name not in table:
+        raise ValueError(f"`--settings` must be one of {', '.join(table)}, got {name!r}.")
+    return table[name]()
+
+
+def prepare_worker() -> None:
+    """First thing in every worker: pin malloc's thresholds (unless REFBRAID_PIN_ALLOCATOR=0)."""
+    from refbraid.runtime import pin_allocator
+
+    pin_allocator()
 
 
 # ----------------------------------------------------------------------------- cases
@@ -132,9 +173,11 @@ def worker(spec: dict) -> None:
     from refbraid.training.optim import make_optimizer
     from refbraid.training.sharded import ShardedTrainer
 
+    prepare_worker()
     world = MPI.COMM_WORLD
     P, repeat = world.Get_size(), spec["repeat"]
-    out_meta = {"ranks": P}
+    settings = named_settings(spec.get("settings", "torchbraid"))
+    out_meta = {"ranks": P, "levels": settings.forward.levels}
     if P > 1:
         out_meta.update(_ping_pong(world))
     for case in spec["cases"]:
@@ -164,7 +207,7 @@ def worker(spec: dict) -> None:
             tr = ShardedTrainer(grad, params, make_optimizer("adam", 1e-4))
             res["dp_s"] = _median_step(lambda tr=tr, xs=xs, ys=ys: tr.step(xs, ys), repeat,
                                        world)
-        grad = distributed_gradient(net, LayerParallelSettings(), bk)
+        grad = distributed_gradient(net, settings, bk)
         tr = ShardedTrainer(grad, params, make_optimizer("adam", 1e-4))
         comm = grad.topo.layer
         res["lp_s"] = _median_step(lambda tr=tr, x=x, y=y: tr.step(x, y), repeat, world)
@@ -217,8 +260,9 @@ def _work(c, u):
     return w, w_c
 
 
-def model(one: dict, many: dict, L: int = 3) -> dict:
+def model(one: dict, many: dict) -> dict:
     """Predicted per-batch times (see the module docstring) from the 1-rank and P-rank runs."""
+    L = one.get("levels", 3)
     u = {k: one[k] for k in ("c_f", "c_bc", "c_bg")}
     c1 = _counts(one["per_rank"][0], L)
     w1, wc1 = _work(c1, u)
@@ -248,14 +292,21 @@ def ring_allreduce(n_bytes: float, p: int, alpha: float, beta: float) -> float:
 
 
 # ----------------------------------------------------------------------------- the driver
-def _launch(n: int, cases: list[dict], repeat: int, timeout: float) -> list[dict]:
+def _launch(n: int, cases: list[dict], repeat: int, timeout: float, settings: str = "torchbraid",
+            fresh: bool = True, pinned: bool = True) -> list[dict]:
+    """One ``mpiexec -n n`` per case (``fresh``), or one for all cases (the old way)."""
     from refbraid.parallel.launch import run_mpi
+    from refbraid.runtime import OPT_OUT_ENV
 
-    spec = json.dumps({"cases": cases, "repeat": repeat})
-    run = run_mpi(n, [str(Path(__file__).resolve()), "--worker", spec], timeout=timeout,
-                  cwd=ROOT).check()
-    return [json.loads(line[len(TAG):]) for line in run.output.splitlines()
-            if line.startswith(TAG)]
+    env = None if pinned else {OPT_OUT_ENV: "0"}
+    out = []
+    for batch in ([[c] for c in cases] if fresh else [cases]):
+        spec = json.dumps({"cases": batch, "repeat": repeat, "settings": settings})
+        run = run_mpi(n, [str(Path(__file__).resolve()), "--worker", spec], timeout=timeout,
+                      cwd=ROOT, env=env).check()
+        out += [json.loads(line[len(TAG):]) for line in run.output.splitlines()
+                if line.startswith(TAG)]
+    return out
 
 
 def _torch_times(layers: int, batch: int, repeat: int) -> dict[str, float]:
@@ -310,6 +361,12 @@ def main(argv=None) -> int:
     ap.add_argument("--no-conv", action="store_true", help="skip TorchBraid's conv network")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per mpiexec launch")
+    ap.add_argument("--settings", default="torchbraid", choices=SETTINGS,
+                    help="MGRIT settings of the layer-parallel runs (default: TorchBraid's)")
+    ap.add_argument("--default-malloc", action="store_true",
+                    help="leave glibc malloc's thresholds dynamic (REFBRAID_PIN_ALLOCATOR=0)")
+    ap.add_argument("--same-process", action="store_true",
+                    help="all cases in one mpiexec (the old way: times depend on the order)")
     args = ap.parse_args(argv)
     if args.worker:
         worker(json.loads(args.worker))
@@ -324,10 +381,19 @@ def main(argv=None) -> int:
         {"model": "conv", "layers": n, "batch": 50, "backend": args.conv_backend,
          "dtype": args.conv_dtype} for n in args.conv_layers]
     cases = dense + conv
-    one = _launch(1, cases, args.repeat, args.timeout)
-    many = _launch(P, cases, args.repeat, args.timeout)
-    print(f"P = {P} ranks, one thread each; MGRIT: 3 levels, cfactor 4, 2 forward / 1 backward "
-          f"iterations (TorchBraid); median of {args.repeat} steps; ms per batch")
+    how = dict(settings=args.settings, fresh=not args.same_process,
+               pinned=not args.default_malloc)
+    load0 = os.getloadavg()[0]
+    one = _launch(1, cases, args.repeat, args.timeout, **how)
+    many = _launch(P, cases, args.repeat, args.timeout, **how)
+    s = named_settings(args.settings)
+    print(f"P = {P} ranks, one thread each; MGRIT ({args.settings}): {s.forward.levels} levels, "
+          f"cfactor {s.forward.cfactor}, {s.forward.max_iter + 1} forward / "
+          f"{s.backward.max_iter + 1} backward iterations (counting the skipped first "
+          f"down-cycle); median of {args.repeat} steps; ms per batch")
+    print(f"{'one mpiexec per case' if how['fresh'] else 'all cases in one mpiexec'}; malloc "
+          f"{'pinned (refbraid.runtime)' if how['pinned'] else 'glibc default'}; load "
+          f"{load0:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
     a, b = many[0].get("alpha", 0.0), many[0].get("beta", 0.0)
     notes = {"buffers": "Send/Recv, preallocated: the ring model's",
              "pickled": "isend/recv: send_next before",

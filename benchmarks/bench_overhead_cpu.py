@@ -49,6 +49,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=21)
     ap.add_argument("--depths", type=int, nargs="+", default=[32, 128, 512])
+    ap.add_argument("--workspace", action="store_true",
+                    help="LP gradients reuse a GradientWorkspace (as the trainers do)")
     ap.add_argument("--fixed-malloc", action="store_true",
                     help="rerun with glibc's mmap and trim thresholds fixed (see above)")
     args = ap.parse_args(argv)
@@ -69,8 +71,12 @@ def main(argv=None) -> None:
         x, y = rng.standard_normal((64, 2)), rng.integers(0, 5, 64)
         t_s = cpu_median(lambda net=net, p=params, x=x, y=y: backprop(net, p, x, y, bk),
                          args.repeat)
+        kw = {}
+        if args.workspace:  # the solves' arrays kept across calls (refbraid.mgrit.workspace)
+            from refbraid.mgrit import GradientWorkspace
+            kw = {"workspace": GradientWorkspace()}
         t_lp = cpu_median(lambda net=net, p=params, x=x, y=y: layer_parallel_gradient(
-            net, p, x, y, settings, bk), args.repeat)
+            net, p, x, y, settings, bk, **kw), args.repeat)  # noqa: B023 (called here)
         _, _, info = layer_parallel_gradient(net, params, x, y, settings, bk)
         work = int(info.stats()["phi_calls"]) / (2 * N)
         print(f"{N:>5d} {1e3 * t_s:>8.2f} {1e3 * t_lp:>8.2f} {t_lp / t_s:>10.2f} {work:>10.2f} "

@@ -1,25 +1,40 @@
 """The virtual cluster against reality, then strong scaling to 1,024 ranks.
 
-    python benchmarks/bench_scaling.py [--quick] [--repeat 5] [--no-conv] [--max-ranks 1024]
-        [--alpha S --beta S]
+    python benchmarks/bench_scaling.py [--quick] [--float32] [--repeat 7] [--calibrations 3]
+        [--no-conv] [--layers 64 256] [--max-ranks 1024] [--no-scaling]
+        [--cpu] [--min] [--fixed-malloc] [--alpha S --beta S]
 
-1. Predicted vs measured. For benchmarks/bench_mpi.py's networks (dense ResNet, width 32,
-   batch 64, N = 64 … 1024, NumPy; TorchBraid's MNIST conv network, batch 50, N = 32 and 128,
-   Numba), the machine model is calibrated in this process (:func:`refbraid.scaling.predict.
-   calibrate_network`: a traced one-process layer-parallel gradient, serial steps, α and β from
-   a 2-rank ping-pong) and the virtual cluster predicts one layer-parallel training step on
-   P = 1 and 2 ranks; bench_mpi.py's MPI worker measures the same step (``ShardedTrainer``:
-   gradient + Adam, slowest rank, median of ``--repeat``) under ``mpiexec -n 1`` and ``-n 2``.
-   ``pred/meas`` is the ratio; the goal is within 15 %. At P = 2 a second prediction,
-   ``dist``, runs the whole distributed training step itself (``DistributedGradient``, sharded,
-   with real values: ghost weights, both solves, broadcasts, state rows, gradient rows home,
-   the reductions) on the virtual cluster (:func:`refbraid.scaling.virtual_training.
-   predict_steps`) + the same ``extra``; ``comm`` is its critical path's ms in messages and
-   collectives.
-2. Strong scaling of the dense network at N = 4096 and the conv network at N = 128 with the
-   calibrated model: P = 1 … ``--max-ranks`` (the ``refbraid scale`` table).
+For the lead, on an idle machine: ``python benchmarks/bench_scaling.py --float32
+--calibrations 3`` (≈ 10 min on 2 cores); on a loaded one add ``--min`` (wall time of the
+fastest call, both sides) and read P = 1 only.
 
-The machine is shared: the load is printed; rerun before trusting small differences.
+1. Predicted vs measured. For bench_mpi.py's networks (dense ResNet, width 32, batch 64,
+   N = 64 … 1024, NumPy; TorchBraid's MNIST conv network, batch 50, N = 32 and 128, Numba,
+   float64 and with ``--float32`` float32), this script's MPI worker measures the
+   layer-parallel training step as ``mpiexec -n P refbraid train`` runs it (``ShardedTrainer``:
+   sharded gradient + Adam; slowest rank; median — or ``--min`` fastest — of ``--repeat`` after
+   two warm-ups; wall — or ``--cpu`` CPU — time) under ``mpiexec -n 1`` and ``-n 2``. Then
+   the machine model is calibrated (:func:`refbraid.scaling.predict.
+   calibrate_network` with the one-rank sharded step: one interleaved steady-state session,
+   refbraid/scaling/calibration.py; α and β from a 2-rank ping-pong or given) and the virtual
+   cluster predicts P = 1 and 2 — each calibration in a fresh process (as ``refbraid scale``
+   runs), so it does not inherit this script's allocation history: ``pred`` the MGRIT
+   solves' schedule (cost-only) + extra on the busiest rank's share of the layers; ``dist``
+   the whole distributed step (``DistributedGradient``, sharded, real values: ghost weights,
+   both solves, broadcasts, state rows, gradient rows home, the reductions;
+   :func:`refbraid.scaling.virtual_training.predict_steps`) + the same extra. ``ratio`` =
+   pred / meas at P = 1 and dist / meas at P = 2;
+   PASS within 15 %, else ``miss`` and the predicted P = 2 critical path (steps per level and
+   direction, messages, collectives, extra, idle share) is printed under the row, to compare
+   with the measured time. ``trace×`` = untraced ÷ traced gradient (the trace's own cost).
+   ``--calibrations K`` repeats the calibration K times against the one measurement: the
+   spread of P = 1 pred/meas is the calibration's own consistency.
+2. Strong scaling of the dense network at N = 4096 and the (last) conv network at N = 128 with
+   the calibrated model: P = 1 … ``--max-ranks`` (the ``refbraid scale`` table).
+
+The machine is shared: the load is printed before and after; two ranks on two cores shared
+with other tenants measure the OS scheduler (an MPI receive busy-waits), so P = 2 rows are
+only meaningful idle. docs/scaling_calibration.md has the measured tables.
 """
 
 from __future__ import annotations
@@ -37,85 +52,245 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def _machine(case: dict, max_ranks: int, messages):
+TAG = "SCALING "
+ROOT = Path(__file__).resolve().parents[1]
+#: ``--fixed-malloc``: glibc's mmap and trim thresholds fixed (docs/scaling_overhead.md §4).
+FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "8388608", "MALLOC_TRIM_THRESHOLD_": "67108864"}
+TOLERANCE = 0.15  # |pred / meas − 1| ≤ 15 %: PASS
+
+
+def _problem(case: dict):
     from bench_mpi import _data, _network
 
     from refbraid.backends import get_backend
-    from refbraid.layer_parallel import LayerParallelSettings
     from refbraid.network import init_params
-    from refbraid.scaling.predict import calibrate_network
-    from refbraid.training.optim import make_optimizer
 
     net = _network(case)
     bk = get_backend(case["backend"])
     params = init_params(net, 0, np.dtype(case["dtype"]))
     x, y = _data(net, case["batch"])
-    x = x.astype(case["dtype"])
-    machine = calibrate_network(net, params, x, y, LayerParallelSettings(), bk,
-                                optimizer=lambda: make_optimizer("adam", 1e-4),
-                                max_ranks=max_ranks, measure_messages=lambda: messages)
+    return net, params, x.astype(case["dtype"]), y, bk
+
+
+def _sharded_step(net, params, x, y, bk, world):
+    """The layer-parallel training step as ``mpiexec -n P refbraid train`` runs it: the
+    sharded distributed gradient + Adam on this rank's shard (ShardedTrainer)."""
+    from refbraid.layer_parallel import LayerParallelSettings
+    from refbraid.training.distributed import distributed_gradient
+    from refbraid.training.optim import make_optimizer
+    from refbraid.training.sharded import ShardedTrainer
+
+    grad = distributed_gradient(net, LayerParallelSettings(), bk, world=world)
+    trainer = ShardedTrainer(grad, params, make_optimizer("adam", 1e-4))
+    return lambda: trainer.step(x, y)
+
+
+def _machine(case: dict, max_ranks: int, messages, clock, statistic):
+    """The calibrated machine (one interleaved session in this process, trace on and off) for
+    the one-rank sharded step as it runs; see refbraid/scaling/calibration.py."""
+    from mpi4py import MPI
+
+    from refbraid.layer_parallel import LayerParallelSettings
+    from refbraid.scaling.predict import calibrate_network
+    from refbraid.training.optim import make_optimizer
+
+    net, params, x, y, bk = _problem(case)
+    machine = calibrate_network(
+        net, params, x, y, LayerParallelSettings(), bk,
+        optimizer=lambda: make_optimizer("adam", 1e-4), max_ranks=max_ranks,
+        measure_messages=lambda: messages, clock=clock, statistic=statistic,
+        make_training_step=lambda: _sharded_step(net, params, x, y, bk, MPI.COMM_SELF))
     return machine, (net, params, x, y, bk)
 
 
+# ----------------------------------------------------------------------------- the worker
+def worker(spec: dict) -> None:
+    """Under mpiexec: the sharded training step of every case, wall and CPU seconds (slowest
+    rank; median of ``repeat`` after 2 warm-ups); rank 0 prints one JSON line per case."""
+    import json
+    import statistics
+    import time
+
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    for case in spec["cases"]:
+        net, params, x, y, bk = _problem(case)
+        step = _sharded_step(net, params, x, y, bk, world)
+        step()
+        step()
+        wall, cpu = [], []
+        for _ in range(spec["repeat"]):
+            world.Barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+            step()
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
+            wall.append(world.allreduce(dt, op=MPI.MAX))
+            cpu.append(world.allreduce(dc, op=MPI.MAX))
+        if world.Get_rank() == 0:
+            print(TAG + json.dumps({"wall": statistics.median(wall), "wall_min": min(wall),
+                                    "cpu": statistics.median(cpu), "cpu_min": min(cpu)}),
+                  flush=True)
+
+
+def _launch(n: int, cases: list[dict], repeat: int, timeout: float) -> list[dict]:
+    import json
+
+    from refbraid.parallel.launch import run_mpi
+
+    spec = json.dumps({"cases": cases, "repeat": repeat})
+    run = run_mpi(n, [str(Path(__file__).resolve()), "--worker", spec], timeout=timeout,
+                  cwd=ROOT).check()
+    return [json.loads(line[len(TAG):]) for line in run.output.splitlines()
+            if line.startswith(TAG)]
+
+
+def _verdict(ratio: float) -> str:
+    return "PASS" if abs(ratio - 1.0) <= TOLERANCE else "miss"
+
+
+def _path_line(machine, dist) -> str:
+    """The predicted P = 2 step's critical path (steps per level and direction, messages,
+    collectives), extra and idle share: printed under a miss, to read where it differs."""
+    from refbraid.parallel.trace import path_breakdown
+
+    run, t0 = dist.run.run, dist.run.t0
+    end = t0 + dist.run.step_time  # the setup before and the shards' gather after: untimed
+    timed = [e for e in run.critical_path if t0 <= e.t0 < end]
+    parts = ", ".join(f"{k} {1e3 * v:.2f}" for k, v in sorted(path_breakdown(timed).items())
+                      if v > 0)
+    return (f"    P=2 critical path (ms): {parts}; extra {1e3 * machine.extra:.2f}; "
+            f"idle {100 * run.idle_fraction():.0f} %")
+
+
+def predict_case(spec: dict) -> dict:
+    """Calibrate and predict one case (run in a FRESH process: the calibration must not
+    inherit the bench's allocation history, docs/scaling_calibration.md §1)."""
+    import statistics
+    import time
+
+    from refbraid.scaling.predict import predict
+    from refbraid.scaling.virtual_training import predict_steps
+
+    clock = time.process_time if spec["cpu"] else time.perf_counter
+    statistic = min if spec["min"] else statistics.median
+    m, (net, params, x, y, bk) = _machine(spec["case"], 2, tuple(spec["messages"]), clock,
+                                          statistic)
+    rows = predict(m, max_ranks=2)
+    dist = predict_steps(m, net, params, x, y, bk, 2)
+    d = next(r for r in dist if (r.ranks, r.groups) == (2, 1))
+    return {"p1": rows[0].layer_parallel, "p2": rows[1].layer_parallel, "dist": d.step,
+            "comm": d.comm, "trace": float(m.source["trace_factor"]),
+            "path": _path_line(m, d)}
+
+
+def _predict_fresh(case: dict, messages, args) -> dict:
+    import json
+    import subprocess
+
+    spec = json.dumps({"case": case, "messages": list(messages), "cpu": args.cpu,
+                       "min": args.min})
+    out = subprocess.run([sys.executable, __file__, "--predict", spec], check=True,
+                         capture_output=True, text=True, cwd=ROOT).stdout
+    line = next(v for v in out.splitlines() if v.startswith(TAG))
+    return json.loads(line[len(TAG):])
+
+
 def main(argv=None) -> int:
-    from bench_mpi import _launch
+    import statistics
+    import time
+    from dataclasses import replace
 
     from refbraid.scaling.messages import measure_messages
     from refbraid.scaling.predict import format_table, predict
-    from refbraid.scaling.virtual_training import predict_steps
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="dense N = 64, 256 only, no conv")
-    ap.add_argument("--repeat", type=int, default=5, help="timed steps per case (median)")
+    ap.add_argument("--repeat", type=int, default=7, help="timed steps per case (median)")
+    ap.add_argument("--calibrations", type=int, default=1,
+                    help="independent calibrations per case (the spread of P=1 pred/meas)")
     ap.add_argument("--no-conv", action="store_true", help="skip TorchBraid's conv network")
+    ap.add_argument("--float32", action="store_true", help="also the conv rows in float32")
+    ap.add_argument("--layers", type=int, nargs="+", default=None, help="dense N (override)")
     ap.add_argument("--max-ranks", type=int, default=1024, help="largest P of the tables")
+    ap.add_argument("--no-scaling", action="store_true", help="skip the strong-scaling tables")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per mpiexec launch")
+    ap.add_argument("--cpu", action="store_true",
+                    help="CPU time (process_time) for the calibration and the comparison: "
+                    "on a loaded machine the idle-core time, where wall time is not")
+    ap.add_argument("--min", action="store_true",
+                    help="the fastest call instead of the median, on both sides (a loaded "
+                    "machine: the calls no other tenant preempted)")
+    ap.add_argument("--fixed-malloc", action="store_true",
+                    help="rerun with glibc's mmap/trim thresholds fixed (both sides)")
     ap.add_argument("--alpha", type=float, default=None,
                     help="seconds per message instead of the 2-rank ping-pong (on a loaded "
                     "machine the ping-pong measures the OS scheduler, not the messages)")
     ap.add_argument("--beta", type=float, default=None, help="seconds per byte (with --alpha)")
     args = ap.parse_args(argv)
+    if args.fixed_malloc and os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
+        import subprocess
+
+        rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--fixed-malloc"]
+        return subprocess.call([sys.executable, __file__, *rest],
+                               env={**os.environ, **FIXED_MALLOC})
+    layers = args.layers or ([64, 256] if args.quick else [64, 128, 256, 512, 1024])
     dense = [{"model": "resnet", "layers": n, "width": 32, "batch": 64, "backend": "numpy",
-              "dtype": "float64"} for n in ([64, 256] if args.quick else [64, 128, 256, 512,
-                                                                          1024])]
+              "dtype": "float64"} for n in layers]
+    dtypes = ("float64", "float32") if args.float32 else ("float64",)
     conv = [] if (args.quick or args.no_conv) else [
-        {"model": "conv", "layers": n, "batch": 50, "backend": "numba", "dtype": "float64"}
-        for n in (32, 128)]
+        {"model": "conv", "layers": n, "batch": 50, "backend": "numba", "dtype": dt}
+        for dt in dtypes for n in (32, 128)]
     cases = dense + conv
-    print(f"load average before: {os.getloadavg()[0]:.2f} (2 cores)")
+    malloc = "fixed malloc thresholds" if os.environ.get("MALLOC_MMAP_THRESHOLD_") else \
+        "default malloc"
+    clock_name, key = ("CPU time", "cpu") if args.cpu else ("wall time", "wall")
+    clock = time.process_time if args.cpu else time.perf_counter
+    statistic = min if args.min else statistics.median
+    key += "_min" if args.min else ""
+    clock_name += ", fastest call" if args.min else ", median"
+    print(f"load average before: {os.getloadavg()[0]:.2f} (2 cores); {malloc}; {clock_name}")
     if args.alpha is None:
         messages, how = measure_messages(), "2-rank ping-pong"
     else:
         messages, how = (args.alpha, args.beta or 0.0), "given: --alpha, --beta"
-    measured = {1: _launch(1, cases, args.repeat, args.timeout),
-                2: _launch(2, cases, args.repeat, args.timeout)}
+    measured = {p: _launch(p, cases, args.repeat, args.timeout) for p in (1, 2)}
     print(f"α = {messages[0] * 1e6:.2f} µs, β = {messages[1] * 1e9:.3f} ns/byte ({how}); ms "
-          f"per layer-parallel training step (gradient + Adam)")
+          f"per layer-parallel training step (sharded gradient + Adam, as mpiexec runs it); "
+          f"meas: mpiexec -n P, slowest rank, {'min' if args.min else 'median'} of {args.repeat}")
     print("pred: the MGRIT solves' schedule (cost-only) + extra; dist: the whole distributed "
-          "step (DistributedGradient, sharded, real values) on the virtual cluster + extra")
-    print(f"{'network':>8} {'N':>5} | {'P=1 pred':>8} {'meas':>8} {'ratio':>6} | "
-          f"{'P=2 pred':>8} {'dist':>8} {'meas':>8} {'ratio':>6} {'dist/m':>6} | "
-          f"{'comm':>6} {'serial':>7}")
+          "step (DistributedGradient, sharded, real values) on the virtual cluster + extra; "
+          f"PASS: |pred/meas − 1| ≤ {TOLERANCE:.0%} (P=2: dist)")
+    head = (f"{'network':>8} {'dtype':>7} {'N':>5} | {'P=1 pred':>8} {'meas':>8} {'ratio':>6} "
+            f"{'':>4} | {'P=2 pred':>8} {'dist':>8} {'meas':>8} {'dist/m':>6} {'':>4} | "
+            f"{'comm':>6} {'trace×':>6}")
+    print(head + "\n" + "-" * len(head))
+    spread = []
     for i, case in enumerate(cases):
-        m, (net, params, x, y, bk) = _machine(case, 2, messages)
-        rows = predict(m, max_ranks=2)
-        dist = {(r.ranks, r.groups): r for r in predict_steps(m, net, params, x, y, bk, 2)}
-        cells = []
-        for p, row in zip((1, 2), rows, strict=True):
-            meas = measured[p][i]["lp_s"]
-            pred = row.layer_parallel
-            if p == 1:
-                cells.append(f"{1e3 * pred:8.2f} {1e3 * meas:8.2f} {pred / meas:6.2f}")
-            else:
-                d = dist[2, 1].step
-                cells.append(f"{1e3 * pred:8.2f} {1e3 * d:8.2f} {1e3 * meas:8.2f} "
-                             f"{pred / meas:6.2f} {d / meas:6.2f}")
-        serial = measured[1][i]["serial_s"]
-        print(f"{case['model']:>8} {case['layers']:5d} | {cells[0]} | {cells[1]} | "
-              f"{1e3 * dist[2, 1].comm:6.2f} {1e3 * serial:7.2f}", flush=True)
+        m1, m2 = measured[1][i][key], measured[2][i][key]
+        runs = [_predict_fresh(case, messages, args) for _ in range(args.calibrations)]
+        r = runs[-1]
+        p1, p2, d = r["p1"], r["p2"], r["dist"]
+        print(f"{case['model']:>8} {case['dtype']:>7} {case['layers']:5d} | {1e3 * p1:8.2f} "
+              f"{1e3 * m1:8.2f} {p1 / m1:6.2f} {_verdict(p1 / m1):>4} | {1e3 * p2:8.2f} "
+              f"{1e3 * d:8.2f} {1e3 * m2:8.2f} {d / m2:6.2f} {_verdict(d / m2):>4} | "
+              f"{1e3 * r['comm']:6.2f} {r['trace']:6.3f}", flush=True)
+        if _verdict(d / m2) == "miss":
+            print(f"{r['path']}; meas − pred {1e3 * (m2 - d):+.2f}", flush=True)
+        spread.append((case, [v["p1"] / m1 for v in runs]))
     print(f"load average after: {os.getloadavg()[0]:.2f}")
+    if args.calibrations > 1:
+        print(f"\ncalibration consistency: P=1 pred/meas over {args.calibrations} independent "
+              "calibrations (one measurement per case)")
+        for case, r in spread:
+            print(f"{case['model']:>8} {case['dtype']:>7} {case['layers']:5d}: "
+                  + " ".join(f"{v:.3f}" for v in r)
+                  + f"   min {min(r):.3f} max {max(r):.3f}")
+    if args.no_scaling:
+        return 0
     for case in ([{**dense[0], "layers": 4096}] + conv[-1:]):
-        m, _ = _machine(case, args.max_ranks, messages)
+        m, _ = _machine(case, args.max_ranks, messages, clock, statistic)
+        m = replace(m, source={**m.source, "messages": how})  # not "calibrated" when given
         title = (f"\nstrong scaling, {case['model']} N = {case['layers']}, batch "
                  f"{case['batch']} (calibrated here)")
         print(format_table(m, predict(m, args.max_ranks), title), flush=True)
@@ -123,4 +298,12 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if len(sys.argv) > 2 and sys.argv[1] in ("--worker", "--predict"):
+        import json
+
+        if sys.argv[1] == "--worker":
+            worker(json.loads(sys.argv[2]))
+        else:
+            print(TAG + json.dumps(predict_case(json.loads(sys.argv[2]))), flush=True)
+    else:
+        sys.exit(main())

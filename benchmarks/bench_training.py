@@ -12,6 +12,7 @@ Prints median times over repeats, the Φ applications of each, and the *work rat
 P exceeds roughly this ratio (docs/references.md §4), which is what the MPI version has to beat.
 
     python benchmarks/bench_training.py [--quick] [--repeat 5] [--width 32] [--batch 64]
+                                        [--workspace]
 
 ``--sequence`` times the sequence models instead (refbraid.sequence): the GRU with MGRIT over
 L = 16, 64, 256 positions (hidden 32, 4 features) and the encoder-only transformer with N = 8,
@@ -54,6 +55,8 @@ def main(argv=None) -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--backend", default="numpy")
     parser.add_argument("--T", type=float, default=3.0)
+    parser.add_argument("--workspace", action="store_true",
+                        help="LP gradients reuse a GradientWorkspace (as the trainers do)")
     parser.add_argument("--sequence", action="store_true",
                         help="time the GRU and transformer models instead of the ResNet")
     args = parser.parse_args(argv)
@@ -81,7 +84,12 @@ def main(argv=None) -> None:
         y = bk.asarray(rng.integers(0, 5, args.batch))
         args_ = (net, params, x, y)
         t_serial = median_time(lambda a=args_: backprop(*a, bk), repeat)
-        t_lp = median_time(lambda a=args_: layer_parallel_gradient(*a, settings, bk), repeat)
+        kw = {}
+        if args.workspace:  # the solves' arrays kept across calls (refbraid.mgrit.workspace)
+            from refbraid.mgrit import GradientWorkspace
+            kw = {"workspace": GradientWorkspace()}
+        t_lp = median_time(
+            lambda a=args_, kw=kw: layer_parallel_gradient(*a, settings, bk, **kw), repeat)
         _, g_ref, _ = backprop(net, params, x, y, bk)
         _, g, info = layer_parallel_gradient(net, params, x, y, settings, bk)
         num = sum(float(np.sum((bk.to_numpy(g[k]) - bk.to_numpy(g_ref[k])) ** 2)) for k in g)

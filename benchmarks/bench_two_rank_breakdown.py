@@ -2,6 +2,7 @@
 
     python benchmarks/bench_two_rank_breakdown.py [--layers 128] [--repeat 5] [--traced 3]
         [--dtypes float64 float32] [--backend numba] [--ranks 2]
+        [--settings torchbraid|2level|fast|fast-2level] [--default-malloc]
 
 Issue 10, item 6: TorchBraid's MNIST conv network (``--model conv``: ConvLift(1→4) + ReLU,
 N ConvSteps 3×3 on 28×28, close Linear(4·28·28 → 10); batch 50; TorchBraid's settings: 3
@@ -43,6 +44,13 @@ with the serial step work N·(fine fwd + fine adj) at the step costs traced in t
 
 and name the largest, i.e. the category that keeps 2 ranks above serial, in ms. On a shared
 machine the numbers are only indicative (the load is printed); rerun on an idle one.
+
+Each (dtype, ranks) runs in a fresh ``mpiexec`` with glibc malloc's thresholds pinned
+(:func:`refbraid.runtime.pin_allocator`; ``--default-malloc`` leaves them dynamic), and the
+step is timed as in ``bench_mpi.py`` (one warm-up step, then the median of the slowest rank's
+``perf_counter`` time, :func:`bench_mpi._median_step`), so both benchmarks measure the same
+step the same way (docs/scaling_overhead.md §5). ``--settings`` picks the MGRIT settings
+(:func:`bench_mpi.named_settings`; TorchBraid's by default).
 
 ``--profile DIR`` then profiles ``--profile-steps`` more steps with cProfile, one file per
 rank and dtype (``DIR/prof.<dtype>.serial`` for the serial step, ``DIR/prof.<dtype>.<rank>``
@@ -107,20 +115,21 @@ def rank_breakdown(events, wall: float) -> dict:
 # ----------------------------------------------------------------------------- the worker
 def worker(spec: dict) -> None:
     """Under mpiexec: rank 0 prints one JSON line per dtype."""
-    from bench_mpi import _median_step, _ping_pong, _unit_costs
+    from bench_mpi import _median_step, _ping_pong, _unit_costs, named_settings, prepare_worker
     from mpi4py import MPI
     from phase_split import phase_split, timed_solves
 
     from refbraid.backends import get_backend
-    from refbraid.layer_parallel import LayerParallelSettings
     from refbraid.network import backprop
     from refbraid.parallel.trace import Recorder, recording
     from refbraid.training.distributed import distributed_gradient
     from refbraid.training.optim import make_optimizer
     from refbraid.training.sharded import ShardedTrainer
 
+    prepare_worker()
     world = MPI.COMM_WORLD
     P, rank, repeat = world.Get_size(), world.Get_rank(), spec["repeat"]
+    settings = named_settings(spec.get("settings", "torchbraid"))
     meta = _ping_pong(world) if P > 1 else {}
     bk = get_backend(spec["backend"])
     for dtype in spec["dtypes"]:
@@ -138,7 +147,7 @@ def worker(spec: dict) -> None:
             res.update(_unit_costs(net, params, x, bk))
             res["state_bytes"] = int(x.shape[0] * np.prod(net.step.state_shape) * x.itemsize)
             _profile(spec, serial, f"prof.{dtype}.serial")
-        grad = distributed_gradient(net, LayerParallelSettings(), bk)
+        grad = distributed_gradient(net, settings, bk)
         tr = ShardedTrainer(grad, params, make_optimizer("adam", 1e-4))
         res["lp_s"] = _median_step(lambda tr=tr, x=x, y=y: tr.step(x, y), repeat, world)
         runs = []
@@ -183,14 +192,20 @@ def _profile(spec: dict, step, name: str) -> None:
 
 
 # ----------------------------------------------------------------------------- the driver
-def _launch(n: int, spec: dict, timeout: float) -> dict[str, dict]:
+def _launch(n: int, spec: dict, timeout: float, pinned: bool = True) -> dict[str, dict]:
+    """One fresh ``mpiexec -n n`` per dtype; {dtype: rank 0's JSON}."""
     from refbraid.parallel.launch import run_mpi
+    from refbraid.runtime import OPT_OUT_ENV
 
-    run = run_mpi(n, [str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
-                  timeout=timeout, cwd=ROOT).check()
-    rows = [json.loads(line[len(TAG):]) for line in run.output.splitlines()
-            if line.startswith(TAG)]
-    return {r["dtype"]: r for r in rows}
+    out = {}
+    for dtype in spec["dtypes"]:
+        one = json.dumps({**spec, "dtypes": [dtype]})
+        run = run_mpi(n, [str(Path(__file__).resolve()), "--worker", one], timeout=timeout,
+                      cwd=ROOT, env=None if pinned else {OPT_OUT_ENV: "0"}).check()
+        rows = [json.loads(line[len(TAG):]) for line in run.output.splitlines()
+                if line.startswith(TAG)]
+        out.update({r["dtype"]: r for r in rows})
+    return out
 
 
 def _measured_costs(per_rank):
@@ -208,12 +223,14 @@ def _measured_costs(per_rank):
     return StepCosts(**table)
 
 
-def _virtual(layers: int, state_bytes: int, ranks: int, costs, iterations, alpha, beta):
+def _virtual(layers: int, state_bytes: int, ranks: int, costs, iterations, alpha, beta,
+             settings: str = "torchbraid"):
     """(wall, per-rank {'steps', 'wait'}) of the cost-only virtual 2-rank gradient."""
-    from refbraid.layer_parallel import LayerParallelSettings
+    from bench_mpi import named_settings
+
     from refbraid.scaling.virtual_step import simulate_gradient_schedule
 
-    run = simulate_gradient_schedule(layers, state_bytes, ranks, LayerParallelSettings(), costs,
+    run = simulate_gradient_schedule(layers, state_bytes, ranks, named_settings(settings), costs,
                                      alpha, beta, iterations=tuple(iterations))
     per = {}
     for r in range(ranks):
@@ -223,7 +240,7 @@ def _virtual(layers: int, state_bytes: int, ranks: int, costs, iterations, alpha
     return run.wall_time, per
 
 
-def report(one: dict, many: dict, layers: int) -> list[str]:
+def report(one: dict, many: dict, layers: int, settings: str = "torchbraid") -> list[str]:
     """The tables and the closing lines for one dtype (module docstring)."""
     ms = 1e3
     P = many["ranks"]
@@ -233,13 +250,13 @@ def report(one: dict, many: dict, layers: int) -> list[str]:
     per = many["per_rank"]
     costs = _measured_costs(per)
     its = per[0]["iterations"]
-    ideal, vper = _virtual(layers, one["state_bytes"], P, costs, its, 0.0, 0.0)
+    ideal, vper = _virtual(layers, one["state_bytes"], P, costs, its, 0.0, 0.0, settings)
     alpha, beta = many.get("ping_pong", {}).get("MPIComm", (0.0, 0.0))
-    with_msgs, _ = _virtual(layers, one["state_bytes"], P, costs, its, alpha, beta)
+    with_msgs, _ = _virtual(layers, one["state_bytes"], P, costs, its, alpha, beta, settings)
     from refbraid.parallel.costs import StepCosts
 
     units = StepCosts(forward=one["c_f"], backward=(one["c_bg"], one["c_bc"]))
-    ideal_units, _ = _virtual(layers, one["state_bytes"], P, units, its, 0.0, 0.0)
+    ideal_units, _ = _virtual(layers, one["state_bytes"], P, units, its, 0.0, 0.0, settings)
     lines = [f"{many['dtype']}: serial {serial * ms:.1f} ms (steps N·(c_f + c_bg) = "
              f"{serial_steps * ms:.1f}, rest {serial_rest * ms:.1f}); {P} ranks "
              f"{many['lp_s'] * ms:.1f} ms (median), {many['lp_s'] / serial:.2f}× serial"]
@@ -302,6 +319,11 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", metavar="DIR",
                     help="also cProfile steps per rank into DIR and print the split by owner")
     ap.add_argument("--profile-steps", type=int, default=5)
+    ap.add_argument("--settings", default="torchbraid",
+                    choices=("torchbraid", "2level", "fast", "fast-2level"),
+                    help="MGRIT settings of the layer-parallel step (bench_mpi.named_settings)")
+    ap.add_argument("--default-malloc", action="store_true",
+                    help="leave glibc malloc's thresholds dynamic (REFBRAID_PIN_ALLOCATOR=0)")
     args = ap.parse_args(argv)
     if args.worker:
         worker(json.loads(args.worker))
@@ -309,17 +331,19 @@ def main(argv=None) -> int:
     spec = {"layers": args.layers, "repeat": args.repeat, "traced": args.traced,
             "dtypes": args.dtypes, "backend": args.backend,
             "profile": str(Path(args.profile).resolve()) if args.profile else None,
-            "profile_steps": args.profile_steps}
+            "profile_steps": args.profile_steps, "settings": args.settings}
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
-    print(f"MNIST conv network, N = {args.layers}, batch 50, backend {args.backend}, "
-          f"TorchBraid's settings; load {os.getloadavg()[0]:.2f} (numbers on a loaded machine "
-          f"are only indicative)", flush=True)
-    one = _launch(1, spec, args.timeout)
-    many = _launch(args.ranks, spec, args.timeout)
+    print(f"MNIST conv network, N = {args.layers}, batch 50, backend {args.backend}, settings "
+          f"{args.settings}; one mpiexec per dtype, malloc "
+          f"{'glibc default' if args.default_malloc else 'pinned'}; load "
+          f"{os.getloadavg()[0]:.2f} (numbers on a loaded machine are only indicative)",
+          flush=True)
+    one = _launch(1, spec, args.timeout, not args.default_malloc)
+    many = _launch(args.ranks, spec, args.timeout, not args.default_malloc)
     for dtype in args.dtypes:
         print()
-        print("\n".join(report(one[dtype], many[dtype], args.layers)), flush=True)
+        print("\n".join(report(one[dtype], many[dtype], args.layers, args.settings)), flush=True)
         if args.profile:
             from profile_split import profile_lines
 

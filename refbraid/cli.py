@@ -20,6 +20,7 @@ import sys
 
 from . import __version__
 from .errors import CollectiveError, notes
+from .runtime import pin_allocator
 
 EXIT_ERROR = 1  # the run failed for a reason outside its input: disk, memory, a bug
 EXIT_USAGE = 2  # bad input (argparse exits with 2 too)
@@ -29,6 +30,10 @@ EXIT_CODES = {"error": EXIT_ERROR, "usage": EXIT_USAGE, "diverged": EXIT_DIVERGE
               "interrupted": EXIT_INTERRUPTED}
 
 DEBUG_ENV = "REFBRAID_DEBUG"
+
+#: commands whose step times should not depend on the process's allocation history: they pin
+#: glibc malloc's thresholds first (refbraid/runtime.py; REFBRAID_PIN_ALLOCATOR=0 opts out)
+PINNED_COMMANDS = ("train", "scale")
 
 _DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 _NO_PERMISSION = {errno.EACCES, errno.EPERM, errno.EROFS}
@@ -109,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command in PINNED_COMMANDS:
+        pin_allocator()  # repeatable step times, whatever ran before (refbraid/runtime.py)
     try:
         return int(args.func(args) or 0)
     except SystemExit:

@@ -36,9 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from .backends import Backend, get_backend
+from .backends import Backend, batched_sweeps_on, get_backend
 from .backends.host import host_float
-from .mgrit import MGRITResult, MGRITSettings, Problem, solve
+from .layers.forward_into import adjoint_into, forward_into
+from .mgrit import GradientWorkspace, MGRITResult, MGRITSettings, Problem, solve
 from .mgrit.transfer import SpatialCoarsening, restrict_to_shape
 from .network import (
     Network,
@@ -115,10 +116,10 @@ class LayerParallelSettings:
 def batchable(net: Network, bk: Backend) -> bool:
     """Whether the propagators offer MGRIT batched steps (one call per sweep,
     :mod:`refbraid.mgrit.batched`): a step layer with ``forward_batched`` / ``adjoint_batched``
-    on the numpy or numba backend, bit-identical to its per-step calls, that says batching pays
-    (``batched_sweeps_pay``; docs/batched.md has the measurements)."""
+    where the backend's batched sweeps are on (:func:`~refbraid.backends.batched_sweeps_on`),
+    bit-identical to its per-step calls, that says batching pays (``batched_sweeps_pay``)."""
     layer = getattr(net, "step", None)
-    return (bk.name in ("numpy", "numba") and callable(getattr(layer, "forward_batched", None))
+    return (batched_sweeps_on(bk) and callable(getattr(layer, "forward_batched", None))
             and getattr(layer, "batched_sweeps_pay", False))
 
 
@@ -133,10 +134,9 @@ class ForwardPropagator:
     steps: dict[str, Any]
     bk: Backend
 
-    def step(self, y, start: int, stop: int):
-        theta = layer_params(self.steps, start)
-        y_next, _ = self.net.step.forward(theta, y, (stop - start) * self.net.h, self.bk)
-        return y_next
+    def step(self, y, start: int, stop: int, out=None):  # out: where y_next may be written
+        theta, hc = layer_params(self.steps, start), (stop - start) * self.net.h
+        return forward_into(self.net.step, theta, y, hc, self.bk, out)[0]
 
     @property
     def batched_step(self):
@@ -203,11 +203,11 @@ class CachingForward(ForwardPropagator):
         object.__setattr__(self, "caches", {})
         object.__setattr__(self, "origins", {})  # layer -> batched call (step_caches.py)
 
-    def step(self, y, start: int, stop: int):
+    def step(self, y, start: int, stop: int, out=None):
         if stop - start != 1:
-            return super().step(y, start, stop)
-        y_next, cache = self.net.step.forward(layer_params(self.steps, start), y, self.net.h,
-                                              self.bk)
+            return super().step(y, start, stop, out)
+        y_next, cache = forward_into(self.net.step, layer_params(self.steps, start), y,
+                                     self.net.h, self.bk, out)
         self.caches[start] = cache
         self.origins.pop(start, None)
         return y_next
@@ -244,7 +244,7 @@ class CapturingAdjoint(AdjointPropagator):
         object.__setattr__(self, "grads", {})
         object.__setattr__(self, "counts", {"cache_hits": 0, "recomputed": 0})
 
-    def step(self, lam, start: int, stop: int):
+    def step(self, lam, start: int, stop: int, out=None):  # out: where λ[a] may be written
         if start - stop != 1:
             return super().step(lam, start, stop)
         theta = layer_params(self.steps, stop)
@@ -254,8 +254,8 @@ class CapturingAdjoint(AdjointPropagator):
             self.counts["recomputed"] += 1
         else:
             self.counts["cache_hits"] += 1
-        lam_prev, dtheta = self.net.step.adjoint(theta, cache, lam, self.net.h, self.bk,
-                                                 grads=True)
+        lam_prev, dtheta = adjoint_into(self.net.step, theta, cache, lam, self.net.h, self.bk,
+                                        True, out)
         self.grads[stop] = dtheta
         return lam_prev
 
@@ -309,13 +309,9 @@ class LayerParallelInfo:
         """Numbers for the training log: final fine C-point residual norms and cycles of each
         solve, and Φ applications of both solves (the parameter gradient comes with them)."""
         f, b = self.forward, self.backward
-        return {
-            "fwd_res": float(f.norms[-1]),
-            "fwd_iters": float(f.iterations),
-            "bwd_res": float(b.norms[-1]),
-            "bwd_iters": float(b.iterations),
-            "phi_calls": float(f.total_steps + b.total_steps),
-        }
+        return {"fwd_res": float(f.norms[-1]), "fwd_iters": float(f.iterations),
+                "bwd_res": float(b.norms[-1]), "bwd_iters": float(b.iterations),
+                "phi_calls": float(f.total_steps + b.total_steps)}
 
 
 def captured_gradient(adjoint: CapturingAdjoint, steps: dict[str, Any], layers) -> dict:
@@ -349,11 +345,11 @@ def mgrit_forward(net: Network, params: Params, x, settings: MGRITSettings,
 
 
 def _mgrit_forward(net: Network, params: Params, x, settings: MGRITSettings, bk: Backend,
-                   propagator: ForwardPropagator | None = None, transfer=None):
+                   propagator: ForwardPropagator | None = None, transfer=None, workspace=None):
     """:func:`mgrit_forward` without the checks (for callers that have made them)."""
     y0, open_cache = net.opening.forward(group(params, "opening"), x, bk)
     prop = propagator or ForwardPropagator(net, group(params, "steps"), bk)
-    fwd = solve(Problem(step=prop, u0=y0, n_steps=net.n_layers, transfer=transfer), settings)
+    fwd = solve(Problem(prop, y0, net.n_layers, transfer=transfer), settings, workspace=workspace)
     logits, close_cache = net.closing.forward(group(params, "closing"), fwd.solution[-1, ...], bk)
     return logits, fwd, (open_cache, close_cache)
 
@@ -365,21 +361,24 @@ def layer_parallel_gradient(
     labels,
     settings: LayerParallelSettings | None = None,
     bk: Backend | str = "numpy",
+    workspace: GradientWorkspace | None = None,
 ) -> tuple[float, Params, LayerParallelInfo]:
     """Loss and gradient with MGRIT forward and adjoint solves (see the module docstring).
 
-    Returns (loss, grads keyed like params, info). The loss is evaluated on the MGRIT
-    forward solution, the gradient is the exact gradient of that approximate forward pass
-    when the adjoint solve has converged. ``params``, ``x`` and ``labels`` are checked first
-    (:func:`refbraid.network.check_inputs`).
+    Returns (loss, grads keyed like params, info). ``workspace``: arrays both solves reuse (a
+    GradientWorkspace; the next call with it overwrites info's trajectories). The loss is
+    evaluated on the MGRIT forward solution, the gradient is the exact gradient of that
+    approximate forward pass when the adjoint solve has converged. ``params``, ``x`` and
+    ``labels`` are checked first (:func:`refbraid.network.check_inputs`).
     """
     bk = get_backend(bk)
     settings = as_settings(settings)
     check_inputs(net, params, x, labels)
     steps = group(params, "steps")
     forward = CachingForward(net, steps, bk)
-    logits, fwd, (open_cache, close_cache) = _mgrit_forward(net, params, x, settings.forward, bk,
-                                                            forward, settings.forward_transfer)
+    logits, fwd, (open_cache, close_cache) = _mgrit_forward(
+        net, params, x, settings.forward, bk, forward, settings.forward_transfer,
+        workspace and workspace.forward)
     states = fwd.solution  # (N + 1, *S)
     loss, probs = bk.softmax_cross_entropy(logits, labels)
     dlogits = bk.softmax_cross_entropy_adjoint(probs, labels, 1.0)
@@ -388,7 +387,8 @@ def layer_parallel_gradient(
     adjoint = CapturingAdjoint(net, steps, states, forward.caches, bk, restriction,
                                forward.origins)
     bwd = solve(Problem(adjoint, lam_N, net.n_layers, direction="backward",
-                        transfer=settings.backward_transfer), settings.backward)
+                        transfer=settings.backward_transfer), settings.backward,
+                workspace=workspace and workspace.backward)
     adjoints = bwd.solution  # (N + 1, *S), fine order
     dsteps = captured_gradient(adjoint, steps, range(net.n_layers))
     _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, adjoints[0, ...], bk)

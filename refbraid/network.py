@@ -38,7 +38,7 @@ import numpy as np
 
 from .backends import Backend, get_backend
 from .backends.dtypes import dtype_kind
-from .backends.host import all_finite, first_non_finite, host_float, to_host
+from .backends.host import all_finite, first_non_finite, host_float, host_range
 from .layers.init import NonFiniteError, check_positive_int
 
 Params = dict[str, Any]
@@ -320,10 +320,9 @@ def check_batch(net: Network, x, labels=None) -> None:
         if dtype_kind(labels.dtype) not in "iu":
             raise TypeError(f"`labels` must be integer class indices, got dtype {labels.dtype}.")
         n_classes = net.closing.out_shape[0]
-        host_labels = to_host(labels)  # B integers: checked on the host
-        if int(host_labels.min()) < 0 or int(host_labels.max()) >= n_classes:
-            raise ValueError(f"`labels` must lie in [0, {n_classes}), got range "
-                             f"[{int(host_labels.min())}, {int(host_labels.max())}].")
+        lo, hi = host_range(labels)  # min and max on the device: two numbers to the host
+        if lo < 0 or hi >= n_classes:
+            raise ValueError(f"`labels` must lie in [0, {n_classes}), got range [{lo}, {hi}].")
 
 
 # ----------------------------------------------------------------------------- sequential

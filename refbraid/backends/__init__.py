@@ -184,6 +184,17 @@ def with_host_arrays(bk: Backend) -> Backend:
     return Backend(bk.name, np, bk.kernels, bk.overrides)
 
 
+def batched_sweeps_on(bk: Backend) -> bool:
+    """Whether MGRIT's sweeps may take batched steps on ``bk`` (docs/batched.md): numpy and
+    numba yes (measured); cuda only once ``numba_cuda_batched.SWITCHED_ON`` says a GPU run of
+    ``benchmarks/bench_gpu.py`` showed it pays; any other backend no."""
+    if bk.name == "cuda":
+        from . import numba_cuda_batched
+
+        return bool(numba_cuda_batched.SWITCHED_ON)
+    return bk.name in ("numpy", "numba")
+
+
 def _warn_if_host_arrays() -> None:
     """A RuntimeWarning when the ``cuda`` backend runs on a GPU in host-array mode (no CuPy:
     every kernel copies in and out; :mod:`refbraid.backends.numba_cuda_memory`)."""

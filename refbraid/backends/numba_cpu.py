@@ -245,11 +245,15 @@ def activation_adjoint(z, dy, act: str):
     return out.reshape(z.shape)
 
 
-def euler_act(y, z, h: float, act: str):
-    """y_next = y + h σ(z) (reference.euler_act) in one pass: no h σ(z) temporary."""
+def euler_act(y, z, h: float, act: str, out=None):
+    """y_next = y + h σ(z) (reference.euler_act) in one pass: no h σ(z) temporary.
+
+    ``out``: a C-contiguous array of y's shape and the result's dtype to write into (the same
+    kernel, another destination); any other ``out`` is refused by NumPy's ufuncs or ignored:
+    check ``result is out``."""
     code = activation_code(act)
     if code < 0 or not native_floats(y, z) or y.shape != z.shape:
-        return reference.euler_act(y, z, h, act)
+        return reference.euler_act(y, z, h, act, out=out)
     if isinstance(h, bool) or not isinstance(h, (int, float, np.integer, np.floating)):
         raise TypeError(f"`h` must be a real number, got {h!r}.")
     dtype = common_dtype(y, z)
@@ -257,10 +261,13 @@ def euler_act(y, z, h: float, act: str):
         dtype = np.result_type(dtype, h)
     hd = dtype.type(h)  # h in the array dtype, as NumPy treats a Python float
     yf, zf = flat(y, dtype), flat(z, dtype)
+    into = (out is not None and out.dtype == dtype and out.shape == y.shape
+            and out.flags.c_contiguous)
+    res = out.reshape(-1) if into else None
     if code == TANH:
-        out = np.tanh(zf)
-        _axpy_inplace(yf, hd, out)
+        res = np.tanh(zf, out=res)
+        _axpy_inplace(yf, hd, res)
     else:
-        out = np.empty_like(yf)
-        _euler_act_kernel(yf, zf, hd, code, out)
-    return out.reshape(y.shape)
+        res = np.empty_like(yf) if res is None else res
+        _euler_act_kernel(yf, zf, hd, code, res)
+    return out if into else res.reshape(y.shape)

@@ -27,8 +27,8 @@ backend's activation kernels (device-resident arrays).
 **Not switched on** for MGRIT's sweeps (:data:`SWITCHED_ON`): whether k steps in one
 launch beat k launches on a GPU is measured by ``benchmarks/bench_gpu.py`` (rows
 ``sweeps per-step`` and ``sweeps batched``), and no GPU was lent when this was written. To
-switch it on, set :data:`SWITCHED_ON` to True; :func:`refbraid.layer_parallel.batchable`
-has to read it (docs/batched.md, "cuda").
+switch it on, set :data:`SWITCHED_ON` to True: :func:`refbraid.backends.batched_sweeps_on`
+reads it for :func:`refbraid.layer_parallel.batchable` (docs/batched.md, "cuda").
 
 Shape legend: k rows, B batch, C width; op(A) is A or Aᵀ per row.
 """

@@ -11,7 +11,9 @@ say each once, so a kernel line reads the same on every backend:
 * :func:`indexes_with_integer_arrays` — whether ``a[int_array, ...]`` works (NumPy, CuPy;
   the standard leaves it out, so array-api-strict refuses it);
 * :func:`contiguous` — a C-contiguous array where layout exists (NumPy, CuPy), else a
-  fresh copy (a broadcast view becomes a writable array either way).
+  fresh copy (a broadcast view becomes a writable array either way);
+* :func:`copy_of` — a copy that shares no memory, made where the array lives;
+* :func:`namespace` — the array's namespace (NumPy for host values).
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ import numpy as np
 def _namespace(a):
     get = getattr(a, "__array_namespace__", None)
     return get() if get is not None else np
+
+
+def namespace(a):
+    """The array namespace ``a`` computes in: its ``__array_namespace__()``, NumPy for host
+    values (Python scalars, NumPy arrays of a NumPy without the array API)."""
+    return _namespace(a)
 
 
 def _current_device_library(a) -> bool:
@@ -85,3 +93,13 @@ def asarray_on(like, values, dtype=None):
     if _current_device_library(like):
         return xp.asarray(values, dtype=dtype)
     return xp.asarray(values, dtype=dtype, device=like.device)
+
+
+def copy_of(a):
+    """A copy of ``a`` that shares no memory, on the device ``a`` lives on (a Python scalar
+    or a NumPy array: a NumPy array)."""
+    if isinstance(a, (np.ndarray, np.generic)) or not hasattr(a, "shape"):
+        return np.array(a, copy=True)
+    if type(a).__module__.startswith("cupy"):
+        return a.copy()
+    return _namespace(a).asarray(a, copy=True)

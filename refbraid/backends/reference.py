@@ -115,9 +115,14 @@ def _activation_curvature(a, act: str):
     check_activation(act)
 
 
-def euler_act(y, z, h: float, act: str):
-    """Forward-Euler update with activation: y_next = y + h σ(z)."""
-    return y + h * activation(z, act)
+def euler_act(y, z, h: float, act: str, out=None):
+    """Forward-Euler update with activation: y_next = y + h σ(z).
+
+    ``out`` (NumPy arrays): the sum is written there (``numpy.add(y, h σ(z), out=out)``, the
+    same additions), and ``out`` returned."""
+    if out is None:
+        return y + h * activation(z, act)
+    return np.add(y, h * activation(z, act), out=out)
 
 
 # ----------------------------------------------------------------------------- dense

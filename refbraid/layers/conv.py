@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backends.into import add_into, euler_act_into
 from ..backends.portable import asarray_on
 from ..backends.reference import check_activation
 from ..backends.reference_batched import conv2d_adjoint_batched, conv2d_batched
@@ -67,19 +68,23 @@ class ConvStep:
             "b": uniform_fan_in(rng, (C,), fan_in, dtype),
         }
 
-    def forward(self, params, y, h: float, bk):
+    def forward(self, params, y, h: float, bk, out=None):
+        """y_next = y + h σ(W * y + b); returns (y_next, cache). ``out``: an array to write
+        y_next into where the backend can (backends/into.py; else y_next is new)."""
         h = check_step_size("h", h)
         check_dtype("y", y, params)
         z = bk.conv2d(y, params["W"], params["b"])  # B,C,H,W
-        return bk.euler_act(y, z, h, self.activation), (y, z)
+        return euler_act_into(bk, y, z, h, self.activation, out), (y, z)
 
-    def adjoint(self, params, cache, dy_next, h: float, bk, grads: bool = True):
+    def adjoint(self, params, cache, dy_next, h: float, bk, grads: bool = True, out=None):
+        """dy = dy_next + Wᵀ ⋆ (h σ'(z) ⊙ dy_next); with grads, also dW, db. ``out``: where dy
+        may be written (NumPy, backends/into.py; else dy is new)."""
         y, z = cache
         h = check_step_size("h", h)
         check_adjoint("dy_next", dy_next, y.shape)
         s = h * bk.activation_adjoint(z, dy_next, self.activation)  # B,C,H,W
         dys, dW, db = bk.conv2d_adjoint(y, params["W"], s)
-        return dy_next + dys, ({"W": dW, "b": db} if grads else None)
+        return add_into(dy_next, dys, out), ({"W": dW, "b": db} if grads else None)
 
     # -- k steps at once (MGRIT's batched sweeps; NumPy reference backend) ----------------
     def forward_batched(self, params, Y, h, bk):

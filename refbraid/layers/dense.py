@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backends.into import add_into, euler_act_into
 from ..backends.reference import check_activation
 from .init import (
     check_adjoint,
@@ -55,23 +56,25 @@ class DenseStep:
         return {"W": uniform_fan_in(rng, (C, C), C, dtype),
                 "b": uniform_fan_in(rng, (C,), C, dtype)}
 
-    def forward(self, params, y, h: float, bk):
-        """y_next = y + h σ(y Wᵀ + b); returns (y_next, cache)."""
+    def forward(self, params, y, h: float, bk, out=None):
+        """y_next = y + h σ(y Wᵀ + b); returns (y_next, cache). ``out``: an array to write
+        y_next into where the backend can (backends/into.py; else y_next is new)."""
         h = check_step_size("h", h)
         check_dtype("y", y, params)
         z = bk.linear(y, params["W"], params["b"])  # B,C
-        return bk.euler_act(y, z, h, self.activation), (y, z)
+        return euler_act_into(bk, y, z, h, self.activation, out), (y, z)
 
-    def adjoint(self, params, cache, dy_next, h: float, bk, grads: bool = True):
-        """dy = dy_next + (h σ'(z) ⊙ dy_next) W; with grads, also dW, db. Returns (dy, dparams)."""
+    def adjoint(self, params, cache, dy_next, h: float, bk, grads: bool = True, out=None):
+        """dy = dy_next + (h σ'(z) ⊙ dy_next) W; with grads, also dW, db. Returns (dy, dparams).
+        ``out``: where dy may be written (NumPy, backends/into.py; else dy is new)."""
         y, z = cache
         h = check_step_size("h", h)
         check_adjoint("dy_next", dy_next, y.shape)
         s = h * bk.activation_adjoint(z, dy_next, self.activation)  # B,C
         if not grads:
-            return dy_next + bk.matmul(s, params["W"]), None
+            return add_into(dy_next, bk.matmul(s, params["W"]), out), None
         ds_W, dW, db = bk.linear_adjoint(y, params["W"], s)
-        return dy_next + ds_W, {"W": dW, "b": db}
+        return add_into(dy_next, ds_W, out), {"W": dW, "b": db}
 
 
     # -- k steps at once (MGRIT's batched sweeps; NumPy, numba and cuda backends) ---------

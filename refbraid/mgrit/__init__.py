@@ -15,6 +15,7 @@ spatial.py     spatial grid transfers R, P on feature maps and their exact trans
 transfer.py    SpatialCoarsening: R/P between levels (Problem.transfer), adjoint pair
 cycle.py       the V-/F-cycle recursion and nested iteration over those functions
 solver.py      solve(): iterate, stop, record; gather_solution()
+workspace.py   Workspace: per-level arrays kept across solves of the same shapes
 record.py      MGRITResult: residuals per iteration and level, counters, timings
 theory.py      two-level error-propagator bounds and matrices (docs/references.md §3)
 plots.py       figures from a record
@@ -27,8 +28,10 @@ from .problem import Problem, as_problem, sequential_solve
 from .record import IterationRecord, LevelVisit, MGRITResult
 from .settings import MGRITSettings
 from .solver import MGRITDiverged, gather_solution, solve
+from .workspace import GradientWorkspace, Workspace
 
 __all__ = [
+    "GradientWorkspace",
     "Hierarchy",
     "IterationRecord",
     "Level",
@@ -43,4 +46,5 @@ __all__ = [
     "max_levels",
     "sequential_solve",
     "solve",
+    "Workspace",
 ]

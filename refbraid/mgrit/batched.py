@@ -94,8 +94,18 @@ def f_relax(u, g, points, sweeps: list, step, inplace: bool = False):
     for sw in sweeps:
         # the rows of one sweep are evenly spaced: slices (views), no gathered copies
         val = step.many(out[sw.prev, ...], sw.starts, sw.stops)
-        out[sw.rows, ...] = val if g is None else val + g[sw.rows, ...]
+        if g is not None and isinstance(sw.rows, slice) and _one_dtype(out, val, g):
+            np.add(val, g[sw.rows, ...], out=out[sw.rows, ...])  # Φ + g straight into u
+        else:
+            out[sw.rows, ...] = val if g is None else val + g[sw.rows, ...]
     return out
+
+
+def _one_dtype(u, val, g) -> bool:
+    """Whether ``Φ + g`` may be added straight into rows of ``u`` (through a slice, a view):
+    NumPy arrays of one dtype, so the same additions as a new sum copied in."""
+    return (isinstance(u, np.ndarray) and isinstance(val, np.ndarray)
+            and isinstance(g, np.ndarray) and u.dtype == val.dtype == g.dtype)
 
 
 def propagate_at(u, g, points, positions, step, ghost=None, ghost_point=None):

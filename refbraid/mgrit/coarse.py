@@ -67,9 +67,17 @@ def apply_operator(v, points, step: StepFn, ghost=None, ghost_point=None,
 
 
 def fas_rhs(r, v, coarse_points, coarse_step: StepFn, ghost=None, ghost_point=None,
-            propagate=propagate_at):
-    """FAS coarse right-hand side ``g_Δ = r + A_Δ(v)`` (r: fine C-point residual, v = u[C])."""
-    return r + apply_operator(v, coarse_points, coarse_step, ghost, ghost_point, propagate)
+            propagate=propagate_at, out=None):
+    """FAS coarse right-hand side ``g_Δ = r + A_Δ(v)`` (r: fine C-point residual, v = u[C]).
+
+    ``out``: an array to hold the sum (NumPy arrays of the sum's dtype; the same additions),
+    else a new one."""
+    a = apply_operator(v, coarse_points, coarse_step, ghost, ghost_point, propagate)
+    if (out is not None and isinstance(out, np.ndarray) and isinstance(r, np.ndarray)
+            and isinstance(a, np.ndarray) and r.dtype == a.dtype == out.dtype
+            and r.shape == a.shape == out.shape):
+        return np.add(r, a, out=out)
+    return r + a
 
 
 def correct(u, c_pos, w, v, inplace: bool = False, interpolate=None):
@@ -97,14 +105,36 @@ def inject_up(u, c_pos, w, inplace: bool = False):
     return set_rows(u, c_pos, w, inplace)
 
 
-def forward_substitution(g, points, step: StepFn, ghost=None, ghost_point=None):
+def forward_substitution(g, points, step: StepFn, ghost=None, ghost_point=None, out=None):
     """Exact solve of ``A(u) = g`` on a block: ``u[0] = g[0]`` (or ``Φ(ghost) + g[0]``),
-    ``u[j] = Φ(u[j-1]) + g[j]``. The coarsest-level solve and the sequential oracle."""
+    ``u[j] = Φ(u[j-1]) + g[j]``. The coarsest-level solve and the sequential oracle.
+
+    NumPy arrays: each row ``Φ(u[j-1]) + g[j]`` is added straight into a preallocated block
+    (``out`` when given: g's shape and dtype), the next step reading the row it wrote; the
+    same numbers as a list of rows and a stack. A step that changes dtype or shape sends the
+    rest down the list path (as :func:`~refbraid.mgrit.relax.propagate_at`); other arrays
+    take the list path."""
     xp = namespace(g)
-    prev = propagate_at(g, g, points, [0], step, ghost, ghost_point)[0, ...]
-    rows = [prev]
+    first = propagate_at(g, g, points, [0], step, ghost, ghost_point)[0, ...]
     p = [int(s) for s in points]
-    for j in range(1, len(p)):
+    if isinstance(g, np.ndarray) and isinstance(first, np.ndarray) and first.dtype == g.dtype:
+        block = np.empty(g.shape, dtype=g.dtype) if out is None else out
+        block[0, ...] = first
+        for j in range(1, len(p)):
+            val = step(block[j - 1, ...], p[j - 1], p[j])
+            if not (isinstance(val, np.ndarray) and val.dtype == block.dtype
+                    and val.shape == block.shape[1:]):
+                rows = [*block[:j], val + g[j, ...]]
+                return _substitute_rest(rows, g, p, step)
+            np.add(val, g[j, ...], out=block[j, ...])
+        return block
+    return _substitute_rest([first], g, p, step, xp)
+
+
+def _substitute_rest(rows: list, g, p: list, step: StepFn, xp=None):
+    """:func:`forward_substitution`'s list path from row ``len(rows)`` on; the rows stacked."""
+    prev = rows[-1]
+    for j in range(len(rows), len(p)):
         prev = step(prev, p[j - 1], p[j]) + g[j, ...]
         rows.append(prev)
-    return xp.stack(rows)
+    return (xp or namespace(g)).stack(rows)

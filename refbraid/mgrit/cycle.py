@@ -54,7 +54,6 @@ from .coarse import (
     fas_rhs,
     forward_substitution,
     inject_up,
-    restrict,
     to_coarse_space,
     to_fine_space,
 )
@@ -63,6 +62,7 @@ from .problem import CountingStep, Problem
 from .record import LevelVisit
 from .relax import c_relax, copy, f_relax, propagate_at, rows_view
 from .settings import MGRITSettings
+from .workspace import Workspace
 
 
 @dataclass(eq=False)
@@ -122,10 +122,12 @@ class Cycler:
     leaves out: on other arrays (the strict device stand-in) the per-point path runs instead.
     """
 
-    def __init__(self, states: list[LevelState], settings: MGRITSettings, comm: Comm):
+    def __init__(self, states: list[LevelState], settings: MGRITSettings, comm: Comm,
+                 workspace: Workspace | None = None):
         self.states = states
         self.settings = settings
         self.comm = comm
+        self.workspace = workspace  # kept coarse-level arrays (workspace.py), or None
         self.visits: list[LevelVisit] = []
         self.batched = (bool(states) and states[0].step.batched
                         and indexes_with_integer_arrays(states[0].step.problem.u0))
@@ -158,6 +160,14 @@ class Cycler:
         return math.sqrt(self.comm.allreduce_sum(local))
 
     # -- building blocks -------------------------------------------------------------------
+    def _level_copy(self, ell: int, block):
+        """A copy of ``block`` to become level ``ell``'s iterate: the workspace's kept array
+        when there is one (its previous content is dead: the level's last iterate), else a
+        fresh copy. The same values either way."""
+        if self.workspace is None:
+            return copy(block)
+        return self.workspace.copy_into("u", ell, block)
+
     def _propagate_c(self, s: LevelState):
         ghost = exchange_ghost(self.comm, s.u[-1, ...])
         return self._propagate(s.u, s.g, s.points, s.c_pos, s.step, ghost, s.ghost_point)
@@ -188,10 +198,15 @@ class Cycler:
     def solve_coarsest(self) -> None:
         """Forward substitution on the coarsest level, block after block (pipeline)."""
         c = self.states[-1]
+        ws = self.workspace
+        # with a workspace the block is its kept array, overwritten by the next coarsest
+        # solve: the value sent on is then a copy (a message may still be in flight)
+        out = None if ws is None else ws.empty("u", c.level.index, c.g, c.g.shape)
         c.u = pipeline(
             self.comm,
-            lambda ghost: forward_substitution(c.g, c.points, c.step, ghost, c.ghost_point),
-            last=lambda u: u[-1, ...],
+            lambda ghost: forward_substitution(c.g, c.points, c.step, ghost, c.ghost_point,
+                                               out=out),
+            last=(lambda u: u[-1, ...]) if out is None else (lambda u: copy(u[-1, ...])),
         )
 
     # -- space: R and P between level ℓ and ℓ+1 (identity without a transfer) ------------
@@ -223,9 +238,11 @@ class Cycler:
         # a copy), and `correct` forms w - v before it adds to u_ℓ[C].
         v = self.to_coarse(ell, rows_view(s.u, s.c_pos))
         ghost_v = exchange_ghost(self.comm, v[-1, ...])
+        g_out = (None if self.workspace is None
+                 else self.workspace.empty("g", ell + 1, v, v.shape))
         c.g = fas_rhs(self.to_coarse(ell, r), v, c.points, c.step, ghost_v, c.ghost_point,
-                      self._propagate)
-        c.u = copy(v)
+                      self._propagate, out=g_out)
+        c.u = self._level_copy(ell + 1, v)
         self.cycle(ell + 1, kind)
         if kind == "F" and not c.coarsest:
             self.cycle(ell + 1, "V")
@@ -257,17 +274,22 @@ class Cycler:
     def nested_iteration(self, vcycles: int) -> None:
         """Cold-start initial guess from the coarsest grid up (see module docstring)."""
         st = self.states
+        spatial = st[0].step.problem.transfer is not None
         for ell in range(len(st) - 1):
             # g_ℓ[C] as a view where it can be: no level's g is ever written in place (the
             # coarse correction assigns a fresh FAS right-hand side), u_ℓ[C] stays a copy
             st[ell + 1].g = self.to_coarse(ell, rows_view(st[ell].g, st[ell].c_pos))
-            st[ell + 1].u = self.to_coarse(ell, restrict(st[ell].u, st[ell].c_pos))
+            # u_ℓ[C]: read through a view; level ℓ+1's iterate is a copy (R's output, else
+            # a copy of the rows, into the workspace's kept array when there is one)
+            c_rows = rows_view(st[ell].u, st[ell].c_pos)
+            st[ell + 1].u = (self.to_coarse(ell, c_rows) if spatial
+                             else self._level_copy(ell + 1, c_rows))
         self.solve_coarsest()
-        spatial = st[0].step.problem.transfer is not None
         for ell in range(len(st) - 2, -1, -1):
             self.interpolate(ell + 1)
             if spatial:  # u_ℓ[C] += P(w − R u_ℓ[C]): keeps u_ℓ's fine detail (and u0 exact)
-                v = self.to_coarse(ell, restrict(st[ell].u, st[ell].c_pos))
+                # v is read only (R makes new rows): a view of u_ℓ[C] suffices
+                v = self.to_coarse(ell, rows_view(st[ell].u, st[ell].c_pos))
                 st[ell].u = correct(st[ell].u, st[ell].c_pos, st[ell + 1].u, v,
                                     interpolate=lambda d, ell=ell: self.to_fine(ell, d))
             else:

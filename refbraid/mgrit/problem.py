@@ -33,6 +33,7 @@ Shape legend: N steps, S = state shape, so a trajectory is (N + 1, *S).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter
@@ -222,18 +223,26 @@ class CountingStep:
         self.seconds = 0.0
         self._shape = problem.state_shape if shape is None else tuple(shape)
         self._step = problem.step
+        #: whether ``step`` takes ``out=`` (write its result there where it can, e.g. the
+        #: layer-parallel propagators): :meth:`__call__` passes it on, else drops it
+        self.takes_out = _takes_out(problem.step)
         # solver index -> fine index:  i = s (forward),  i = N - s (backward)
         self._flip = problem.n_steps if problem.direction == "backward" else None
         self.batched = problem.batched_step is not None
 
-    def __call__(self, u, s_start: int, s_stop: int):
+    def __call__(self, u, s_start: int, s_stop: int, out=None):
+        """``Φ(u; s_start → s_stop)``; ``out``: where the step may write it, if it takes
+        ``out=`` (the result ``is out`` then; otherwise a new array the caller copies)."""
         flip = self._flip
         if flip is None:
             start, stop = int(s_start), int(s_stop)
         else:
             start, stop = flip - int(s_start), flip - int(s_stop)
         t0 = perf_counter()
-        out = self._step(u, start, stop)
+        if out is not None and self.takes_out:
+            out = self._step(u, start, stop, out=out)
+        else:
+            out = self._step(u, start, stop)
         t1 = perf_counter()
         self.seconds += t1 - t0
         self.count += 1
@@ -278,26 +287,47 @@ class CountingStep:
         )
 
 
-def stacked(xp, value, n: int):
-    """``n`` copies of ``value`` stacked along a new first axis: shape (n, *value.shape)."""
+def _takes_out(step) -> bool:
+    """Whether the callable ``step`` has a parameter named ``out``."""
+    try:
+        return "out" in inspect.signature(step).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def stacked(xp, value, n: int, out=None):
+    """``n`` copies of ``value`` stacked along a new first axis: shape (n, *value.shape)
+    (written into ``out`` when given)."""
     value = xp.asarray(value)
     # a fresh C-ordered array (a copy of a broadcast view may keep the zero stride innermost,
     # which makes every later row access slow)
-    out = empty_on(value, (n, *value.shape))
+    out = empty_on(value, (n, *value.shape)) if out is None else out
     out[...] = value
     return out
 
 
-def rhs_solver_order(problem: Problem):
-    """Right-hand side in solver order: ``g_s[0] = u0``, ``g_s[s] = g[i(s)]``; (N + 1, *S)."""
+def rhs_solver_order(problem: Problem, workspace=None):
+    """Right-hand side in solver order: ``g_s[0] = u0``, ``g_s[s] = g[i(s)]``; (N + 1, *S).
+
+    With a :class:`~refbraid.mgrit.workspace.Workspace` the array is the workspace's: the
+    unforced one is zeroed when it is made and only its row 0 is ever written (nothing writes
+    a level's g in place), the forced one is overwritten by ``g`` every time."""
     xp = namespace(problem.u0)
     u0 = xp.asarray(problem.u0)
+    shape = (problem.n_steps + 1, *u0.shape)
     if problem.g is None:
-        g = zeros_on(u0, (problem.n_steps + 1, *u0.shape))  # lazily zeroed pages
-    else:
+        if workspace is None:
+            g = zeros_on(u0, shape)  # lazily zeroed pages
+        else:
+            g = workspace.zeros("rhs unforced", 0, u0, shape)
+    elif workspace is None:
         g = xp.asarray(problem.g, dtype=u0.dtype, copy=True)
         if problem.direction == "backward":
             g = xp.flip(g, axis=0)
+    else:
+        src = xp.asarray(problem.g, dtype=u0.dtype)
+        g = workspace.empty("rhs", 0, u0, shape)
+        g[...] = xp.flip(src, axis=0) if problem.direction == "backward" else src
     g[0, ...] = u0
     return g
 

@@ -49,6 +49,7 @@ from .problem import Problem, as_problem, from_fine_order, rhs_solver_order, sta
 from .record import IterationRecord, LevelVisit, MGRITResult
 from .relax import copy, rows_view, set_rows, take_rows
 from .settings import MGRITSettings
+from .workspace import Workspace
 
 _COMM_METHODS = ("send_next", "recv_prev", "allreduce_sum", "gather", "reverted")
 
@@ -117,32 +118,44 @@ def _overwritten(problem: Problem, u_init, settings: MGRITSettings, n_levels: in
     return n_levels == 1 or (nested and problem.transfer is None)
 
 
-def _initial_iterate(problem: Problem, u_init, g_block, rows: slice, overwritten: bool = False):
+def _initial_iterate(problem: Problem, u_init, g_block, rows: slice, overwritten: bool = False,
+                     workspace=None):
     """Solver-order block of the initial iterate: u_init if given, else the problem's
     ``guess(i)`` at every fine index i (u0 at the initial point), else u0 everywhere.
 
     ``overwritten`` (:func:`_overwritten`): the start replaces every value, so the block is
-    zeros (lazily zeroed pages: no pass over the whole trajectory) with u0 at s = 0."""
+    zeros (lazily zeroed pages: no pass over the whole trajectory) with u0 at s = 0; with a
+    ``workspace`` its kept level-0 array as it is (every value is written before it is read).
+    Otherwise a workspace's array receives the same values a fresh one would (a warm start
+    excepted: it stays a fresh copy, since ``u_init`` may be the workspace's last solution)."""
     xp = namespace(problem.u0)
     n = rows.stop - rows.start
+    shape = (n, *problem.state_shape)
     if overwritten:
-        u = zeros_on(problem.u0, (n, *problem.state_shape))
+        if workspace is None:
+            u = zeros_on(problem.u0, shape)
+        else:
+            u = workspace.empty("u", 0, problem.u0, shape)
         if rows.start == 0:
             u[0, ...] = g_block[0, ...]
         return u
     if u_init is None and problem.guess is not None:
         u = xp.stack([problem.guess(problem.to_fine(s)) for s in range(rows.start, rows.stop)])
+        if workspace is not None:
+            u = workspace.copy_into("u", 0, u)
         if rows.start == 0:
             u[0, ...] = g_block[0, ...]
         return u
     if u_init is None:
-        return stacked(xp, problem.u0, n)
+        out = None if workspace is None else workspace.empty("u", 0, problem.u0, shape)
+        return stacked(xp, problem.u0, n, out)
     want = (problem.n_steps + 1, *problem.state_shape)
     if tuple(getattr(u_init, "shape", ())) != want:
         raise ValueError(
             f"`u_init` must have shape (n_steps + 1, *u0.shape) = {want}, "
             f"got {getattr(u_init, 'shape', type(u_init).__name__)}."
         )
+    # a fresh copy even with a workspace: a warm start may be the workspace's own last solution
     u = copy(from_fine_order(problem, xp.asarray(u_init, dtype=problem.u0.dtype))[rows, ...])
     if rows.start == 0:
         u[0, ...] = g_block[0, ...]  # the initial value is not a guess
@@ -215,6 +228,7 @@ def solve(
     comm=None,
     u_init=None,
     layout: Layout | None = None,
+    workspace: Workspace | None = None,
 ) -> MGRITResult:
     """Solve ``u[i] = Φ(u[i∓1]) + g[i]`` with MGRIT; return the solution and the record.
 
@@ -223,6 +237,10 @@ def solve(
     comm      communicator (default :class:`SerialComm`: one rank, the whole grid)
     u_init    warm start, shape (N + 1, *S) in fine-index order (e.g. the previous solve)
     layout    block partition (default: balanced over ``comm.size`` ranks)
+    workspace a :class:`~refbraid.mgrit.workspace.Workspace`: the per-level arrays are kept
+              there and reused by the next solve of the same shapes (the same numbers). The
+              returned ``solution`` is then the workspace's level-0 array, overwritten by
+              that next solve: copy it if it must outlive it. None (default): fresh arrays.
     """
     t0 = time.perf_counter()
     problem = as_problem(problem)
@@ -243,11 +261,12 @@ def solve(
     position = scomm.position
     states = build_states(hierarchy, layout, position, problem)
     lo, hi = layout.bounds(position)
-    g_all = rhs_solver_order(problem)
+    g_all = rhs_solver_order(problem, workspace)
     states[0].g = g_all[lo:hi, ...]  # a view: g_all is this solve's own (nothing writes g)
     states[0].u = _initial_iterate(problem, u_init, states[0].g, slice(lo, hi),
-                                   _overwritten(problem, u_init, settings, len(hierarchy)))
-    cycler = Cycler(states, settings, scomm)
+                                   _overwritten(problem, u_init, settings, len(hierarchy)),
+                                   workspace)
+    cycler = Cycler(states, settings, scomm, workspace)
     start = _start(cycler, len(hierarchy), settings, warm=u_init is not None)
     setup = time.perf_counter() - t0
 

@@ -18,12 +18,18 @@ Inside the pickled collectives (``gather``, ``alltoall``, …: dicts of rows) a 
 travels as a :class:`Staged` host copy, unwrapped onto the device on arrival
 (:func:`stage_tree`, :func:`unstage_tree`). Without a ``to_device`` a communicator refuses
 device arrays with a message that says so, rather than pickling them.
+:func:`refuse_pickled_device_arrays` is the tests' guard: within it, mpi4py's pickle raises
+on any device array (CuPy, Numba, array-api-strict alike), so a device array that slipped
+past the staging fails the test that sent it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
-from collections.abc import Callable
+import pickle
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,3 +111,40 @@ def unstage_tree(tree: Any, to_device: ToDevice | None) -> Any:
     if isinstance(tree, Staged):
         return to_device(tree.host)
     return tree
+
+
+class DevicePickleError(TypeError):
+    """A device array reached mpi4py's pickle (it must travel as a buffer, or staged)."""
+
+
+class _DeviceGuardPickler(pickle.Pickler):
+    """A pickler that refuses device arrays (``reducer_override`` sees every object)."""
+
+    def reducer_override(self, obj):
+        if is_device_array(obj):
+            raise DevicePickleError(
+                f"a device array ({type(obj).__module__}.{type(obj).__name__}, shape "
+                f"{tuple(obj.shape)}) reached MPI's pickle: device arrays travel as buffers "
+                f"(direct or staged through host buffers, refbraid.parallel.device_messages).")
+        return NotImplemented
+
+
+def _guarded_dumps(obj, protocol=None) -> bytes:
+    out = io.BytesIO()
+    _DeviceGuardPickler(out, protocol).dump(obj)
+    return out.getvalue()
+
+
+@contextlib.contextmanager
+def refuse_pickled_device_arrays() -> Iterator[None]:
+    """Within the block, mpi4py's lower-case (pickling) methods raise
+    :class:`DevicePickleError` for any device array in the message — on every communicator
+    of this process. Host values and the :class:`Staged` host copies pickle as before."""
+    from mpi4py import MPI
+
+    protocol = MPI.pickle.PROTOCOL
+    MPI.pickle.__init__(_guarded_dumps, pickle.loads, protocol)
+    try:
+        yield
+    finally:
+        MPI.pickle.__init__(pickle.dumps, pickle.loads, protocol)

@@ -46,6 +46,7 @@ import numpy as np
 
 from ..backends.dtypes import numpy_dtype
 from ..backends.host import to_host
+from ..backends.portable import copy_of
 from ..errors import CollectiveError
 from .codec import DirectHeader, decode_message, encode_message, travels_raw
 from .comm import SolverOrder
@@ -236,12 +237,14 @@ class MPIComm(SolverOrder):
         return out
 
     def _bcast(self, value: Any, root: int) -> Any:
-        head = None
+        head = mine = None
         if self.rank == root:
             if is_device_array(value):  # staged: its host copy travels, back to the device
                 if self.to_device is None:
                     refuse_device(value)
-                value = np.asarray(to_host(value))
+                if self.size == 1:  # nobody to send to: a copy on the device
+                    return copy_of(value)
+                value, mine = np.asarray(to_host(value)), copy_of(value)
                 head = ("staged", value.dtype.str, value.shape)
             else:
                 head = ("raw", value.dtype.str, value.shape) if travels_raw(value) \
@@ -253,6 +256,8 @@ class MPIComm(SolverOrder):
         if self.rank == root:
             np.copyto(out, value)
         self.mpi.Bcast([out.reshape(-1).view(np.uint8), self._MPI.BYTE], root=root)
+        if mine is not None:  # the root keeps its own device copy: no trip back
+            return mine
         return self.to_device(out) if head[0] == "staged" else out
 
     def allgather(self, value: Any) -> list[Any]:
@@ -282,6 +287,8 @@ class MPIComm(SolverOrder):
             return sum_to_all(self.mpi, array)
         if self.to_device is None:
             refuse_device(array)
+        if self.size == 1:  # a sum over one rank: a copy where the array lives
+            return copy_of(array)
         if self.direct and exports_device_buffer(array):
             return sum_to_all(self.mpi, array.copy(), on_device=True)
         return self.to_device(sum_to_all(self.mpi, np.asarray(to_host(array))))
@@ -339,6 +346,18 @@ class Topology:
         return (f"world rank {self.world.rank}/{self.world.size}: group {self.group}/"
                 f"{self.n_groups}, layer rank {self.layer.rank}/{self.layer.size}")
 
+    def carrying(self, to_device) -> Topology:
+        """The same ranks and communicators, able to move device arrays (``to_device``: the
+        backend's ``asarray``; see :class:`MPIComm`). ``self`` when they already can."""
+        if self.world.to_device == to_device:
+            return self
+
+        def on(c: MPIComm) -> MPIComm:
+            return MPIComm(c.mpi, c.reduce_mpi, to_device=to_device)
+
+        return Topology(world=on(self.world), layer=on(self.layer), data=on(self.data),
+                        group=self.group, n_groups=self.n_groups)
+
 
 def check_split(world_size: int, data_parallel: int) -> int:
     """Number Q = P / D of layer-parallel ranks per group; ValueError unless D divides P."""
@@ -355,8 +374,9 @@ def check_split(world_size: int, data_parallel: int) -> int:
     return world_size // int(data_parallel)
 
 
-def split_world(data_parallel: int = 1, world=None) -> Topology:
-    """Split ``world`` (default ``COMM_WORLD``) into ``data_parallel`` groups (see module doc).
+def split_world(data_parallel: int = 1, world=None, to_device=None) -> Topology:
+    """Split ``world`` (default ``COMM_WORLD``) into ``data_parallel`` groups (see module doc);
+    ``to_device`` (the backend's ``asarray``) lets device arrays travel (:class:`MPIComm`).
 
     The check runs on every rank before any communication, so a bad split raises the same
     :class:`~refbraid.errors.CollectiveError` on every rank.
@@ -371,5 +391,7 @@ def split_world(data_parallel: int = 1, world=None) -> Topology:
     world_dup = world.Dup()
     layer = world.Split(color=group, key=layer_rank)
     data = world.Split(color=layer_rank, key=group)
-    return Topology(world=MPIComm(world_dup), layer=MPIComm(layer, reduce_comm=world_dup),
-                    data=MPIComm(data), group=group, n_groups=int(data_parallel))
+    return Topology(world=MPIComm(world_dup, to_device=to_device),
+                    layer=MPIComm(layer, reduce_comm=world_dup, to_device=to_device),
+                    data=MPIComm(data, to_device=to_device), group=group,
+                    n_groups=int(data_parallel))

@@ -28,7 +28,9 @@ dot-product test ``⟨A x, y⟩ = ⟨x, Aᵀ y⟩`` with inner products summed o
 
 The communicator is a :class:`refbraid.parallel.mpi.MPIComm` (or anything with its methods:
 ``send_next``, ``recv_prev``, ``reverted``, ``allreduce_sum``, ``gather``, ``bcast``,
-``allgather``, ``alltoall``, ``scatter``).
+``allgather``, ``alltoall``, ``scatter``). Device arrays (CuPy, the strict stand-in) stay on
+their device: copies and sums are made with the array's own namespace, and the messages are
+the communicator's (direct or staged, :mod:`refbraid.parallel.device_messages`).
 
 Shape legend: P ranks, S the shape of one row/state, n_p rows on rank p.
 """
@@ -39,6 +41,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
+
+from ..backends.portable import copy_of
 
 Local = Any  # an array, None (zero) or a dict {row index: array}
 
@@ -73,7 +77,7 @@ def _copy(a):
         return None
     if isinstance(a, Mapping):
         return {k: _copy(v) for k, v in a.items()}
-    return np.array(a, copy=True)
+    return copy_of(a)
 
 
 def _add(a, b):
@@ -88,7 +92,7 @@ def _sum_in_order(values: Iterable[Any]):
     total = None
     for v in values:
         if v is not None:
-            total = np.array(v, copy=True) if total is None else total + v
+            total = copy_of(v) if total is None else total + v
     return total
 
 

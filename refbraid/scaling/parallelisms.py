@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from ..parallel.costs import StepCosts
 from ..parallel.trace import SEND, STEP
 from ..training.ownership import BlockPlan
-from .predict import Machine, ring_allreduce
+from .predict import Machine, extra_on, ring_allreduce
 from .virtual_step import simulate_gradient_schedule
 
 
@@ -96,7 +96,7 @@ def _depth(m: Machine, q: int, s: int, scale: float, row_bytes: float, rows: int
     sent = sum(e.nbytes for e in run.trace if e.kind == SEND) / q
     steps = sum(1 for e in run.trace if e.kind == STEP) / q
     halo_bytes = 0.0 if s == 1 else 2 * steps * row_bytes * scale
-    return run.wall_time + m.extra * scale / s, sent + halo_bytes
+    return run.wall_time + extra_on(m, q) * scale / s, sent + halo_bytes
 
 
 def predict_split(m: Machine, d: int, s: int, q: int, rows: int, row_bytes: float

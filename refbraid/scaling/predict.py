@@ -3,15 +3,22 @@
 Calibration (:func:`calibrate`, on this machine, for a ``refbraid train`` configuration):
 
 * ``serial(b)`` — one sequential-backprop training step (gradient + optimizer) at batch b,
-  measured (median) for b = B, B/2, B/4, … (the data-parallel shards);
-* step costs — one layer-parallel gradient in one process is traced
-  (:mod:`refbraid.parallel.trace`): every step application's duration, averaged per level and
-  direction, plus the MGRIT bookkeeping between steps spread evenly over the steps,
-  ``o = (T_LP − Σ step durations) / steps``, so the virtual cluster with one rank reproduces the
-  measured one-process gradient;
-* ``extra`` — what the virtual run does not charge (opening, closing, loss, gradient assembly,
-  optimizer): ``T_LP+opt(1 rank) − virtual(P = 1)``, added to every layer-parallel prediction
-  (a constant: on P ranks the optimizer work would shrink, so this errs on the slow side);
+  for b = B, B/2, B/4, … (the data-parallel shards);
+* step costs — the layer-parallel gradient in one process is traced
+  (:mod:`refbraid.parallel.trace`): every step application's duration (scaled by
+  ``T_grad / T_traced``, the trace's own cost), averaged per level and direction, plus the
+  MGRIT bookkeeping between steps spread evenly over the steps,
+  ``o = (T_grad − Σ step durations) / steps``, so the virtual cluster with one rank reproduces
+  the measured one-process gradient;
+* ``extra`` — what the virtual run does not charge (optimizer; sharding glue when the
+  training step as it runs is given): ``T_step − virtual(P = 1)``. On P ranks it is charged
+  in proportion to the busiest rank's share of the layers, ``extra · max_q n_q / N``
+  (:func:`extra_on`): in the sharded step (``mpiexec refbraid train``) each rank's optimizer
+  and sharding glue touch only its own rows, so a constant would overpredict P ≥ 2 (measured:
+  this per-row part is most of ``extra``; the constant rest — the opening's and closing's
+  few parameters, a loss reduction — makes it err slightly fast);
+* all of these from ONE session of interleaved rounds after warm-up, medians
+  (:mod:`refbraid.scaling.calibration`: the steady state, not a cold process's first calls);
 * α, β — a two-rank ping-pong through ``MPIComm`` (:mod:`refbraid.scaling.messages`), or given.
 
 Prediction (:func:`predict`), for P = 1, 2, 4, …:
@@ -44,13 +51,14 @@ import numpy as np
 from ..layer_parallel import LayerParallelSettings, layer_parallel_gradient
 from ..network import Network, backprop
 from ..parallel.costs import StepCosts
-from ..parallel.trace import STEP, Recorder, recording
 from ..training.config import TrainConfig
 from ..training.gradients import layer_parallel_settings
 from ..training.models import as_network_input
 from ..training.optim import make_optimizer
 from ..training.ownership import BlockPlan
 from ..training.run import setup
+from .calibration import measure_session
+from .calibration import step_costs as step_costs_of
 from .virtual_step import simulate_gradient_schedule
 
 #: α, β used when no MPI ping-pong can run here (measured on the 2-core development machine).
@@ -85,16 +93,6 @@ class Machine:
     source: dict[str, str] = field(default_factory=dict)  # where each number came from
 
 
-def _median_time(fn, repeat: int = REPEAT) -> float:
-    fn()  # warm-up (Numba compiles, caches fill)
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def _batch(config: TrainConfig):
     net, data, state, bk = setup(config)
     if not isinstance(net, Network):
@@ -114,26 +112,6 @@ def data_parallel_batches(batch: int, max_ranks: int) -> list[int]:
     return sorted(set(out), reverse=True)
 
 
-def _traced_costs(net, params, x, y, settings: LayerParallelSettings, bk):
-    """Per (level, direction) mean step seconds with the bookkeeping share, the gradient's
-    median seconds, and its MGRIT cycles."""
-    t_grad = _median_time(lambda: layer_parallel_gradient(net, params, x, y, settings, bk))
-    rec = Recorder()
-    with recording(rec):
-        _, _, info = layer_parallel_gradient(net, params, x, y, settings, bk)
-    steps = [e for e in rec.trace() if e.kind == STEP]
-    overhead = max(t_grad - sum(e.duration for e in steps), 0.0) / max(len(steps), 1)
-    levels = 1 + max((e.level for e in steps), default=0)
-    table = {}
-    for direction in ("forward", "backward"):
-        row = []
-        for level in range(levels):
-            d = [e.duration for e in steps if e.level == level and e.direction == direction]
-            row.append((statistics.fmean(d) if d else (row[-1] if row else 0.0)) + overhead)
-        table[direction] = tuple(row)
-    return StepCosts(**table), t_grad, (info.forward.iterations, info.backward.iterations)
-
-
 def calibrate(config: TrainConfig, *, max_ranks: int = 1024, alpha: float | None = None,
               beta: float | None = None, step_costs: StepCosts | None = None,
               measure_messages=None) -> Machine:
@@ -149,9 +127,16 @@ def calibrate(config: TrainConfig, *, max_ranks: int = 1024, alpha: float | None
 def calibrate_network(net: Network, params, x, y, settings: LayerParallelSettings, bk, *,
                       optimizer, max_ranks: int = 1024, alpha: float | None = None,
                       beta: float | None = None, step_costs: StepCosts | None = None,
-                      measure_messages=None) -> Machine:
+                      measure_messages=None, make_training_step=None, rounds: int = REPEAT,
+                      clock=time.perf_counter, statistic=statistics.median) -> Machine:
     """:func:`calibrate` for a network, its parameters and one batch ``x, y`` (B samples);
-    ``optimizer()`` makes a fresh optimizer for the timed training steps."""
+    ``optimizer()`` makes a fresh optimizer for the timed training steps.
+
+    ``make_training_step()`` (optional) returns the layer-parallel training step *as it runs*
+    (a no-argument callable, e.g. the one-rank sharded step of ``mpiexec -n 1 refbraid
+    train``); default: layer-parallel gradient + ``optimizer()``. Timings: one interleaved
+    session of ``rounds`` rounds (:mod:`refbraid.scaling.calibration`) on ``clock``, reduced
+    by ``statistic`` (the median; ``min`` on a loaded machine)."""
     source = {}
     batch = int(x.shape[0])
     grad_bytes = int(sum(np.asarray(v).nbytes for v in params.values()))
@@ -170,12 +155,22 @@ def calibrate_network(net: Network, params, x, y, settings: LayerParallelSetting
         return step
 
     if step_costs is None:
-        costs, t_grad, iterations = _traced_costs(net, params, x, y, settings, bk)
-        serial = {b: _median_time(training_step(
-            lambda p, xb, yb: backprop(net, p, xb, yb, bk)[1], b)) for b in batches}
-        lp = _median_time(training_step(
-            lambda p, xb, yb: layer_parallel_gradient(net, p, xb, yb, settings, bk)[1]))
-        source["steps"] = "calibrated here (traced one-process layer-parallel gradient)"
+        serial_steps = {b: training_step(
+            lambda p, xb, yb: backprop(net, p, xb, yb, bk)[1], b) for b in batches}
+        lp_step = training_step(
+            lambda p, xb, yb: layer_parallel_gradient(net, p, xb, yb, settings, bk)[1])
+        session = measure_session(
+            serial_steps, lp_step if make_training_step is None else make_training_step(),
+            lambda: layer_parallel_gradient(net, params, x, y, settings, bk), rounds=rounds,
+            clock=clock, statistic=statistic)
+        costs, serial, lp = step_costs_of(session), session.serial, session.step
+        _, _, info = layer_parallel_gradient(net, params, x, y, settings, bk)
+        iterations = (info.forward.iterations, info.backward.iterations)
+        source["steps"] = ("calibrated here (traced one-process layer-parallel gradient, "
+                           f"{session.rounds} interleaved rounds)")
+        source["trace_factor"] = f"{session.trace_factor:.3f}"
+        source["in_step_boxes"] = f"{session.covered:.3f}"
+        source["gradient_s"] = f"{session.gradient:.6g}"
     else:
         costs, lp = step_costs, None
         fine = costs(0, "forward") + costs(0, "backward")
@@ -223,6 +218,20 @@ def _lp_virtual(machine: Machine, ranks: int, scale: float):
     return run.wall_time
 
 
+def extra_on(machine: Machine, ranks: int) -> float:
+    """``extra`` on ``ranks`` layer ranks: ``extra · max_q n_q / N`` with n_q the layers rank q
+    owns (:class:`~refbraid.training.ownership.BlockPlan`); 0-safe; the whole on one rank."""
+    if ranks <= 1 or machine.extra == 0.0:
+        return machine.extra
+    try:
+        plan = BlockPlan.build(machine.n_layers, machine.settings, ranks)
+    except ValueError:
+        return machine.extra
+    layout = plan.forward_layout
+    most = max(min(hi, machine.n_layers) - lo for lo, hi in map(layout.bounds, range(ranks)))
+    return machine.extra * most / machine.n_layers
+
+
 @dataclass(frozen=True)
 class ScalingRow:
     """Predicted seconds per training step on P ranks (None: that split is not possible)."""
@@ -245,7 +254,7 @@ def predict(machine: Machine, max_ranks: int = 1024) -> list[ScalingRow]:
             b = math.ceil(B / d)
             scale = machine.serial.get(b, full * b / B) / full
             t = _lp_virtual(machine, q, scale)
-            lp_cache[q, d] = None if t is None else t + machine.extra * scale
+            lp_cache[q, d] = None if t is None else t + extra_on(machine, q) * scale
         return lp_cache[q, d]
 
     def dp(d: int) -> float | None:

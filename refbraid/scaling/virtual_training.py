@@ -143,7 +143,7 @@ def predict_steps(machine, net: Network, params: Params, x, labels, bk,
 
     from ..parallel.trace import path_breakdown
     from ..training.ownership import BlockPlan
-    from .predict import _lp_virtual, _scaled, ring_allreduce
+    from .predict import _lp_virtual, _scaled, extra_on, ring_allreduce
 
     B, full = machine.batch, machine.serial[max(machine.serial)]
     out, p = [], 1
@@ -165,9 +165,9 @@ def predict_steps(machine, net: Network, params: Params, x, labels, bk,
             comm = sum(v for k, v in path_breakdown(timed).items() if not k.startswith("step"))
             solves = _lp_virtual(machine, q, scale)
             if solves is not None:  # as predict(): + extra, + the groups' ring allreduce
-                solves += machine.extra * scale + ring_allreduce(
+                solves += extra_on(machine, q) * scale + ring_allreduce(
                     machine.grad_bytes / q, d, machine.alpha, machine.beta)
-            out.append(StepPrediction(p, d, res.step_time + machine.extra * scale, comm,
+            out.append(StepPrediction(p, d, res.step_time + extra_on(machine, q) * scale, comm,
                                       solves, res))
             d *= 2
         p *= 2

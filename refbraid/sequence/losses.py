@@ -15,36 +15,40 @@ from __future__ import annotations
 
 from ..backends import get_backend
 from ..backends.dtypes import dtype_kind
-from ..backends.host import host_float, to_host
+from ..backends.host import host_float, host_range
 from ..layers import token_cross_entropy, token_cross_entropy_adjoint
 
 IGNORE = -1  #: a per-token label that is not scored (torch's ``ignore_index``)
 
 
-def check_labels(logits, labels) -> None:
+def check_labels(logits, labels) -> tuple[int, int] | None:
     """Raise unless labels are integers of shape logits.shape[:-1] in [0, K) (per token: or
-    :data:`IGNORE`, with at least one token scored)."""
+    :data:`IGNORE`, with at least one token scored). Returns the labels' (min, max), reduced
+    where the labels live (two numbers through the host door, not the batch), or None for
+    an empty batch."""
     want = tuple(logits.shape[:-1])
     if getattr(labels, "shape", None) != want:
         raise ValueError(f"`labels` must have shape {want}, got {getattr(labels, 'shape', None)}.")
     if dtype_kind(labels.dtype) not in "iu":
         raise TypeError(f"`labels` must be integer class indices, got dtype {labels.dtype}.")
+    if not labels.size:
+        return None
     K = logits.shape[-1]
-    host_labels = to_host(labels)  # the label ids: checked on the host
+    lo, hi = host_range(labels)  # min and max on the device: two numbers come to the host
     low = IGNORE if logits.ndim == 3 else 0
-    if host_labels.size and (int(host_labels.min()) < low or int(host_labels.max()) >= K):
-        raise ValueError(f"`labels` must lie in [{low}, {K}), got range "
-                         f"[{int(host_labels.min())}, {int(host_labels.max())}].")
-    if host_labels.size and int(host_labels.max()) == IGNORE:
+    if lo < low or hi >= K:
+        raise ValueError(f"`labels` must lie in [{low}, {K}), got range [{lo}, {hi}].")
+    if hi == IGNORE:
         raise ValueError("`labels` must score at least one token (all are IGNORE = -1).")
+    return lo, hi
 
 
 def cross_entropy(logits, labels, bk):
     """(L, dL/dlogits) for (B, K) or per-token (B, T, K) logits (module docstring)."""
-    check_labels(logits, labels)
+    label_range = check_labels(logits, labels)
     bk = get_backend(bk)
     if logits.ndim == 3:
-        if labels.size and int(to_host(labels).min()) == IGNORE:
+        if label_range is not None and label_range[0] == IGNORE:
             return _scored_cross_entropy(logits, labels, bk)
         loss, probs = token_cross_entropy(logits, labels, bk)
         return host_float(loss), token_cross_entropy_adjoint(probs, labels, bk)

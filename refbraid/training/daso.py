@@ -52,6 +52,7 @@ from ..network import Network, Params
 from ..parallel.hierarchy import NodeSplit, ring_bytes_per_rank, split_nodes
 from ..parallel.mpi import split_world, sum_to_all
 from .distributed import DistributedGradient, _pack, _unpack, shard_sizes
+from .mpi_common import host_backend
 
 PHASES = ("warm-up", "cycling", "cool-down")
 
@@ -160,6 +161,7 @@ class DasoGradient:
                  bk="numpy", world=None):
         if not isinstance(schedule, DasoSchedule):
             raise TypeError(f"`schedule` must be a DasoSchedule, got {type(schedule).__name__}.")
+        host_backend(bk, "DASO")
         self.schedule, self.epochs = schedule, int(epochs)
         self.nodes: NodeSplit = split_nodes(schedule.groups, world)
         D, L = self.nodes.world.size, self.nodes.ranks_per_node

@@ -46,16 +46,13 @@ Parameter holding, two modes (documented honestly):
 * sharded (:meth:`DistributedGradient.sharded`,
   :class:`~refbraid.training.sharded.ShardedTrainer`): each rank holds only its rows of
   ``steps.*`` (plus opening on layer rank 0, closing on the last), fetches ghost weights each
-  step, and its optimizer updates only its shard; gradients are summed only over the
-  data-parallel group of its block. Checkpoints gather the shards to world rank 0, which writes
-  them atomically. ``refbraid train`` under ``mpiexec`` trains this way (ShardedGradient).
+  step, and its optimizer updates only its shard; gradients are summed only over its block's
+  data-parallel group; checkpoints gather the shards to world rank 0 (``refbraid train``).
 Chained blocks and tied weights (encoder–decoder, tied GPT): refbraid.training.distributed_seq.
 
-Both give the serial gradient (:func:`refbraid.layer_parallel.layer_parallel_gradient`
-on the full batch) to round-off; tests/mpi/test_distributed.py checks ≤ 1e-12 (float64).
-
-Shape legend: N layers, P world ranks, D groups, Q = P/D layer ranks, B batch, B_g shard,
-S state shape.
+Both give the serial gradient (layer_parallel_gradient on the full batch) to round-off
+(tests/mpi/test_distributed.py: ≤ 1e-12). Shapes: N layers, P ranks, D groups, Q = P/D
+layer ranks, B batch, B_g shard, S state.
 """
 
 from __future__ import annotations
@@ -65,20 +62,22 @@ from typing import Any
 
 import numpy as np
 
-from ..backends import Backend
+from ..backends import Backend, get_backend
+from ..backends.host import host_float, to_host
+from ..backends.portable import copy_of, namespace, zeros_on
 from ..layer_parallel import (
     CachingForward,
     CapturingAdjoint,
     LayerParallelSettings,
     mgrit_forward,
 )
-from ..mgrit import Problem, solve
-from ..network import Network, Params, backprop, check_batch, group
+from ..mgrit import GradientWorkspace, Problem, solve
+from ..network import Network, Params, backprop, check_batch, group, row, set_row
 from ..parallel.mpi import Topology, split_world
 from ..parallel.ops import Broadcast, RowExchange
 from ..sequence.block_gradient import block_backprop
 from ..sequence.losses import IGNORE, cross_entropy
-from .mpi_common import gather_shards, host_backend
+from .mpi_common import gather_shards
 from .ownership import BlockPlan, Rows
 
 
@@ -109,7 +108,9 @@ class DistributedGradient:
         if not isinstance(topology, Topology):
             raise TypeError(f"`topology` must be a refbraid.parallel.mpi.Topology (from "
                             f"split_world), got {type(topology).__name__}.")
-        self.bk = host_backend(bk)
+        self.bk = get_backend(bk)
+        if self.bk.xp is not np:  # device arrays travel as buffers (direct or staged)
+            topology = topology.carrying(self.bk.asarray)
         self.net, self.topo = net, topology
         self.settings = LayerParallelSettings() if settings is None else settings
         self.plan = BlockPlan.build(net.n_layers, self.settings, topology.layer.size)
@@ -128,6 +129,7 @@ class DistributedGradient:
         self.states_x = RowExchange(layer, self.y_owned, state_in)
         self.grads_x = RowExchange(layer, self.owned, self.grad_rows)  # used through .adjoint
         self.last_solves: dict[str, Any] = {}  # this rank's MGRIT records of the last call
+        self.workspace = GradientWorkspace()  # reused by every call: last_solves' arrays too
         self.last_timings: dict[str, float] = {}  # and its seconds per phase
         self.bcast_y0 = Broadcast(layer, root=0)
         self.bcast_lam = Broadcast(layer, root=self.last)
@@ -159,7 +161,7 @@ class DistributedGradient:
         for k, v in params.items():
             if self.holds(k):
                 is_rows = k.rpartition("/")[2].startswith("steps.")
-                out[k] = np.array(v[lo:hi] if is_rows else v, copy=True)
+                out[k] = copy_of(v[lo:hi, ...] if is_rows else v)
         return out
 
     def gather(self, shard: dict[str, Any], root: int = 0) -> dict[str, Any] | None:
@@ -173,7 +175,7 @@ class DistributedGradient:
         lo = int(self.owned[0])
         out = {}
         for k, v in steps.items():
-            rows = {int(n): v[int(n) - lo] for n in self.owned}
+            rows = {int(n): row(v, int(n) - lo) for n in self.owned}
             if fetched is not None:
                 rows.update({i: r[k] for i, r in fetched.items()})
             out[k] = Rows(f"steps.{k}", self.q, rows)
@@ -184,15 +186,15 @@ class DistributedGradient:
         """Replicated mode: full params on every rank in, the full gradient on every rank out."""
         steps = group(params, "steps")
         need = self.plan.weight_rows(self.q)
-        rows = {k: Rows(f"steps.{k}", self.q, {int(n): v[int(n)] for n in need})
+        rows = {k: Rows(f"steps.{k}", self.q, {int(n): row(v, int(n)) for n in need})
                 for k, v in steps.items()}
         loss, part, stats = self._gradient(rows, params, x, labels)
         t0 = time.perf_counter()
-        grads = {k: np.zeros_like(v) for k, v in params.items()}
+        grads = {k: zeros_on(v, v.shape) for k, v in params.items()}
         for k, v in part.items():
             if isinstance(v, dict):
-                for a, row in v.items():  # rows this rank computed, wherever they are owned
-                    grads[k][a] = row
+                for a, r in v.items():  # rows this rank computed, wherever they are owned
+                    set_row(grads[k], a, r)
             else:
                 grads[k][...] = v
         grads = _unpack(self.topo.world.sum_to_all(_pack(grads)), grads)
@@ -215,7 +217,7 @@ class DistributedGradient:
         """The step rows this rank reads: its own and the ghosts fetched (collective)."""
         steps = group(shard, "steps")
         lo = int(self.owned[0])
-        mine = {int(n): {k: v[int(n) - lo] for k, v in steps.items()} for n in self.owned}
+        mine = {int(n): {k: row(v, int(n) - lo) for k, v in steps.items()} for n in self.owned}
         return self._rows(shard, self.weights_x.forward(mine))
 
     def rows_home(self, part: Params, shard: Params) -> Params:
@@ -229,7 +231,8 @@ class DistributedGradient:
         grads = {}
         for k in shard:
             if k.startswith("steps."):
-                grads[k] = np.stack([mine[int(n)][k[len("steps."):]] for n in self.owned])
+                rows = [mine[int(n)][k[len("steps."):]] for n in self.owned]
+                grads[k] = namespace(rows[0]).stack(rows)
             else:
                 grads[k] = part[k]
         return grads
@@ -266,13 +269,15 @@ class DistributedGradient:
         lo = sum(sizes[: self.topo.group])
         hi = lo + sizes[self.topo.group]
         if labels.ndim == 1:
-            return x[lo:hi], labels[lo:hi], sizes[self.topo.group] / x.shape[0]
-        scored = (labels != IGNORE).sum(axis=1)
+            return x[lo:hi, ...], labels[lo:hi], sizes[self.topo.group] / x.shape[0]
+        xp = namespace(labels)  # tokens scored per sample: B numbers through the host door
+        scored = np.asarray(to_host(xp.sum(xp.astype(labels != IGNORE, labels.dtype), axis=1)))
         if not all(int(scored[sum(sizes[:g]):sum(sizes[:g + 1])].sum()) for g in
                    range(len(sizes))):
             raise ValueError("`--data-parallel`: a group's share of the batch scores no token "
                              "(all its labels are IGNORE); use fewer groups or larger batches.")
-        return x[lo:hi], labels[lo:hi], float(scored[lo:hi].sum()) / float(scored.sum())
+        return (x[lo:hi, ...], labels[lo:hi, ...],
+                float(scored[lo:hi].sum()) / float(scored.sum()))
 
     def _close(self, params: Params, y_N, ys, weight: float, part: Params, dloss=None):
         """(λ[N] on every layer rank, this rank's weighted loss). The closing runs on the last
@@ -287,10 +292,10 @@ class DistributedGradient:
             loss_part, dout = dloss(out, ys, weight)
         elif out is not None and out.ndim == 3:  # per-token logits (IGNORE labels allowed)
             loss, dout = cross_entropy(out, ys, bk)
-            loss_part, dout = weight * float(loss), dout * weight
+            loss_part, dout = weight * host_float(loss), dout * weight
         elif out is not None:
             loss, probs = bk.softmax_cross_entropy(out, ys)
-            loss_part = weight * float(loss)
+            loss_part = weight * host_float(loss)
             dout = bk.softmax_cross_entropy_adjoint(probs, ys, weight)
         if self.q == self.last:
             lam_N, dclose = self.net.closing.adjoint(closing, close_cache, dout, bk)
@@ -315,8 +320,9 @@ class DistributedGradient:
         y0 = self.bcast_y0.forward(y0)
         forward = CachingForward(net, rows, bk)
         fwd = solve(Problem(forward, y0, N, transfer=self.settings.forward_transfer),
-                    self.settings.forward, comm=layer, layout=plan.forward_layout)
-        states = dict(zip((int(i) for i in fwd.fine_indices), fwd.solution, strict=True))
+                    self.settings.forward, comm=layer, layout=plan.forward_layout,
+                    workspace=self.workspace.forward)
+        states = {int(i): row(fwd.solution, j) for j, i in enumerate(fwd.fine_indices)}
         lam_N, loss_part = self._close(params, states.get(N), ys, weight, part, dloss)
         states.update(self.states_x.forward({i: states[i] for i in self.y_owned}))
         spatial = self.settings.spatial
@@ -324,14 +330,14 @@ class DistributedGradient:
                                    spatial.restriction if spatial else "average")
         bwd = solve(Problem(adjoint, lam_N, N, direction="backward",
                             transfer=self.settings.backward_transfer), self.settings.backward,
-                    comm=layer, layout=plan.backward_layout)
+                    comm=layer, layout=plan.backward_layout, workspace=self.workspace.backward)
         missing = [int(a) for a in self.grad_rows if int(a) not in adjoint.grads]
         if missing:  # cannot happen: the final relaxation makes every fine adjoint step
             raise RuntimeError(f"rank {self.q}: no captured gradient for layers {missing[:8]}.")
         for k in adjoint.grads[int(self.grad_rows[0])]:
             part[f"steps.{k}"] = {int(a): adjoint.grads[int(a)][k] for a in self.grad_rows}
         if self.q == 0:
-            lam0 = bwd.solution[list(bwd.fine_indices).index(0)]
+            lam0 = row(bwd.solution, list(bwd.fine_indices).index(0))
             _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, lam0, bk)
             part.update({f"opening.{k}": v for k, v in dopen.items()})
         self.last_solves = {"forward": fwd, "backward": bwd, **adjoint.counts}
@@ -359,18 +365,21 @@ def solve_stats(fwd, bwd, world, copies: int) -> dict[str, float]:
     }
 
 
-def _pack(arrays: dict[str, np.ndarray]) -> np.ndarray:
-    """All arrays as one flat contiguous vector (one message instead of one per key)."""
+def _pack(arrays: dict[str, Any]):
+    """All arrays as one flat vector where they live (one message, not one per key)."""
     if not arrays:
         return np.zeros(0)
-    return np.concatenate([np.ravel(a) for a in arrays.values()])
+    xp = namespace(next(iter(arrays.values())))
+    return xp.concat([xp.reshape(a, (-1,)) for a in arrays.values()])
 
 
-def _unpack(flat: np.ndarray, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    out, o = {}, 0
+def _unpack(flat, like: dict[str, Any]) -> dict[str, Any]:
+    xp, out, o = namespace(flat), {}, 0
     for k, v in like.items():
-        out[k] = flat[o : o + v.size].reshape(v.shape).astype(v.dtype, copy=False)
-        o += v.size
+        size = int(np.prod(v.shape))
+        part = xp.reshape(flat[o : o + size], tuple(v.shape))
+        out[k] = part if part.dtype == v.dtype else xp.astype(part, v.dtype)
+        o += size
     return out
 
 
@@ -385,5 +394,6 @@ def distributed_gradient(net: Network, settings: LayerParallelSettings | None = 
     same ValueError on every rank for a bad split (D not dividing P, more layer ranks than
     coarsest intervals) before any message is sent.
     """
-    topo = split_world(data_parallel, world)
+    bk = get_backend(bk)
+    topo = split_world(data_parallel, world, to_device=None if bk.xp is np else bk.asarray)
     return DistributedGradient(net, topo, settings, bk)

@@ -50,7 +50,7 @@ from ..network import Params
 from ..parallel.mpi import split_world
 from ..parallel.ops import Broadcast, RowExchange
 from .distributed import DistributedGradient, _pack, _unpack
-from .mpi_common import gather_shards, steps_key
+from .mpi_common import gather_shards, host_backend, steps_key
 from .ownership import Rows
 
 TIE_KEY, HEAD_KEY = "opening.W", "closing.W"
@@ -262,6 +262,8 @@ def sequence_distributed_gradient(model, settings: LayerParallelSettings | None 
     from ..sequence.gpt_model import GPTModel
     from ..sequence.seq2seq_model import Seq2SeqModel
 
+    if isinstance(model, (GPTModel, Seq2SeqModel)):
+        host_backend(bk, "the chained/tied sequence MPI gradient")
     if isinstance(model, GPTModel) and model.tied:
         return TiedGPTGradient(model, split_world(data_parallel, world), settings, bk)
     if isinstance(model, Seq2SeqModel):

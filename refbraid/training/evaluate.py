@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from ..backends import Backend, get_backend
-from ..backends.host import host_float
+from ..backends.host import host_float, host_range, to_host
+from ..backends.portable import contiguous
 from ..network import Network, forward
 
 Params = dict[str, Any]
@@ -60,14 +61,16 @@ def evaluate(net: Network, params: Params, x, labels, bk: Backend | str = "numpy
             logits, _, _ = forward(net, params, xb, bk, keep=False)
         else:
             logits = net.logits(params, xb, bk)
+        xp = bk.xp
         if logits.ndim == 3:  # one prediction per token; IGNORE (-1) labels are not scored
-            logits = bk.xp.reshape(logits, (-1, logits.shape[-1]))
-            yb = bk.xp.reshape(yb, (-1,))
-            if int(bk.to_numpy(yb).min()) < 0:
-                scored = bk.xp.nonzero(yb >= 0)[0]
-                logits, yb = logits[scored], bk.xp.ascontiguousarray(yb[scored])
+            logits = xp.reshape(logits, (-1, logits.shape[-1]))
+            yb = xp.reshape(yb, (-1,))
+            if host_range(yb)[0] < 0:  # the scored rows, gathered where they live
+                scored = xp.nonzero(yb >= 0)[0]
+                logits, yb = xp.take(logits, scored, axis=0), contiguous(xp.take(yb, scored))
         loss, _ = bk.softmax_cross_entropy(logits, yb)
         loss_sum += host_float(loss) * yb.shape[0]
         n += yb.shape[0]
-        correct += int((bk.to_numpy(logits).argmax(axis=1) == bk.to_numpy(yb)).sum())
+        hits = xp.astype(xp.argmax(logits, axis=1) == yb, xp.int64)  # counted on the device
+        correct += int(to_host(xp.sum(hits)))
     return loss_sum / n, correct / n

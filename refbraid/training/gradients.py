@@ -24,7 +24,7 @@ from ..layer_parallel import (
     mgrit_forward,
     relative_gradient_error,
 )
-from ..mgrit import MGRITSettings, build_hierarchy
+from ..mgrit import GradientWorkspace, MGRITSettings, build_hierarchy
 from ..mgrit.transfer import SpatialCoarsening
 from ..network import Network, backprop, forward
 from .config import TrainConfig
@@ -87,12 +87,15 @@ def mgrit_gradient(net: Network, settings: LayerParallelSettings, bk: Backend | 
     """
     bk = get_backend(bk)
     calls = 0
+    workspace = GradientWorkspace()  # the solves' arrays, reused by every call (info is
+    # read only inside the call: the next call may overwrite its trajectories)
 
     def gradient(params, x, labels):
         nonlocal calls
         calls += 1
         if isinstance(net, Network):
-            loss, grads, info = layer_parallel_gradient(net, params, x, labels, settings, bk)
+            loss, grads, info = layer_parallel_gradient(net, params, x, labels, settings, bk,
+                                                        workspace)
         else:  # a sequence model (refbraid.sequence) brings its own MGRIT gradient
             loss, grads, info = net.layer_parallel_gradient(params, x, labels, settings, bk)
         _record_batch_stats(net, info, bk)

@@ -1,7 +1,10 @@
 """What the MPI gradients share (distributed, staged, chained/tied sequence, GRU).
 
-* :func:`host_backend` — the backend of an MPI gradient: its messages are host (NumPy) arrays,
-  so a backend whose namespace keeps arrays on a device is refused, naming ``bk``;
+* :func:`host_backend` — the backend of an MPI gradient that handles host (NumPy) arrays
+  only (the staged, GRU, chained/tied sequence and DASO gradients): a backend whose namespace
+  keeps arrays on a device is refused, naming ``bk`` and what is device-resident. The plain
+  layer-parallel networks (:class:`~refbraid.training.distributed.DistributedGradient`)
+  train on device arrays;
 * :func:`gather_shards` — the full arrays on one rank from data-parallel group 0's owned
   shards, row-stacked parameters (``steps.*``) concatenated in layer order.
 """
@@ -14,15 +17,24 @@ from typing import Any
 import numpy as np
 
 from ..backends import Backend, get_backend
+from ..backends.portable import namespace
 from ..errors import CollectiveError
 
+#: what trains on device arrays under mpiexec (error messages and docs/gpu.md say the same)
+DEVICE_RESIDENT_MPI = ("the models whose one Network DistributedGradient distributes: resnet, "
+                       "conv, transformer, gpt-untied (sharded or replicated; not with "
+                       "--space-parallel, DASO, --bias-control or --mgopt-levels)")
 
-def host_backend(bk: Backend | str) -> Backend:
+
+def host_backend(bk: Backend | str, what: str = "this MPI gradient") -> Backend:
     """``get_backend(bk)``, refused (on every rank alike) unless it computes on NumPy arrays."""
     backend = get_backend(bk)
     if backend.xp is not np:
-        raise CollectiveError(f"`bk`: the MPI gradient sends host (NumPy) arrays; backend "
-                              f"{backend.name!r} keeps them on a device. Use numpy or numba.")
+        raise CollectiveError(
+            f"`bk`: {what} handles host (NumPy) arrays only; backend {backend.name!r} keeps "
+            f"them on a device. Device-resident MPI training covers {DEVICE_RESIDENT_MPI}. "
+            f"Use numpy or numba (`refbraid train --backend cuda` runs this model's kernels "
+            f"in host-array mode under mpiexec).")
     return backend
 
 
@@ -43,6 +55,6 @@ def gather_shards(topology, shard: dict[str, Any], root: int = 0,
     full: dict[str, Any] = {}
     for k in sorted({k for s in parts for k in s}):
         have = [s[k] for s in parts if k in s]
-        rows = is_rows(k) and np.ndim(have[0]) > 0
-        full[k] = np.concatenate(have, axis=0) if rows else have[0]
+        rows = is_rows(k) and len(getattr(have[0], "shape", ())) > 0
+        full[k] = namespace(have[0]).concat(have, axis=0) if rows else have[0]
     return full

@@ -19,10 +19,39 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..backends import Backend
+from ..backends import Backend, with_host_arrays
 from ..layer_parallel import LayerParallelSettings
+from ..network import Network
 from ..sequence.gru_model import GRUModel
 from .config import TrainConfig
+from .mpi_common import DEVICE_RESIDENT_MPI
+
+
+def device_resident_mpi(config: TrainConfig, net) -> bool:
+    """Whether ``refbraid train`` under mpiexec keeps this run's arrays on the device: a
+    :class:`~refbraid.network.Network` (or a sequence model's ``mpi_network``: transformer,
+    untied GPT) trained by the plain (sharded) DistributedGradient."""
+    block = net if isinstance(net, Network) else getattr(net, "mpi_network", None)
+    return (isinstance(block, Network) and config.model != "conv-stages"
+            and config.space_parallel == 1 and config.dp_groups == 1
+            and config.global_sync_every == 1 and config.bias_control == "off"
+            and not config.mgopt_levels)
+
+
+def mpi_backend(config: TrainConfig, net, bk: Backend, say=None) -> Backend:
+    """The backend of a run under mpiexec: ``bk`` itself where the run is device-resident
+    (:func:`device_resident_mpi`); otherwise ``bk`` on host arrays — the ``cuda`` backend's
+    kernels then copy in and out on every call, which ``say`` (world rank 0's warning) names.
+    A ``cupy`` backend stays as it is and the host-only gradient refuses it, naming what is
+    device-resident."""
+    if device_resident_mpi(config, net):
+        return bk
+    host = with_host_arrays(bk)
+    if host is not bk and say is not None:
+        say(f"under mpiexec `--model {config.model}` (with these flags) trains on host "
+            f"arrays: the cuda kernels copy their inputs in and outputs out on every call. "
+            f"Device-resident MPI training covers {DEVICE_RESIDENT_MPI}.")
+    return host
 
 
 def sequence_parallel(net: Any) -> bool:

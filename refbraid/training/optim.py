@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.dtypes import dtype_kind
+from ..backends.dtypes import dtype_kind, numpy_dtype
 from ..backends.host import first_non_finite, to_host
 from ..backends.reference import array_namespace
 from ..layers.init import NonFiniteError
@@ -129,7 +129,7 @@ class Optimizer:
             if tuple(value.shape) != tuple(p.shape):
                 raise ValueError(f"{self.name} state entry {name!r} has shape {value.shape}, "
                                  f"the parameter has {tuple(p.shape)}.")
-            host = np.array(value, dtype=p.dtype, copy=True)
+            host = np.array(value, dtype=numpy_dtype(p.dtype), copy=True)
             new[name] = asarray(host) if asarray is not None else host
         if int(state["step"]) > 0:  # every buffer exists after the first step: none may lack
             missing = [f"{b}/{k}" for b in self.required_buffers() for k in params

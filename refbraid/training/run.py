@@ -19,17 +19,18 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ..backends import Backend, get_backend, require_usable, with_host_arrays
+from ..backends import Backend, get_backend, require_usable
 from ..data import Dataset, load_dataset
 from ..network import Network, init_params, to_backend
 from ..parallel.faults import root_decides
-from ..parallel.mpi import world_size
+from ..parallel.mpi import is_world_root, world_size
 from .atomic import save_figure, write_json
 from .buffers import restore_buffers
 from .checkpoint import check_params_match, load_checkpoint
 from .config import TrainConfig
 from .gradients import GradientFn, layer_parallel_settings, select_gradient
 from .models import as_network_input, build_network
+from .mpi_gradients import mpi_backend
 from .optim import Optimizer, make_optimizer
 from .run_folder import RunFolder, claim_run_folder
 from .tracing import TracedGradient, write_trace
@@ -42,8 +43,6 @@ def setup(config: TrainConfig) -> tuple[Network, Dataset, TrainState, Backend]:
     """Data, network, initial (or resumed) state and backend for ``config``."""
     require_usable(config.backend)
     bk = get_backend(config.backend)
-    if world_size() > 1:  # the MPI trainers send host arrays: cuda kernels copy in and out
-        bk = with_host_arrays(bk)
     data = load_dataset(config.data, data_dir=config.data_dir, n_samples=config.samples,
                         seed=config.seed, val_fraction=config.val_fraction).astype(config.dtype)
     try:
@@ -53,6 +52,8 @@ def setup(config: TrainConfig) -> tuple[Network, Dataset, TrainState, Backend]:
     except ValueError as err:
         raise ValueError(f"`--model {config.model}` does not fit `--data {config.data}`: "
                          f"{err}") from err
+    if world_size() > 1:  # device-resident for the plain networks, host arrays otherwise
+        bk = mpi_backend(config, net, bk, say=_warn_on_root)
     init_seq, shuffle_seq = np.random.SeedSequence(config.seed).spawn(2)
     init_rng = np.random.default_rng(init_seq)
     if isinstance(net, Network):
@@ -71,6 +72,14 @@ def setup(config: TrainConfig) -> tuple[Network, Dataset, TrainState, Backend]:
     if config.resume:  # buffers follow the parameters to the backend's arrays
         state.optimizer.load_state_dict(state.optimizer.state_dict(), state.params, bk.asarray)
     return net, data, state, bk
+
+
+def _warn_on_root(message: str) -> None:
+    """A RuntimeWarning from world rank 0 only (every rank reaches the same decision)."""
+    if is_world_root():
+        import warnings
+
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def resume_state(config: TrainConfig, params: dict[str, Any], optimizer: Optimizer,

@@ -53,9 +53,9 @@ def _check_optimizer(optimizer) -> Optimizer:
 def shard_optimizer(gradient: DistributedGradient, optimizer: Optimizer, shard: Params) -> None:
     """Restrict ``optimizer``'s state (of the full parameters, or fresh) to this rank's
     ``shard``, in place: the step counter and the buffer entries of the owned parameters."""
-    state = optimizer.state_dict()
+    state = optimizer.state_dict()  # host copies (through the host door)
     local = gradient.shard({k: v for k, v in state.items() if k != "step"})
-    optimizer.load_state_dict({"step": state["step"], **local}, shard)
+    optimizer.load_state_dict({"step": state["step"], **local}, shard, device_asarray(gradient))
 
 
 def gather_optimizer(gradient: DistributedGradient, optimizer: Optimizer, params: Params | None,
@@ -66,8 +66,15 @@ def gather_optimizer(gradient: DistributedGradient, optimizer: Optimizer, params
     if state is None:
         return None
     full = copy.copy(optimizer)  # same class and hyper-parameters; load_state_dict rebinds
-    full.load_state_dict(state, params)
+    full.load_state_dict(state, params, device_asarray(gradient))
     return full
+
+
+def device_asarray(gradient):
+    """The gradient's backend ``asarray`` when its arrays live on a device (the optimizer
+    state, a host copy, goes back there), else None."""
+    bk = getattr(gradient, "bk", None)
+    return None if bk is None or bk.xp is np else bk.asarray
 
 
 class ShardedGradient:
