@@ -1,45 +1,56 @@
-"""Would a batched transformer step pay? A prototype, timed against k per-step calls.
+"""Does the batched transformer step pay? Per-step vs batched: the step, MGRIT solves, gradient.
 
-    python benchmarks/bench_batched_transformer.py [--dims 32 64] [--tokens 16 32]
-        [--batches 8 32] [--k 16 64] [--repeat 7]
+    python benchmarks/bench_batched_transformer.py [--dims 32] [--tokens 16] [--batches 8 32]
+        [--layers 64 256] [--k 16 64] [--backends numpy numba] [--repeat 3] [--no-step]
 
 A transformer's MGRIT sweeps apply the encoder step ``X_next = X + h (φ1(X) + φ2(X + φ1(X)))``
 (``refbraid.layers.EncoderStep``: LN, self-attention, LN, MLP; per-layer weights) to the k
-intervals of a sweep. A batched step would stack the k states (k, B, T, E) and the k layers'
-weights and run every product as a batched ``matmul`` over the k rows (the attention's
-products over k·B·heads), every element-wise op and layer norm once on the stack.
+intervals of a sweep. ``EncoderStep.forward_batched`` / ``adjoint_batched``
+(``refbraid.layers.transformer_batched``) do it in one call on the stacked states
+(k, B, T, E) and the k layers' stacked weights, bit-identical to k per-step calls.
 
-This file holds such a batched *forward* (``encoder_forward_batched``, plain NumPy, exact-erf
-GELU, biased-variance layer norm, no masks: the arithmetic of ``EncoderStep.forward``; not
-part of the package) and times, per step application, on the NumPy backend (1 thread, CPU
-time of this process, median of ``--repeat``):
+Two tables, heads E/8, MLP width 2E, 1 thread, CPU time of this process, median of
+``--repeat`` (after one warm-up call):
 
-* per-step   k calls of ``EncoderStep.forward`` (what MGRIT's sweeps do today);
-* batched    one call of the prototype on the stacks;
-* max |Δ|    their largest difference (round-off: the prototype is not written to be
-             bit-identical; a package version would be).
+* the step alone (``--k``): µs per step application of k per-step ``forward`` calls against
+  one ``forward_batched`` call, and of the state-only adjoint a sweep of the adjoint solve
+  makes (forward for the cache, then ``adjoint(grads=False)``);
+* the ``transformer`` model (``refbraid.sequence.TransformerModel``, pooled head, N layers,
+  TorchBraid's settings): ms of the MGRIT forward solve, the MGRIT adjoint solve, and the
+  whole layer-parallel gradient (both solves, loss, weight gradients), with the batched path
+  forced on (``EncoderStep.batched_sweeps_pay``, what ``refbraid.layer_parallel.batchable``
+  reads; B·T > 64 then runs one layer per call through the batched machinery) and off;
+  ``max |Δ|`` compares the solutions and the gradients (0: bit-identical); ``rule`` is what
+  the models choose (``EncoderStep.for_batch``: on for B·T ≤ 64).
 
-The adjoint does the same products transposed (about twice the forward's arithmetic and
-kernel calls), so the forward's ratio bounds what batching could save there. The decision and
-the numbers: docs/batched.md, "Transformer blocks".
+The decision and the numbers: docs/batched.md, "Transformer blocks".
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import dataclasses
 import os
 import statistics
 import time
+from unittest import mock
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import numpy as np  # noqa: E402
-from scipy.special import erf  # noqa: E402
 
 from refbraid import get_backend  # noqa: E402
+from refbraid.layer_parallel import (  # noqa: E402
+    LayerParallelSettings,
+    adjoint_problem,
+    mgrit_forward,
+)
+from refbraid.layers import transformer as transformer_module  # noqa: E402
 from refbraid.layers.transformer import EncoderStep  # noqa: E402
+from refbraid.mgrit import solve  # noqa: E402
+from refbraid.network import group  # noqa: E402
+from refbraid.sequence import TransformerModel  # noqa: E402
 
 
 def median_time(fn, repeat: int) -> float:
@@ -52,85 +63,129 @@ def median_time(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
-def _layernorm(X, gamma, beta, eps):
-    """(X − μ) / √(σ² + eps) γ + β over the last axis; γ, β (k, E) broadcast per row."""
-    mean = X.mean(axis=-1, keepdims=True)
-    xc = X - mean
-    rstd = 1.0 / np.sqrt((xc * xc).mean(axis=-1, keepdims=True) + eps)
-    return xc * rstd * gamma[:, None, None, :] + beta[:, None, None, :]
+def heads_of(E: int) -> int:
+    return max(1, E // 8)
 
 
-def _linear(X, W, b):
-    """X Wᵀ + b per row: X (k, B, T, n), W (k, m, n), b (k, m) -> (k, B, T, m)."""
-    k, B, T, n = X.shape
-    Z = np.matmul(X.reshape(k, B * T, n), W.transpose(0, 2, 1)) + b[:, None, :]
-    return Z.reshape(k, B, T, W.shape[1])
-
-
-def encoder_forward_batched(P, X, h, heads: int, eps: float):
-    """X_next = X + h (a + c) for k encoder steps at once; P holds (k, ...) stacked weights."""
-    k, B, T, E = X.shape
-    d = E // heads
-    l1 = _layernorm(X, P["ln1.gamma"], P["ln1.beta"], eps)
-    qkv = _linear(l1, P["sa.W_in"], P["sa.b_in"])  # k,B,T,3E
-    qkv = qkv.reshape(k, B, T, 3, heads, d).transpose(3, 0, 1, 4, 2, 5)  # 3,k,B,nh,T,d
-    q, kk, v = qkv[0], qkv[1], qkv[2]
-    s = np.matmul(q, kk.swapaxes(-1, -2)) / math.sqrt(d)  # k,B,nh,T,T
-    s -= s.max(axis=-1, keepdims=True)
-    p = np.exp(s)
-    p /= p.sum(axis=-1, keepdims=True)
-    o = np.matmul(p, v).transpose(0, 1, 3, 2, 4).reshape(k, B, T, E)
-    a = _linear(o, P["sa.W_out"], P["sa.b_out"])
-    l2 = _layernorm(X + a, P["ln2.gamma"], P["ln2.beta"], eps)
-    z = _linear(l2, P["mlp.W1"], P["mlp.b1"])
-    g = 0.5 * z * (1.0 + erf(z / math.sqrt(2.0)))
-    c = _linear(g, P["mlp.W2"], P["mlp.b2"])
-    return X + h[:, None, None, None] * (a + c)
-
-
-def row(E: int, T: int, B: int, k: int, repeat: int) -> str:
-    bk = get_backend("numpy")
-    heads = max(1, E // 8)
-    step = EncoderStep(E, heads, 2 * E, T)
+# ----------------------------------------------------------------------------- the step alone
+def step_row(backend: str, E: int, T: int, B: int, k: int, repeat: int) -> str:
+    bk = get_backend(backend)
+    step = EncoderStep(E, heads_of(E), 2 * E, T)
     rng = np.random.default_rng(0)
     layers = [step.init(rng) for _ in range(k)]
     stacked = {name: np.stack([p[name] for p in layers]) for name in layers[0]}
     X = rng.standard_normal((k, B, T, E))
+    L = rng.standard_normal((k, B, T, E))
     h = np.full(k, 0.25)
 
-    def per_step():
-        return [step.forward(layers[j], X[j], 0.25, bk)[0] for j in range(k)]
+    def fwd_per_step():
+        return np.stack([step.forward(layers[j], X[j], 0.25, bk)[0] for j in range(k)])
 
-    def batched():
-        return encoder_forward_batched(stacked, X, h, heads, step.eps)
+    def fwd_batched():
+        return step.forward_batched(stacked, X, h, bk)[0]
 
-    t_p = median_time(per_step, repeat)
-    t_b = median_time(batched, repeat)
-    d = float(np.max(np.abs(np.stack(per_step()) - batched())))
+    def adj_per_step():
+        out = []
+        for j in range(k):
+            _, cache = step.forward(layers[j], X[j], 0.25, bk)
+            out.append(step.adjoint(layers[j], cache, L[j], 0.25, bk, grads=False)[0])
+        return np.stack(out)
+
+    def adj_batched():
+        _, Z = step.forward_batched(stacked, X, h, bk)
+        return step.adjoint_batched(stacked, X, Z, L, h, bk, grads=False)[0]
+
     us = 1e6 / k
-    return (f"{E:>4} {T:>4} {B:>4} {k:>4} {t_p * us:>12.1f} {t_b * us:>11.1f} "
-            f"{t_p / t_b:>7.2f} {d:>9.1e}")
+    cells = []
+    for per, bat in ((fwd_per_step, fwd_batched), (adj_per_step, adj_batched)):
+        t_p, t_b = median_time(per, repeat), median_time(bat, repeat)
+        d = float(np.max(np.abs(per() - bat())))
+        cells.append(f"{t_p * us:>10.1f} {t_b * us:>10.1f} {t_p / t_b:>6.2f} {d:>8.1e}")
+    return f"{backend:<6} {E:>3} {T:>3} {B:>3} {k:>4}  " + "   ".join(cells)
+
+
+# ----------------------------------------------------------------------------- MGRIT solves
+def model_row(backend: str, E: int, T: int, B: int, N: int, repeat: int) -> str:
+    bk = get_backend(backend)
+    model = TransformerModel(16, T, 4, N, E, heads_of(E), 2 * E, 1.0)
+    rng = np.random.default_rng(0)
+    params = model.init_params(rng)
+    x = rng.integers(0, 16, (B, T))
+    y = rng.integers(0, 4, B)
+    s = LayerParallelSettings()
+    steps = group(params, "steps")
+    on = dataclasses.replace(model.net.step, batched_sweeps_pay=True)
+    nets = {True: dataclasses.replace(model.net, step=on), False: model.net}
+    states = mgrit_forward(model.net, params, x, s.forward, bk)[1].solution
+    lam_N = rng.standard_normal(states.shape[1:])
+    batched = [True]  # which path the timed calls take
+
+    def fwd():
+        return mgrit_forward(nets[batched[0]], params, x, s.forward, bk)[1].solution
+
+    def adj():
+        return solve(adjoint_problem(nets[batched[0]], steps, states, lam_N, bk),
+                     s.backward).solution
+
+    def grad():  # the model switches batching per batch (EncoderStep.for_batch): forced here
+        with mock.patch.object(transformer_module, "batched_pays", lambda B, T: batched[0]):
+            return model.layer_parallel_gradient(params, x, y, s, bk)[1]
+
+    out = []
+    for name, fn in (("fwd", fwd), ("adj", adj), ("grad", grad)):
+        batched[0] = True
+        t_b = median_time(fn, repeat)
+        bat = fn()
+        batched[0] = False
+        t_p = median_time(fn, repeat)
+        per = fn()
+        if name == "grad":
+            d = max(float(np.max(np.abs(per[k] - bat[k]))) for k in per)
+        else:
+            d = float(np.max(np.abs(per - bat)))
+        out.append(f"{1e3 * t_p:>9.1f} {1e3 * t_b:>9.1f} {t_p / t_b:>6.2f} {d:>8.1e}")
+    rule = "on" if on.for_batch(B).batched_sweeps_pay else "off"
+    return f"{backend:<6} {E:>3} {T:>3} {B:>3} {N:>4}  " + "  ".join(out) + f"  {rule:>4}"
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dims", type=int, nargs="+", default=[32, 64])
-    ap.add_argument("--tokens", type=int, nargs="+", default=[16, 32])
+    ap.add_argument("--dims", type=int, nargs="+", default=[32])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[16])
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--layers", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--k", type=int, nargs="+", default=[16, 64])
-    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--backends", nargs="+", default=["numpy", "numba"],
+                    choices=("numpy", "numba"))
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-step", action="store_true", help="skip the step-alone table")
     args = ap.parse_args(argv)
-    print(f"encoder step forward, NumPy, heads E/8, MLP 2E; µs per step application, median "
-          f"of {args.repeat}; load {os.getloadavg()[0]:.2f}")
-    head = (f"{'E':>4} {'T':>4} {'B':>4} {'k':>4} {'per-step µs':>12} {'batched µs':>11} "
-            f"{'speedup':>7} {'max |Δ|':>9}")
+    grid = [(b, E, T, B) for b in args.backends for E in args.dims for T in args.tokens
+            for B in args.batches]
+    if not args.no_step:
+        print(f"encoder step alone: µs per step application, median of {args.repeat}; "
+              f"load {os.getloadavg()[0]:.2f}")
+        head = (f"{'bk':<6} {'E':>3} {'T':>3} {'B':>3} {'k':>4}  {'fwd per':>10} "
+                f"{'fwd bat':>10} {'speed':>6} {'max |Δ|':>8}   {'adj per':>10} {'adj bat':>10} "
+                f"{'speed':>6} {'max |Δ|':>8}")
+        print(head)
+        print("-" * len(head))
+        for b, E, T, B in grid:
+            for k in args.k:
+                print(step_row(b, E, T, B, k, args.repeat), flush=True)
+        print()
+    print(f"transformer model, TorchBraid's settings: CPU ms per MGRIT solve / gradient, per-step "
+          f"vs batched, median of {args.repeat}; load {os.getloadavg()[0]:.2f}")
+    head = (f"{'bk':<6} {'E':>3} {'T':>3} {'B':>3} {'N':>4}  {'fwd per':>9} {'fwd bat':>9} "
+            f"{'speed':>6} {'max |Δ|':>8}  {'adj per':>9} {'adj bat':>9} {'speed':>6} "
+            f"{'max |Δ|':>8}  {'grad per':>9} {'grad bat':>9} {'speed':>6} {'max |Δ|':>8}  rule")
     print(head)
     print("-" * len(head))
-    for E in args.dims:
-        for T in args.tokens:
-            for B in args.batches:
-                for k in args.k:
-                    print(row(E, T, B, k, args.repeat), flush=True)
+    for b, E, T, B in grid:
+        for N in args.layers:
+            print(model_row(b, E, T, B, N, args.repeat), flush=True)
+    print(f"load at the end {os.getloadavg()[0]:.2f}; max |Δ| = 0: bit-identical; rule: what "
+          f"EncoderStep.for_batch (B·T ≤ 64) switches on in the models.")
 
 
 if __name__ == "__main__":

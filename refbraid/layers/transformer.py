@@ -54,7 +54,7 @@ Shape legend: B batch, T tokens (``seq_len``), S memory tokens (``memory_len``),
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 import numpy as np
@@ -70,6 +70,7 @@ from .init import (
 )
 from .layernorm import EPS, LayerNorm, check_eps
 from .mlp import MLP
+from .transformer_batched import adjoint_batched, batched_pays, forward_batched, unpack_row
 
 
 def subparams(params: dict, prefix: str) -> dict:
@@ -100,6 +101,12 @@ class EncoderStep:
     seq_len: int
     causal: bool = False
     eps: float = EPS
+
+    #: MGRIT's sweeps call :meth:`forward_batched` / :meth:`adjoint_batched` (k layers per call,
+    #: bit-identical) where True (``refbraid.layer_parallel.batchable``). It pays for small
+    #: batches only (B·T ≤ 64 tokens), so it is off here and :meth:`for_batch` sets it per batch
+    #: (docs/batched.md, "Transformer blocks"). Not part of the step's identity (compare=False).
+    batched_sweeps_pay: bool = field(default=False, compare=False, repr=False)
 
     #: params entries that are data, not weights (module docstring)
     data_entries: ClassVar[tuple[str, ...]] = ("key_padding_mask",)
@@ -143,8 +150,9 @@ class EncoderStep:
         return y + h * (a + c), (c_ln1, c_sa, c_ln2, c_mlp)
 
     def adjoint(self, params, cache, dy_next, h: float, bk, grads: bool = True):
-        """dX = λ + du + φ1'ᵀ(g + du), du = φ2'ᵀ g, g = h λ; returns (dX, dparams or None)."""
-        c_ln1, c_sa, c_ln2, c_mlp = cache
+        """dX = λ + du + φ1'ᵀ(g + du), du = φ2'ᵀ g, g = h λ; returns (dX, dparams or None).
+        ``cache``: :meth:`forward`'s, or ``(Y[j], Z[j])`` of a :meth:`forward_batched` call."""
+        c_ln1, c_sa, c_ln2, c_mlp = unpack_row(self, *cache) if len(cache) == 2 else cache
         h = check_step_size("h", h)
         check_adjoint("dy_next", dy_next, c_ln1[0].shape)  # the cache of LN1 holds y
         P = self.parts()
@@ -160,6 +168,21 @@ class EncoderStep:
         for name, d in (("ln1", d_ln1), ("sa", d_sa), ("ln2", d_ln2), ("mlp", d_mlp)):
             dparams.update(prefixed(d, name))
         return dy, dparams
+
+    # -- k layers at once (MGRIT's batched sweeps; refbraid.layers.transformer_batched) -----
+    def for_batch(self, batch: int) -> EncoderStep:
+        """This step with batched sweeps on if they pay for ``batch`` samples (B·T ≤ 64)."""
+        return replace(self, batched_sweeps_pay=batched_pays(batch, self.seq_len))
+
+    def forward_batched(self, params, Y, h, bk):
+        """Row j = :meth:`forward` (θ = ``params[·][j]``, ``h[j]``), bit for bit: Y (k, B, T, E),
+        stacked params (k, ...), h (k,). Returns (Y_next, Z: the (k,) cache handles)."""
+        return forward_batched(self, params, Y, h, bk)
+
+    def adjoint_batched(self, params, Y, Z, dY_next, h, bk, grads: bool = True):
+        """Row j = :meth:`adjoint` at the cache ``(Y[j], Z[j])``; returns (dY, stacked dparams
+        or None)."""
+        return adjoint_batched(self, params, Y, Z, dY_next, h, bk, grads)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ the adjoint solve's last relaxation, exactly as
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..backends import Backend
 from ..layer_parallel import (
     CachingForward,
@@ -27,6 +29,13 @@ from ..layer_parallel import (
 )
 from ..mgrit import Problem, solve
 from ..network import Network, forward, group, layer_params
+
+
+def for_batch(net: Network, batch: int) -> Network:
+    """``net`` with its step's batched MGRIT sweeps switched on where they pay for ``batch``
+    samples (a step with ``for_batch``, e.g. :class:`refbraid.layers.EncoderStep`)."""
+    step_for = getattr(net.step, "for_batch", None)
+    return net if step_for is None else replace(net, step=step_for(batch))
 
 
 def block_backprop(net: Network, params, x, dloss_fn, bk: Backend):

@@ -35,7 +35,7 @@ from ..layer_parallel import LayerParallelSettings, mgrit_forward
 from ..layers import EncoderStep, LMHead, TokenEmbedding
 from ..mgrit import MGRITSettings
 from ..network import Network, forward, init_params
-from .block_gradient import block_backprop, block_layer_parallel
+from .block_gradient import block_backprop, block_layer_parallel, for_batch
 from .buffer_layers import BufferedClosing, BufferedOpening
 from .losses import cross_entropy
 from .model_base import SIZE_FIELDS, LayeredModel
@@ -154,7 +154,8 @@ class GPTModel(LayeredModel):
         """Logits with the causal block solved by MGRIT (what layer-parallel training trains)."""
         bk = get_backend(bk)
         check_tokens("x", x, self.seq_len)
-        return mgrit_forward(self.net, self._with_head(params), x, settings, bk)[0]
+        net = for_batch(self.net, x.shape[0])  # batched sweeps where they pay
+        return mgrit_forward(net, self._with_head(params), x, settings, bk)[0]
 
     def layer_parallel_gradient(self, params, x, labels,
                                 settings: LayerParallelSettings | None = None,
@@ -164,6 +165,7 @@ class GPTModel(LayeredModel):
         settings = LayerParallelSettings() if settings is None else settings
         check_tokens("x", x, self.seq_len)
         loss, grads, info = block_layer_parallel(
-            self.net, self._with_head(params), x, lambda z: cross_entropy(z, labels, bk),
+            for_batch(self.net, x.shape[0]), self._with_head(params), x,
+            lambda z: cross_entropy(z, labels, bk),
             settings, bk)
         return loss, self._fold(grads, params), info

@@ -49,7 +49,7 @@ from ..layer_parallel import LayerParallelInfo, LayerParallelSettings, mgrit_for
 from ..layers import DecoderStep, EncoderStep, TokenClassifier, TokenEmbedding
 from ..mgrit import MGRITSettings
 from ..network import Expected, Network, check_param_dict, forward, init_params, param_spec
-from .block_gradient import block_backprop, block_layer_parallel
+from .block_gradient import block_backprop, block_layer_parallel, for_batch
 from .losses import cross_entropy
 from .model_base import SIZE_FIELDS, LayeredModel
 from .token_layers import Identity, Queries, TokenInput, check_tokens
@@ -217,13 +217,14 @@ class Seq2SeqModel(LayeredModel):
         settings = LayerParallelSettings() if settings is None else settings
         self._check(params, x)
         enc_p = _sub(params, "encoder")
-        memory = mgrit_forward(self.encoder, enc_p, x, settings.forward, bk)[0]
+        encoder = for_batch(self.encoder, x.shape[0])  # batched sweeps where they pay
+        memory = mgrit_forward(encoder, enc_p, x, settings.forward, bk)[0]
         dec = self._with_memory(_sub(params, "decoder"), memory, self.layers, bk)
         loss, dgrads, dinfo = block_layer_parallel(
             self.decoder, dec, self.decoder_input(x, labels, bk),
             lambda z: cross_entropy(z, labels, bk), settings, bk)
         dmemory = bk.xp.sum(dgrads.pop("steps.memory"), axis=0)
-        _, egrads, einfo = block_layer_parallel(self.encoder, enc_p, x,
+        _, egrads, einfo = block_layer_parallel(encoder, enc_p, x,
                                                 lambda m: (0.0, dmemory), settings, bk)
         grads = {f"encoder.{k}": v for k, v in egrads.items()}
         grads.update({f"decoder.{k}": v for k, v in dgrads.items()})

@@ -27,7 +27,7 @@ from ..layer_parallel import LayerParallelSettings, mgrit_forward
 from ..layers import EncoderStep, PooledClassifier, TokenClassifier, TokenEmbedding
 from ..mgrit import MGRITSettings
 from ..network import Network, forward, init_params
-from .block_gradient import block_backprop, block_layer_parallel
+from .block_gradient import block_backprop, block_layer_parallel, for_batch
 from .gpt_model import GPTModel
 from .losses import cross_entropy
 from .model_base import SIZE_FIELDS, LayeredModel
@@ -96,7 +96,8 @@ class TransformerModel(LayeredModel):
         """Logits with the encoder block solved by MGRIT (what layer-parallel training trains)."""
         bk = get_backend(bk)
         check_tokens("x", x, self.seq_len)
-        return mgrit_forward(self.net, params, x, settings, bk)[0]
+        net = for_batch(self.net, x.shape[0])  # batched sweeps where they pay
+        return mgrit_forward(net, params, x, settings, bk)[0]
 
     def layer_parallel_gradient(self, params, x, labels,
                                 settings: LayerParallelSettings | None = None,
@@ -106,7 +107,8 @@ class TransformerModel(LayeredModel):
         settings = LayerParallelSettings() if settings is None else settings
         check_tokens("x", x, self.seq_len)
         loss, grads, info = block_layer_parallel(
-            self.net, params, x, lambda z: cross_entropy(z, labels, bk), settings, bk)
+            for_batch(self.net, x.shape[0]), params, x, lambda z: cross_entropy(z, labels, bk),
+            settings, bk)
         return loss, {k: grads[k] for k in params}, info
 
 
