@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import statistics
-import time
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
@@ -37,6 +35,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
 from unittest import mock  # noqa: E402
 
 import numpy as np  # noqa: E402
+from cpu_timing import median_time  # noqa: E402
 
 from refbraid import get_backend  # noqa: E402
 from refbraid.layer_parallel import LayerParallelSettings  # noqa: E402
@@ -45,16 +44,6 @@ from refbraid.mgrit import Problem, sequential_solve, solve  # noqa: E402
 from refbraid.network import group  # noqa: E402
 from refbraid.sequence import GRUModel  # noqa: E402
 from refbraid.sequence.gru_model import GRUAdjoint  # noqa: E402
-
-
-def median_time(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.process_time()
-        fn()
-        times.append(time.process_time() - t0)
-    return statistics.median(times)
 
 
 def solve_pair(problem: Problem, settings, repeat: int) -> tuple[float, float, float]:

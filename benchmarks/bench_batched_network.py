@@ -38,29 +38,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import numpy as np
+from cpu_timing import median_time
 
 from refbraid import Network, get_backend, init_params
 from refbraid.layer_parallel import LayerParallelSettings, adjoint_problem, forward_problem
 from refbraid.layers import Classifier, DenseLift, DenseStep
 from refbraid.mgrit import sequential_solve, solve
 from refbraid.network import group
-
-
-def median_time(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.process_time()
-        fn()
-        times.append(time.process_time() - t0)
-    return statistics.median(times)
 
 
 def row(k: int, C: int, B: int, h: float, repeat: int, rng, backend: str) -> str:

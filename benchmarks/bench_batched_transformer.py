@@ -31,14 +31,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import statistics
-import time
 from unittest import mock
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import numpy as np  # noqa: E402
+from cpu_timing import median_time  # noqa: E402
 
 from refbraid import get_backend  # noqa: E402
 from refbraid.layer_parallel import (  # noqa: E402
@@ -51,16 +50,6 @@ from refbraid.layers.transformer import EncoderStep  # noqa: E402
 from refbraid.mgrit import solve  # noqa: E402
 from refbraid.network import group  # noqa: E402
 from refbraid.sequence import TransformerModel  # noqa: E402
-
-
-def median_time(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.process_time()
-        fn()
-        times.append(time.process_time() - t0)
-    return statistics.median(times)
 
 
 def heads_of(E: int) -> int:

@@ -18,31 +18,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import numpy as np
+from cpu_timing import median_time as cpu_median
 
 from refbraid import Network, backprop, get_backend, init_params
 from refbraid.layer_parallel import LayerParallelSettings, layer_parallel_gradient
 from refbraid.layers import Classifier, DenseLift, DenseStep
 
 FIXED = {"MALLOC_MMAP_THRESHOLD_": "8388608", "MALLOC_TRIM_THRESHOLD_": "67108864"}
-
-
-def cpu_median(fn, repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.process_time()
-        fn()
-        times.append(time.process_time() - t0)
-    return statistics.median(times)
 
 
 def main(argv=None) -> None:
