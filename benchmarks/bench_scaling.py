@@ -2,7 +2,7 @@
 
     python benchmarks/bench_scaling.py [--quick] [--float32] [--repeat 7] [--calibrations 3]
         [--no-conv] [--layers 64 256] [--max-ranks 1024] [--no-scaling]
-        [--cpu] [--min] [--fixed-malloc] [--alpha S --beta S]
+        [--cpu] [--min] [--default-malloc] [--alpha S --beta S]
 
 For the lead, on an idle machine: ``python benchmarks/bench_scaling.py --float32
 --calibrations 3`` (≈ 10 min on 2 cores); on a loaded one add ``--min`` (wall time of the
@@ -32,6 +32,12 @@ fastest call, both sides) and read P = 1 only.
 2. Strong scaling of the dense network at N = 4096 and the (last) conv network at N = 128 with
    the calibrated model: P = 1 … ``--max-ranks`` (the ``refbraid scale`` table).
 
+Every process of the bench (the mpiexec workers, each calibration process, this one) pins
+glibc malloc's thresholds first (:func:`refbraid.runtime.pin_allocator`, as ``refbraid
+train`` and ``scale`` do; docs/scaling_overhead.md §5); ``--default-malloc`` leaves them
+dynamic on both sides (``REFBRAID_PIN_ALLOCATOR=0``). The header says which was used, and the
+bench stops if a worker's allocator differs from this process's.
+
 The machine is shared: the load is printed before and after; two ranks on two cores shared
 with other tenants measure the OS scheduler (an MPI receive busy-waits), so P = 2 rows are
 only meaningful idle. docs/scaling_calibration.md has the measured tables.
@@ -54,8 +60,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 TAG = "SCALING "
 ROOT = Path(__file__).resolve().parents[1]
-#: ``--fixed-malloc``: glibc's mmap and trim thresholds fixed (docs/scaling_overhead.md §4).
-FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "8388608", "MALLOC_TRIM_THRESHOLD_": "67108864"}
 TOLERANCE = 0.15  # |pred / meas − 1| ≤ 15 %: PASS
 
 
@@ -103,6 +107,17 @@ def _machine(case: dict, max_ranks: int, messages, clock, statistic):
     return machine, (net, params, x, y, bk)
 
 
+def prepare_worker() -> str:
+    """First thing in every process of this bench (the mpiexec measurement workers, every
+    fresh calibration process, the main process): pin glibc malloc's thresholds
+    (:func:`refbraid.runtime.pin_allocator`, as ``refbraid train``/``scale`` do) unless
+    ``REFBRAID_PIN_ALLOCATOR=0`` (``--default-malloc``). Returns the allocator's state line."""
+    from refbraid.runtime import allocator_state, pin_allocator
+
+    pin_allocator()
+    return allocator_state()
+
+
 # ----------------------------------------------------------------------------- the worker
 def worker(spec: dict) -> None:
     """Under mpiexec: the sharded training step of every case, wall and CPU seconds (slowest
@@ -113,7 +128,10 @@ def worker(spec: dict) -> None:
 
     from mpi4py import MPI
 
+    state = prepare_worker()
     world = MPI.COMM_WORLD
+    if world.Get_rank() == 0:
+        print(TAG + json.dumps({"malloc": state}), flush=True)
     for case in spec["cases"]:
         net, params, x, y, bk = _problem(case)
         step = _sharded_step(net, params, x, y, bk, world)
@@ -141,8 +159,19 @@ def _launch(n: int, cases: list[dict], repeat: int, timeout: float) -> list[dict
     spec = json.dumps({"cases": cases, "repeat": repeat})
     run = run_mpi(n, [str(Path(__file__).resolve()), "--worker", spec], timeout=timeout,
                   cwd=ROOT).check()
-    return [json.loads(line[len(TAG):]) for line in run.output.splitlines()
+    rows = [json.loads(line[len(TAG):]) for line in run.output.splitlines()
             if line.startswith(TAG)]
+    _check_malloc(f"mpiexec -n {n} workers", rows.pop(0)["malloc"])
+    return rows
+
+
+def _check_malloc(who: str, state: str) -> None:
+    """Both sides must run under the same allocator: stop when a worker's differs."""
+    from refbraid.runtime import allocator_state
+
+    if state != allocator_state():
+        raise SystemExit(f"bench_scaling: {who} run with {state!r}, this process with "
+                         f"{allocator_state()!r}")
 
 
 def _verdict(ratio: float) -> str:
@@ -172,6 +201,7 @@ def predict_case(spec: dict) -> dict:
     from refbraid.scaling.predict import predict
     from refbraid.scaling.virtual_training import predict_steps
 
+    state = prepare_worker()
     clock = time.process_time if spec["cpu"] else time.perf_counter
     statistic = min if spec["min"] else statistics.median
     m, (net, params, x, y, bk) = _machine(spec["case"], 2, tuple(spec["messages"]), clock,
@@ -181,7 +211,7 @@ def predict_case(spec: dict) -> dict:
     d = next(r for r in dist if (r.ranks, r.groups) == (2, 1))
     return {"p1": rows[0].layer_parallel, "p2": rows[1].layer_parallel, "dist": d.step,
             "comm": d.comm, "trace": float(m.source["trace_factor"]),
-            "path": _path_line(m, d)}
+            "path": _path_line(m, d), "malloc": state}
 
 
 def _predict_fresh(case: dict, messages, args) -> dict:
@@ -193,7 +223,9 @@ def _predict_fresh(case: dict, messages, args) -> dict:
     out = subprocess.run([sys.executable, __file__, "--predict", spec], check=True,
                          capture_output=True, text=True, cwd=ROOT).stdout
     line = next(v for v in out.splitlines() if v.startswith(TAG))
-    return json.loads(line[len(TAG):])
+    result = json.loads(line[len(TAG):])
+    _check_malloc("the calibration process", result["malloc"])
+    return result
 
 
 def main(argv=None) -> int:
@@ -221,19 +253,19 @@ def main(argv=None) -> int:
     ap.add_argument("--min", action="store_true",
                     help="the fastest call instead of the median, on both sides (a loaded "
                     "machine: the calls no other tenant preempted)")
-    ap.add_argument("--fixed-malloc", action="store_true",
-                    help="rerun with glibc's mmap/trim thresholds fixed (both sides)")
+    ap.add_argument("--default-malloc", action="store_true",
+                    help="leave glibc malloc's thresholds dynamic in every process "
+                    "(REFBRAID_PIN_ALLOCATOR=0, both sides); default: pinned")
     ap.add_argument("--alpha", type=float, default=None,
                     help="seconds per message instead of the 2-rank ping-pong (on a loaded "
                     "machine the ping-pong measures the OS scheduler, not the messages)")
     ap.add_argument("--beta", type=float, default=None, help="seconds per byte (with --alpha)")
     args = ap.parse_args(argv)
-    if args.fixed_malloc and os.environ.get("MALLOC_MMAP_THRESHOLD_") is None:
-        import subprocess
+    if args.default_malloc:  # inherited by the calibration processes and mpiexec's workers
+        from refbraid.runtime import OPT_OUT_ENV
 
-        rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--fixed-malloc"]
-        return subprocess.call([sys.executable, __file__, *rest],
-                               env={**os.environ, **FIXED_MALLOC})
+        os.environ[OPT_OUT_ENV] = "0"
+    malloc = prepare_worker()
     layers = args.layers or ([64, 256] if args.quick else [64, 128, 256, 512, 1024])
     dense = [{"model": "resnet", "layers": n, "width": 32, "batch": 64, "backend": "numpy",
               "dtype": "float64"} for n in layers]
@@ -242,8 +274,6 @@ def main(argv=None) -> int:
         {"model": "conv", "layers": n, "batch": 50, "backend": "numba", "dtype": dt}
         for dt in dtypes for n in (32, 128)]
     cases = dense + conv
-    malloc = "fixed malloc thresholds" if os.environ.get("MALLOC_MMAP_THRESHOLD_") else \
-        "default malloc"
     clock_name, key = ("CPU time", "cpu") if args.cpu else ("wall time", "wall")
     clock = time.process_time if args.cpu else time.perf_counter
     statistic = min if args.min else statistics.median
