@@ -133,6 +133,7 @@ def worker(spec: dict) -> None:
     world = MPI.COMM_WORLD
     if world.Get_rank() == 0:
         print(TAG + json.dumps({"malloc": state}), flush=True)
+    rows = []
     for case in spec["cases"]:
         net, params, x, y, bk = _problem(case)
         step = _sharded_step(net, params, x, y, bk, world)
@@ -146,11 +147,17 @@ def worker(spec: dict) -> None:
             dt, dc = time.perf_counter() - t0, time.process_time() - c0
             wall.append(world.allreduce(dt, op=MPI.MAX))
             cpu.append(world.allreduce(dc, op=MPI.MAX))
-        gap = measure_case(world, net, params, x, y, bk, step, spec["repeat"])
+        rows.append({"wall": statistics.median(wall), "wall_min": min(wall),
+                     "cpu": statistics.median(cpu), "cpu_min": min(cpu)})
+    # after ALL timed steps (run before them, the kernel and the traced steps slowed the next
+    # cases' P = 2 steps by up to 28 %): two_rank_gap's bus factor and traced parts
+    for case, row in zip(spec["cases"], rows, strict=True):
+        net, params, x, y, bk = _problem(case)
+        step = _sharded_step(net, params, x, y, bk, world)
+        step()
+        row.update(measure_case(world, net, params, x, y, bk, step, spec["repeat"]))
         if world.Get_rank() == 0:
-            print(TAG + json.dumps({"wall": statistics.median(wall), "wall_min": min(wall),
-                                    "cpu": statistics.median(cpu), "cpu_min": min(cpu),
-                                    **gap}), flush=True)
+            print(TAG + json.dumps(row), flush=True)
 
 
 def _launch(n: int, cases: list[dict], repeat: int, timeout: float) -> list[dict]:
@@ -309,9 +316,10 @@ def main(argv=None) -> int:
           "step (DistributedGradient, sharded, real values) on the virtual cluster + extra; "
           f"PASS: |pred/meas − 1| ≤ {TOLERANCE:.0%} (P=2: model, below)")
     print("bus×: kernel (serial backprop) time with 2 ranks computing at once ÷ alone, measured "
-          "in the mpiexec workers; F: the one-rank step's depth-independent part 2·T(N/2) − "
-          "T(N), measured in the calibration process; model: dist with every compute charge × "
-          "bus×, + F·bus×·(1 − busiest share): every rank pays F whole "
+          "in the mpiexec workers; F: the one-rank step's depth-independent part 2·T(n/2) − "
+          "T(n) at n = min(N, 64 dense, 32 conv), measured in the calibration process; "
+          "model: dist with every compute charge × bus×, + F·bus×·(1 − busiest share): "
+          "every rank pays F whole "
           "(benchmarks/two_rank_gap.py); P=2 PASS/miss is on model/meas")
     head = (f"{'network':>8} {'dtype':>7} {'N':>5} | {'P=1 pred':>8} {'meas':>8} {'ratio':>6} "
             f"{'':>4} | {'P=2 pred':>8} {'dist':>8} {'bus×':>6} {'F':>6} {'model':>8} "

@@ -33,6 +33,9 @@ from __future__ import annotations
 import statistics
 import time
 
+#: the depth n of :func:`fixed_cost`'s pair (n/2, n): the smallest bench depth per network
+SMALL_DEPTH = {"resnet": 64, "conv": 32}
+
 
 def _parts(events, wall: float) -> dict[str, float]:
     from refbraid.parallel.trace import RECV, SEND, STEP
@@ -108,10 +111,12 @@ def gap_line(measured: dict, virtual: list[dict], bus: float) -> str:
 def fixed_cost(case: dict, rounds: int = 7, warmup: int = 2) -> tuple[float, float, float]:
     """The part of the one-rank sharded training step that does not grow with the depth:
 
-        F = 2·T(N/2) − T(N)        (T(N) = a·N + F  ⇒  F)
+        F = 2·T(n/2) − T(n)        (T(n) = a·n + F  ⇒  F)
 
-    with T the one-rank sharded step (gradient + Adam, ``MPI.COMM_SELF``) of the case at N and
-    at N/2 layers, timed in ``rounds`` interleaved rounds after ``warmup`` (medians). On P
+    with T the one-rank sharded step (gradient + Adam, ``MPI.COMM_SELF``) of the case at n and
+    n/2 layers, n = min(N, ``SMALL_DEPTH``): F does not depend on the depth, and at large N the
+    difference of two long steps is mostly noise (measured: clamped to 0 at N = 512, 1024);
+    timed in ``rounds`` interleaved rounds after ``warmup`` (medians). On P
     ranks every rank pays F whole (opening/closing, loss, per-solve and per-level setup,
     sharding glue, optimizer calls: per rank, not per layer), while the calibration spreads
     it over the layers; :func:`predicted_fixed` adds the difference. Returns (F, T(N/2),
@@ -119,8 +124,9 @@ def fixed_cost(case: dict, rounds: int = 7, warmup: int = 2) -> tuple[float, flo
     from bench_scaling import _problem, _sharded_step
     from mpi4py import MPI
 
+    n = min(case["layers"], SMALL_DEPTH[case["model"]])
     steps = []
-    for layers in (case["layers"] // 2, case["layers"]):
+    for layers in (n // 2, n):
         net, params, x, y, bk = _problem({**case, "layers": layers})
         steps.append(_sharded_step(net, params, x, y, bk, MPI.COMM_SELF))
     for _ in range(warmup):
