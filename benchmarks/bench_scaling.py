@@ -208,9 +208,9 @@ def predict_case(spec: dict) -> dict:
     import time
     from dataclasses import replace
 
-    from two_rank_gap import fixed_cost, predicted_fixed, virtual_parts
+    from two_rank_gap import fixed_cost, virtual_parts
 
-    from refbraid.scaling.predict import _scaled, extra_on, predict
+    from refbraid.scaling.predict import _scaled, extra_on, per_rank_on, predict
     from refbraid.scaling.virtual_training import predict_steps
 
     state = prepare_worker()
@@ -224,15 +224,16 @@ def predict_case(spec: dict) -> dict:
     # the memory-bus factor measured on the kernel (two_rank_gap.py): every compute charge of
     # the 2-rank step (step costs with their bookkeeping, extra) × bus; messages unchanged
     bus = spec.get("bus", 1.0)
-    mb = replace(m, costs=_scaled(m.costs, bus), extra=m.extra * bus)
+    fixed, half, full = fixed_cost(spec["case"])  # F: per rank, not per layer (two_rank_gap)
+    mb = replace(m, costs=_scaled(m.costs, bus), extra=m.extra * bus, per_rank=fixed * bus)
     db = next(r for r in predict_steps(mb, net, params, x, y, bk, 2)
               if (r.ranks, r.groups) == (2, 1))
-    fixed, half, full = fixed_cost(spec["case"])  # F: per rank, not per layer (two_rank_gap)
-    model = db.step + predicted_fixed(mb, fixed * bus, 2)
+    model = db.step  # dist × bus + F·bus·(1 − busiest share) (predict.per_rank_on)
     return {"p1": rows[0].layer_parallel, "p2": rows[1].layer_parallel, "dist": d.step,
             "bus_dist": db.step, "fixed": fixed, "fixed_from": [half, full], "model": model,
             "comm": d.comm, "trace": float(m.source["trace_factor"]),
-            "path": _path_line(mb, db), "virtual": virtual_parts(db, extra_on(mb, 2)),
+            "path": _path_line(mb, db),
+            "virtual": virtual_parts(db, extra_on(mb, 2) + per_rank_on(mb, 2)),
             "malloc": state}
 
 

@@ -119,7 +119,8 @@ def fixed_cost(case: dict, rounds: int = 7, warmup: int = 2) -> tuple[float, flo
     timed in ``rounds`` interleaved rounds after ``warmup`` (medians). On P
     ranks every rank pays F whole (opening/closing, loss, per-solve and per-level setup,
     sharding glue, optimizer calls: per rank, not per layer), while the calibration spreads
-    it over the layers; :func:`predicted_fixed` adds the difference. Returns (F, T(N/2),
+    it over the layers; ``Machine.per_rank`` = F makes
+    :func:`refbraid.scaling.predict.per_rank_on` add the difference. Returns (F, T(N/2),
     T(N)); F is clamped at 0 (a negative difference is noise, and is printed as such)."""
     from bench_scaling import _problem, _sharded_step
     from mpi4py import MPI
@@ -141,16 +142,3 @@ def fixed_cost(case: dict, rounds: int = 7, warmup: int = 2) -> tuple[float, flo
     half, full = (statistics.median(t) for t in times)
     return max(2 * half - full, 0.0), half, full
 
-
-def predicted_fixed(machine, fixed: float, ranks: int) -> float:
-    """Seconds the virtual P-rank step lacks from the per-rank fixed cost F: the calibration
-    charges the busiest rank F · share (its share of the layers, as ``extra_on``), the real
-    rank pays F, so add F · (1 − share)."""
-    from dataclasses import replace
-
-    from refbraid.scaling.predict import extra_on
-
-    if ranks <= 1:
-        return 0.0
-    share = extra_on(replace(machine, extra=1.0), ranks)
-    return fixed * (1.0 - share)
