@@ -23,10 +23,13 @@ fastest call, both sides) and read P = 1 only.
    the whole distributed step (``DistributedGradient``, sharded, real values: ghost weights,
    both solves, broadcasts, state rows, gradient rows home, the reductions;
    :func:`refbraid.scaling.virtual_training.predict_steps`) + the same extra. ``ratio`` =
-   pred / meas at P = 1 and dist / meas at P = 2;
-   PASS within 15 %, else ``miss`` and the predicted P = 2 critical path (steps per level and
+   pred / meas at P = 1 and model / meas at P = 2;
+   PASS within 15 % (P = 2: ``model`` = ``dist`` with two measured costs it lacks, a memory-bus
+   factor ``bus×`` and the per-rank fixed cost ``F``, benchmarks/two_rank_gap.py), else
+   ``miss`` and the predicted P = 2 critical path (steps per level and
    direction, messages, collectives, extra, idle share) is printed under the row, to compare
-   with the measured time. ``trace×`` = untraced ÷ traced gradient (the trace's own cost).
+   with the measured time, and the measured traced parts per rank beside the virtual twin's.
+   ``trace×`` = untraced ÷ traced gradient (the trace's own cost).
    ``--calibrations K`` repeats the calibration K times against the one measurement: the
    spread of P = 1 pred/meas is the calibration's own consistency.
 2. Strong scaling of the dense network at N = 4096 and the (last) conv network at N = 128 with
