@@ -77,3 +77,25 @@ def test_extra_is_charged_by_the_busiest_ranks_share_of_layers():
         owned = [min(hi, 64) - lo for lo, hi in map(layout.bounds, range(ranks))]
         assert sum(owned) == 64
         assert extra_on(m, ranks) == pytest.approx(2.0 * max(owned) / 64)
+
+
+def test_per_rank_fixed_cost_is_paid_whole_by_every_rank():
+    """F·(1 − busiest share) on top of the spread charge: 0 on one rank and when F = 0, so the
+    predictions without a measured F are unchanged; the LP row grows by exactly that."""
+    from dataclasses import replace
+
+    from refbraid.parallel.costs import StepCosts
+    from refbraid.scaling.predict import Machine, extra_on, per_rank_on, predict
+
+    settings = LayerParallelSettings()
+    m = Machine(StepCosts(1e-5), 0.0, 0.0, {64: 1e-3}, 2e-3, 8, 8, (2, 1), 64, 64, settings)
+    assert per_rank_on(m, 2) == 0.0
+    f = replace(m, per_rank=1e-3)
+    assert per_rank_on(f, 1) == 0.0
+    for ranks in (2, 4):
+        share = extra_on(replace(m, extra=1.0), ranks)
+        assert per_rank_on(f, ranks) == pytest.approx(1e-3 * (1.0 - share))
+    base, more = predict(m, 4), predict(f, 4)
+    assert more[0].layer_parallel == base[0].layer_parallel
+    for b, r in zip(base[1:], more[1:], strict=True):
+        assert r.layer_parallel == pytest.approx(b.layer_parallel + per_rank_on(f, r.ranks))

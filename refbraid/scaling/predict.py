@@ -91,6 +91,7 @@ class Machine:
     settings: LayerParallelSettings  # the MGRIT settings of both solves
     lp_measured: float | None = None  # one-process layer-parallel step (gradient + optimizer)
     source: dict[str, str] = field(default_factory=dict)  # where each number came from
+    per_rank: float = 0.0  # F: seconds per step every rank pays whole (per call, not per layer)
 
 
 def _batch(config: TrainConfig):
@@ -232,6 +233,20 @@ def extra_on(machine: Machine, ranks: int) -> float:
     return machine.extra * most / machine.n_layers
 
 
+def per_rank_on(machine: Machine, ranks: int) -> float:
+    """The per-rank fixed cost the spread calibration misses on ``ranks`` layer ranks:
+
+        F · (1 − max_q n_q / N)
+
+    The calibration spreads the one-rank step over its layers, so the busiest rank is charged
+    F times its share; but F (per sweep, per solve and level, per optimizer call: measured as
+    2·T(n/2) − T(n), benchmarks/two_rank_gap.py) is paid whole by every rank. 0 on one rank
+    and when ``machine.per_rank`` is 0 (the default: predictions unchanged)."""
+    if ranks <= 1 or machine.per_rank == 0.0:
+        return 0.0
+    return machine.per_rank * (1.0 - extra_on(replace(machine, extra=1.0), ranks))
+
+
 @dataclass(frozen=True)
 class ScalingRow:
     """Predicted seconds per training step on P ranks (None: that split is not possible)."""
@@ -254,7 +269,8 @@ def predict(machine: Machine, max_ranks: int = 1024) -> list[ScalingRow]:
             b = math.ceil(B / d)
             scale = machine.serial.get(b, full * b / B) / full
             t = _lp_virtual(machine, q, scale)
-            lp_cache[q, d] = None if t is None else t + extra_on(machine, q) * scale
+            lp_cache[q, d] = None if t is None else \
+                t + (extra_on(machine, q) + per_rank_on(machine, q)) * scale
         return lp_cache[q, d]
 
     def dp(d: int) -> float | None:
@@ -329,7 +345,8 @@ def as_json(machine: Machine, rows: list[ScalingRow]) -> dict[str, Any]:
         "alpha_s": machine.alpha, "beta_s_per_byte": machine.beta,
         "step_costs_s": {"forward": list(machine.costs.forward),
                          "backward": list(machine.costs.backward or machine.costs.forward)},
-        "extra_s": machine.extra, "lp_one_process_measured_s": machine.lp_measured,
+        "extra_s": machine.extra, "per_rank_s": machine.per_rank,
+        "lp_one_process_measured_s": machine.lp_measured,
         "serial_by_batch_s": {str(k): v for k, v in machine.serial.items()},
         "iterations": list(machine.iterations), "source": machine.source,
         "rows": [r.__dict__ for r in rows],

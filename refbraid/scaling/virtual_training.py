@@ -114,7 +114,8 @@ def simulate_distributed_gradient(net: Network, params: Params, x, labels, size:
 class StepPrediction:
     """Predicted seconds of one distributed training step on ``ranks`` = D × Q ranks.
 
-    step       the virtual run's step time + the machine's ``extra`` (scaled to the shard)
+    step       the virtual run's step time + the machine's ``extra`` and per-rank fixed cost
+               (``per_rank_on``; scaled to the shard)
     comm       seconds of the timed critical path spent in messages and collectives
     solves     the solves-only prediction of :func:`refbraid.scaling.predict.predict` for the
                same split (the MGRIT schedule + extra + the groups' ring allreduce)
@@ -143,7 +144,7 @@ def predict_steps(machine, net: Network, params: Params, x, labels, bk,
 
     from ..parallel.trace import path_breakdown
     from ..training.ownership import BlockPlan
-    from .predict import _lp_virtual, _scaled, extra_on, ring_allreduce
+    from .predict import _lp_virtual, _scaled, extra_on, per_rank_on, ring_allreduce
 
     B, full = machine.batch, machine.serial[max(machine.serial)]
     out, p = [], 1
@@ -163,12 +164,12 @@ def predict_steps(machine, net: Network, params: Params, x, labels, bk,
                                                 machine.beta, bk)
             timed = [e for e in res.run.critical_path if e.t0 >= res.t0]  # not the setup
             comm = sum(v for k, v in path_breakdown(timed).items() if not k.startswith("step"))
+            added = (extra_on(machine, q) + per_rank_on(machine, q)) * scale
             solves = _lp_virtual(machine, q, scale)
-            if solves is not None:  # as predict(): + extra, + the groups' ring allreduce
-                solves += extra_on(machine, q) * scale + ring_allreduce(
-                    machine.grad_bytes / q, d, machine.alpha, machine.beta)
-            out.append(StepPrediction(p, d, res.step_time + extra_on(machine, q) * scale, comm,
-                                      solves, res))
+            if solves is not None:  # as predict(): + extra (+ F), + the groups' ring allreduce
+                solves += added + ring_allreduce(machine.grad_bytes / q, d, machine.alpha,
+                                                 machine.beta)
+            out.append(StepPrediction(p, d, res.step_time + added, comm, solves, res))
             d *= 2
         p *= 2
     return out
