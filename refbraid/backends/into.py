@@ -10,9 +10,20 @@ out)`` is ``a + b`` the same way (the adjoint steps' last sum), on NumPy arrays.
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
 _INTO = ("numpy", "numba")  # backends whose euler_act takes out=
+
+
+def takes_out(fn) -> bool:
+    """Whether the callable ``fn`` has a parameter named ``out`` (where a result may be
+    written); False for anything ``inspect.signature`` cannot read."""
+    try:
+        return "out" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def writes_into(bk, out, y, z) -> bool:

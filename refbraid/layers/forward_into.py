@@ -10,16 +10,15 @@ numbers either way.
 
 from __future__ import annotations
 
-import inspect
 from functools import lru_cache
+
+from ..backends.into import takes_out
 
 
 @lru_cache(maxsize=64)
 def _takes_out(cls: type, method: str = "forward") -> bool:
-    try:
-        return "out" in inspect.signature(getattr(cls, method)).parameters
-    except (TypeError, ValueError, AttributeError):
-        return False
+    """:func:`~refbraid.backends.into.takes_out` of ``cls.method``, once per class."""
+    return takes_out(getattr(cls, method, None))
 
 
 def forward_into(layer, params, y, h: float, bk, out=None):

@@ -33,7 +33,6 @@ Shape legend: N steps, S = state shape, so a trajectory is (N + 1, *S).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter
@@ -43,6 +42,7 @@ import numpy as np
 
 from ..backends.dtypes import dtype_kind
 from ..backends.host import all_finite
+from ..backends.into import takes_out
 from ..backends.portable import empty_on, zeros_on
 from ..parallel.trace import active_recorder
 from .arrays import namespace
@@ -225,7 +225,7 @@ class CountingStep:
         self._step = problem.step
         #: whether ``step`` takes ``out=`` (write its result there where it can, e.g. the
         #: layer-parallel propagators): :meth:`__call__` passes it on, else drops it
-        self.takes_out = _takes_out(problem.step)
+        self.takes_out = takes_out(problem.step)
         # solver index -> fine index:  i = s (forward),  i = N - s (backward)
         self._flip = problem.n_steps if problem.direction == "backward" else None
         self.batched = problem.batched_step is not None
@@ -285,14 +285,6 @@ class CountingStep:
             f"`{name}` returned {got} for start={start}, stop={stop} (level {self.level}); "
             f"expected an array of {what} {want}."
         )
-
-
-def _takes_out(step) -> bool:
-    """Whether the callable ``step`` has a parameter named ``out``."""
-    try:
-        return "out" in inspect.signature(step).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def stacked(xp, value, n: int, out=None):
