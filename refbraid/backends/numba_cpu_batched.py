@@ -52,8 +52,8 @@ def applies(act: str, *arrays) -> bool:
 
 # ----------------------------------------------------------------------------- fused kernels
 @njit(cache=True)
-def _euler_rows(Y, T, h, code):
-    """T[j, i] ← Y[j, i] + h[j] σ(T[j, i]) on (k, n) arrays; for tanh, T already holds tanh Z."""
+def _euler_rows(Y, Z, T, h, code):
+    """T[j, i] ← Y[j, i] + h[j] σ(Z[j, i]) on (k, n) arrays; for tanh, T already holds tanh Z."""
     for j in range(Y.shape[0]):
         hj = h[j]
         if code == TANH:
@@ -61,13 +61,13 @@ def _euler_rows(Y, T, h, code):
                 T[j, i] = Y[j, i] + hj * T[j, i]
         elif code == RELU:
             for i in range(Y.shape[1]):
-                T[j, i] = Y[j, i] + hj * _act(T[j, i], RELU)
+                T[j, i] = Y[j, i] + hj * _act(Z[j, i], RELU)
         elif code == GELU:
             for i in range(Y.shape[1]):
-                T[j, i] = Y[j, i] + hj * _act(T[j, i], GELU)
+                T[j, i] = Y[j, i] + hj * _act(Z[j, i], GELU)
         else:
             for i in range(Y.shape[1]):
-                T[j, i] = Y[j, i] + hj * _act(T[j, i], IDENTITY)
+                T[j, i] = Y[j, i] + hj * _act(Z[j, i], IDENTITY)
 
 
 @njit(cache=True)
@@ -120,23 +120,23 @@ def dense_forward_batched(Y, W, b, h, act: str):
     Z = np.matmul(Y, W.transpose(0, 2, 1))  # k,B,C
     Z += b[:, None, :]
     code = activation_code(act)
-    out = np.tanh(Z) if code == TANH else Z.copy()
-    _euler_rows(_rows(Y), _rows(out), h, code)
+    out = np.tanh(Z) if code == TANH else np.empty_like(Z)
+    _euler_rows(_rows(Y), _rows(Z), _rows(out), h, code)
     return out, Z
 
 
 def dense_adjoint_batched(Y, Z, dY_next, W, h, act: str, grads: bool = True):
-    """(dY, {"W": dW, "b": db} or None) of k dense adjoint steps (module docstring)."""
+    """(dY, dW, db) of k dense adjoint steps (module docstring); dW, db None without grads."""
     h = np.asarray(h, dtype=dY_next.dtype)
     code = activation_code(act)
     S = np.tanh(Z) if code == TANH else np.empty_like(Z)
     _scaled_adjoint_rows(_rows(S), _rows(Z), _rows(dY_next), h, code)  # k,B,C
     dY = dY_next + np.matmul(S, W)
     if not grads:
-        return dY, None
+        return dY, None, None
     db = np.empty((S.shape[0], S.shape[2]), S.dtype)
     _column_sums(S, db)
-    return dY, {"W": np.matmul(S.transpose(0, 2, 1), Y), "b": db}
+    return dY, np.matmul(S.transpose(0, 2, 1), Y), db
 
 
 # ----------------------------------------------------------------------------- catalogue entries
@@ -150,6 +150,5 @@ def dense_step_batched(Y, W, b, h, act: str):
 def dense_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True):
     """reference_batched.dense_step_batched_adjoint: the fused kernels where :func:`applies`."""
     if applies(act, Y, Z, dY_next, W):
-        dY, d = dense_adjoint_batched(Y, Z, dY_next, W, h, act, grads)
-        return (dY, None, None) if d is None else (dY, d["W"], d["b"])
+        return dense_adjoint_batched(Y, Z, dY_next, W, h, act, grads)
     return _dense_adjoint(Y, Z, dY_next, W, h, act, grads, numba_cpu.activation_adjoint)

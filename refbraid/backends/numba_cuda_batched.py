@@ -38,6 +38,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from . import numba_cpu_batched
 from .numba_cpu import activation_code
 from .numba_cuda import (
     THREADS,
@@ -51,8 +52,6 @@ from .numba_cuda_dense import SMALL_BLOCK, TILE
 from .numba_cuda_memory import KernelCall, Output
 from .reference_batched import _dense_adjoint, _dense_forward
 
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-
 #: Whether MGRIT's sweeps on ``cuda`` use the batched dense step (module docstring): off until
 #: ``benchmarks/bench_gpu.py``'s ``sweeps batched`` rows show that it pays on a GPU.
 SWITCHED_ON = False
@@ -61,12 +60,9 @@ OVERRIDES = ("dense_step_batched", "dense_step_batched_adjoint") if cuda is not 
 
 
 def applies(act: str, *arrays) -> bool:
-    """True when these kernels take the arguments: numba-cuda present, a known activation,
-    and float32/float64 NumPy arrays of one dtype (else the array-API code runs)."""
-    if cuda is None or activation_code(act) < 0:
-        return False
-    dtype = arrays[0].dtype if type(arrays[0]) is np.ndarray else None
-    return dtype in _FLOATS and all(type(a) is np.ndarray and a.dtype == dtype for a in arrays)
+    """True when these kernels take the arguments: numba-cuda present and what
+    :func:`refbraid.backends.numba_cpu_batched.applies` asks (else the array-API code runs)."""
+    return cuda is not None and numba_cpu_batched.applies(act, *arrays)
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -189,7 +185,7 @@ def dense_forward_batched(Y, W, b, h, act: str):
 
 
 def dense_adjoint_batched(Y, Z, dY_next, W, h, act: str, grads: bool = True):
-    """(dY, {"W": dW, "b": db} or None) of k dense adjoint steps (module docstring)."""
+    """(dY, dW, db) of k dense adjoint steps (module docstring); dW, db None without grads."""
     dtype = Y.dtype
     k, B, C = Y.shape
     n = k * B * C
@@ -202,11 +198,11 @@ def dense_adjoint_batched(Y, Z, dY_next, W, h, act: str, grads: bool = True):
     Sd, Wd = call.arg(S, dtype), call.arg(W, dtype)
     dY = dY_next + call.result(_gemm(call, Sd, Wd, False, False, k, B, C, dtype))
     if not grads:
-        return dY, None
+        return dY, None, None
     dW = _gemm(call, Sd, call.arg(Y, dtype), True, False, k, C, C, dtype)
     db = call.out((k, C), dtype)
     _column_sums_kernel[blocks(k * C), THREADS](Sd, db.arg)
-    return dY, {"W": call.result(dW), "b": call.result(db)}
+    return dY, call.result(dW), call.result(db)
 
 
 # ----------------------------------------------------------------------------- catalogue entries
@@ -225,6 +221,5 @@ def dense_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True
     from . import numba_cuda
 
     if applies(act, Y, Z, dY_next, W):
-        dY, d = dense_adjoint_batched(Y, Z, dY_next, W, h, act, grads)
-        return (dY, None, None) if d is None else (dY, d["W"], d["b"])
+        return dense_adjoint_batched(Y, Z, dY_next, W, h, act, grads)
     return _dense_adjoint(Y, Z, dY_next, W, h, act, grads, numba_cuda.activation_adjoint)

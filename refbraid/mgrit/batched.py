@@ -38,7 +38,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .arrays import namespace
-from .relax import copy, row_slice
+from .relax import copy, row_slice, rows_view
 
 
 def f_sweeps(f_pos) -> list[np.ndarray]:
@@ -121,7 +121,7 @@ def propagate_at(u, g, points, positions, step, ghost=None, ghost_point=None):
     first = pos.size and pos[0] == 0
     inner = pos[1:] if first else pos
     prev = inner - 1
-    x, s0, s1 = _rows(u, prev), points[prev], points[inner]
+    x, s0, s1 = rows_view(u, prev), points[prev], points[inner]
     initial = first and int(points[0]) == 0
     if first and not initial:  # the block's first point: Φ of the previous block's last point
         if ghost is None:
@@ -132,18 +132,5 @@ def propagate_at(u, g, points, positions, step, ghost=None, ghost_point=None):
     out = step.many(x, s0, s1) if len(s0) else u[:0, ...]
     if initial:
         head = g[:1, ...] if g is not None else xp.zeros_like(u[:1, ...])
-        return xp.concat([head, out + _rows(g, inner) if g is not None else out], axis=0)
-    return out + _rows(g, pos) if g is not None else out
-
-
-def _rows(a, positions: np.ndarray):
-    """Rows ``a[positions]`` for reading: a view through a slice when ``a`` is a NumPy array
-    and the positions are evenly spaced (the C-points always are), else a gathered copy.
-    The same values either way; the view saves a gather of c rows (and its allocation)
-    per call. The step's batched kernel reads each row as a contiguous (B, C) block, so a
-    strided stack of rows runs the same BLAS calls on the same numbers."""
-    if isinstance(a, np.ndarray):
-        rows = row_slice(positions)
-        if rows is not None:
-            return a[rows, ...]
-    return a[positions, ...]
+        return xp.concat([head, out + rows_view(g, inner) if g is not None else out], axis=0)
+    return out + rows_view(g, pos) if g is not None else out

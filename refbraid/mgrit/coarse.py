@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..backends.into import add_into
 from .arrays import namespace
 from .relax import StepFn, copy, propagate_at, row_slice, set_rows, take_rows
 
@@ -70,14 +71,10 @@ def fas_rhs(r, v, coarse_points, coarse_step: StepFn, ghost=None, ghost_point=No
             propagate=propagate_at, out=None):
     """FAS coarse right-hand side ``g_Δ = r + A_Δ(v)`` (r: fine C-point residual, v = u[C]).
 
-    ``out``: an array to hold the sum (NumPy arrays of the sum's dtype; the same additions),
-    else a new one."""
-    a = apply_operator(v, coarse_points, coarse_step, ghost, ghost_point, propagate)
-    if (out is not None and isinstance(out, np.ndarray) and isinstance(r, np.ndarray)
-            and isinstance(a, np.ndarray) and r.dtype == a.dtype == out.dtype
-            and r.shape == a.shape == out.shape):
-        return np.add(r, a, out=out)
-    return r + a
+    ``out``: an array to hold the sum (:func:`~refbraid.backends.into.add_into`: the same
+    additions), else a new one."""
+    return add_into(r, apply_operator(v, coarse_points, coarse_step, ghost, ghost_point,
+                                      propagate), out)
 
 
 def correct(u, c_pos, w, v, inplace: bool = False, interpolate=None):
