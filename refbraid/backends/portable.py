@@ -21,15 +21,11 @@ from __future__ import annotations
 import numpy as np
 
 
-def _namespace(a):
-    get = getattr(a, "__array_namespace__", None)
-    return get() if get is not None else np
-
-
 def namespace(a):
     """The array namespace ``a`` computes in: its ``__array_namespace__()``, NumPy for host
     values (Python scalars, NumPy arrays of a NumPy without the array API)."""
-    return _namespace(a)
+    get = getattr(a, "__array_namespace__", None)
+    return get() if get is not None else np
 
 
 def _current_device_library(a) -> bool:
@@ -45,7 +41,7 @@ def indexes_with_integer_arrays(a) -> bool:
 
 def zeros_on(like, shape, dtype=None):
     """Zeros of ``shape`` (``like``'s dtype by default) on the device ``like`` lives on."""
-    xp = _namespace(like)
+    xp = namespace(like)
     dtype = like.dtype if dtype is None else dtype
     if _current_device_library(like):
         return xp.zeros(shape, dtype=dtype)
@@ -54,7 +50,7 @@ def zeros_on(like, shape, dtype=None):
 
 def empty_on(like, shape, dtype=None):
     """An uninitialised array of ``shape`` (``like``'s dtype by default) where ``like`` lives."""
-    xp = _namespace(like)
+    xp = namespace(like)
     dtype = like.dtype if dtype is None else dtype
     if _current_device_library(like):
         return xp.empty(shape, dtype=dtype)
@@ -64,7 +60,7 @@ def empty_on(like, shape, dtype=None):
 def full_on(like, shape, value, dtype=None):
     """An array of ``shape`` filled with ``value`` (``like``'s dtype by default) where ``like``
     lives."""
-    xp = _namespace(like)
+    xp = namespace(like)
     dtype = like.dtype if dtype is None else dtype
     if _current_device_library(like):
         return xp.full(shape, value, dtype=dtype)
@@ -73,7 +69,7 @@ def full_on(like, shape, value, dtype=None):
 
 def arange_on(like, n: int):
     """The integers 0 … n−1 on the device ``like`` lives on."""
-    xp = _namespace(like)
+    xp = namespace(like)
     if _current_device_library(like):
         return xp.arange(n)
     return xp.arange(n, device=like.device)
@@ -83,13 +79,13 @@ def contiguous(a):
     """``a`` as a C-contiguous array where arrays have a layout (NumPy, CuPy: a copy only
     when it is not one already); other array API arrays: a copy."""
     if _current_device_library(a):
-        return _namespace(a).ascontiguousarray(a)
-    return _namespace(a).asarray(a, copy=True)
+        return namespace(a).ascontiguousarray(a)
+    return namespace(a).asarray(a, copy=True)
 
 
 def asarray_on(like, values, dtype=None):
     """Host ``values`` (a list, a NumPy array) as an array on the device ``like`` lives on."""
-    xp = _namespace(like)
+    xp = namespace(like)
     if _current_device_library(like):
         return xp.asarray(values, dtype=dtype)
     return xp.asarray(values, dtype=dtype, device=like.device)
@@ -102,4 +98,4 @@ def copy_of(a):
         return np.array(a, copy=True)
     if type(a).__module__.startswith("cupy"):
         return a.copy()
-    return _namespace(a).asarray(a, copy=True)
+    return namespace(a).asarray(a, copy=True)

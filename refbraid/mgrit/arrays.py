@@ -1,4 +1,5 @@
-"""The array namespace of a state: the one array helper every MGRIT module shares.
+"""The array namespace of a state: the one array helper every MGRIT module shares
+(:func:`refbraid.backends.portable.namespace`, named here for the MGRIT modules).
 
 It lives in its own module so that the imports point one way::
 
@@ -7,10 +8,6 @@ It lives in its own module so that the imports point one way::
 
 from __future__ import annotations
 
-import numpy as np
+from ..backends.portable import namespace
 
-
-def namespace(x):
-    """The array namespace of ``x`` (``x.__array_namespace__()``), NumPy for plain values."""
-    get = getattr(x, "__array_namespace__", None)
-    return get() if get is not None else np
+__all__ = ["namespace"]

@@ -374,9 +374,9 @@ def check_split(world_size: int, data_parallel: int) -> int:
     return world_size // int(data_parallel)
 
 
-def split_world(data_parallel: int = 1, world=None, to_device=None) -> Topology:
+def split_world(data_parallel: int = 1, world=None) -> Topology:
     """Split ``world`` (default ``COMM_WORLD``) into ``data_parallel`` groups (see module doc);
-    ``to_device`` (the backend's ``asarray``) lets device arrays travel (:class:`MPIComm`).
+    :meth:`Topology.carrying` lets device arrays travel on them (:class:`MPIComm`).
 
     The check runs on every rank before any communication, so a bad split raises the same
     :class:`~refbraid.errors.CollectiveError` on every rank.
@@ -391,7 +391,5 @@ def split_world(data_parallel: int = 1, world=None, to_device=None) -> Topology:
     world_dup = world.Dup()
     layer = world.Split(color=group, key=layer_rank)
     data = world.Split(color=layer_rank, key=group)
-    return Topology(world=MPIComm(world_dup, to_device=to_device),
-                    layer=MPIComm(layer, reduce_comm=world_dup, to_device=to_device),
-                    data=MPIComm(data, to_device=to_device), group=group,
-                    n_groups=int(data_parallel))
+    return Topology(world=MPIComm(world_dup), layer=MPIComm(layer, reduce_comm=world_dup),
+                    data=MPIComm(data), group=group, n_groups=int(data_parallel))

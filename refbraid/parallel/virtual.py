@@ -192,8 +192,9 @@ class VirtualComm(SolverOrder):
         if not isinstance(array, np.ndarray) or array.dtype.kind not in "fc":
             raise TypeError(f"`array` must be a floating-point NumPy array, got "
                             f"{getattr(array, 'dtype', type(array).__name__)}.")
-        parts = [np.array(p, copy=True) for p in self._collective("allreduce", array,
-                                                                   model="ring")]
+        # the arrivals are already copies (VirtualWorld.collective detaches them), and the
+        # tree makes new arrays: a list of them is enough
+        parts = list(self._collective("allreduce", array, model="ring"))
         mask = 1
         while mask < len(parts):
             for i in range(0, len(parts) - mask, 2 * mask):

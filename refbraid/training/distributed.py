@@ -72,12 +72,12 @@ from ..layer_parallel import (
     mgrit_forward,
 )
 from ..mgrit import GradientWorkspace, Problem, solve
-from ..network import Network, Params, backprop, check_batch, group, row, set_row
+from ..network import Network, Params, backprop, check_batch, group, row
 from ..parallel.mpi import Topology, split_world
 from ..parallel.ops import Broadcast, RowExchange
 from ..sequence.block_gradient import block_backprop
 from ..sequence.losses import IGNORE, cross_entropy
-from .mpi_common import gather_shards
+from .mpi_common import gather_shards, place_rows, replicated_rows
 from .ownership import BlockPlan, Rows
 
 
@@ -184,19 +184,10 @@ class DistributedGradient:
     # -- the gradient -------------------------------------------------------------------
     def __call__(self, params: Params, x, labels) -> tuple[float, Params, dict[str, float]]:
         """Replicated mode: full params on every rank in, the full gradient on every rank out."""
-        steps = group(params, "steps")
-        need = self.plan.weight_rows(self.q)
-        rows = {k: Rows(f"steps.{k}", self.q, {int(n): row(v, int(n)) for n in need})
-                for k, v in steps.items()}
+        rows = replicated_rows(self.plan, self.q, params)
         loss, part, stats = self._gradient(rows, params, x, labels)
         t0 = time.perf_counter()
-        grads = {k: zeros_on(v, v.shape) for k, v in params.items()}
-        for k, v in part.items():
-            if isinstance(v, dict):
-                for a, r in v.items():  # rows this rank computed, wherever they are owned
-                    set_row(grads[k], a, r)
-            else:
-                grads[k][...] = v
+        grads = place_rows({k: zeros_on(v, v.shape) for k, v in params.items()}, part)
         grads = _unpack(self.topo.world.sum_to_all(_pack(grads)), grads)
         self.last_timings["assemble_s"] = time.perf_counter() - t0
         return loss, grads, stats
@@ -394,6 +385,4 @@ def distributed_gradient(net: Network, settings: LayerParallelSettings | None = 
     same ValueError on every rank for a bad split (D not dividing P, more layer ranks than
     coarsest intervals) before any message is sent.
     """
-    bk = get_backend(bk)
-    topo = split_world(data_parallel, world, to_device=None if bk.xp is np else bk.asarray)
-    return DistributedGradient(net, topo, settings, bk)
+    return DistributedGradient(net, split_world(data_parallel, world), settings, bk)

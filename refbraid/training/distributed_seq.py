@@ -50,7 +50,7 @@ from ..network import Params
 from ..parallel.mpi import split_world
 from ..parallel.ops import Broadcast, RowExchange
 from .distributed import DistributedGradient, _pack, _unpack
-from .mpi_common import gather_shards, host_backend, steps_key
+from .mpi_common import gather_shards, host_backend, place_rows, replicated_rows, steps_key
 from .ownership import Rows
 
 TIE_KEY, HEAD_KEY = "opening.W", "closing.W"
@@ -170,16 +170,12 @@ class Seq2SeqGradient:
     def __call__(self, params: Params, x, labels):
         """Replicated mode: full params in, the full gradient on every rank out."""
         blocks = [_block(params, name) for name in BLOCKS]
-        rows = [_replicated_rows(g, p) for g, p in zip((self.enc, self.dec), blocks, strict=True)]
+        rows = [replicated_rows(g.plan, g.q, p)
+                for g, p in zip((self.enc, self.dec), blocks, strict=True)]
         loss, (enc_part, dec_part), stats = self._gradient(rows, blocks, x, labels)
         grads = {k: np.zeros_like(v) for k, v in params.items()}
         for name, part in zip(BLOCKS, (enc_part, dec_part), strict=True):
-            for k, v in _prefixed(part, name).items():
-                if isinstance(v, dict):
-                    for a, row in v.items():
-                        grads[k][a] = row
-                else:
-                    grads[k][...] = v
+            place_rows(grads, _prefixed(part, name))
         return loss, _unpack(self.topo.world.sum_to_all(_pack(grads)), grads), stats
 
     def sharded(self, shard: Params, x, labels):
@@ -235,13 +231,6 @@ class Seq2SeqGradient:
         for a, row in rows.items():
             stacked[a] = row
         return xp.sum(stacked, axis=0)
-
-
-def _replicated_rows(g: DistributedGradient, params: Params) -> dict[str, Rows]:
-    """Replicated mode: the rows of ``steps.*`` this rank reads, from the full params."""
-    need = g.plan.weight_rows(g.q)
-    return {k[len("steps."):]: Rows(k, g.q, {int(n): v[int(n)] for n in need})
-            for k, v in params.items() if k.startswith("steps.")}
 
 
 # ----------------------------------------------------------------------------- dispatch

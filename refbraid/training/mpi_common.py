@@ -6,7 +6,9 @@
   layer-parallel networks (:class:`~refbraid.training.distributed.DistributedGradient`)
   train on device arrays;
 * :func:`gather_shards` — the full arrays on one rank from data-parallel group 0's owned
-  shards, row-stacked parameters (``steps.*``) concatenated in layer order.
+  shards, row-stacked parameters (``steps.*``) concatenated in layer order;
+* :func:`replicated_rows`, :func:`place_rows` — replicated mode's way in (the step rows a
+  rank reads from the full parameters) and out (its gradient rows into the full gradient).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import numpy as np
 from ..backends import Backend, get_backend
 from ..backends.portable import namespace
 from ..errors import CollectiveError
+from ..network import Params, group, row, set_row
+from .ownership import Rows
 
 #: what trains on device arrays under mpiexec (error messages and docs/gpu.md say the same)
 DEVICE_RESIDENT_MPI = ("the models whose one Network DistributedGradient distributes: resnet, "
@@ -58,3 +62,23 @@ def gather_shards(topology, shard: dict[str, Any], root: int = 0,
         rows = is_rows(k) and len(getattr(have[0], "shape", ())) > 0
         full[k] = namespace(have[0]).concat(have, axis=0) if rows else have[0]
     return full
+
+
+def replicated_rows(plan, q: int, params: Params) -> dict[str, Rows]:
+    """Replicated mode: the rows of ``steps.*`` that layer rank ``q`` reads
+    (``plan.weight_rows(q)``), taken from the full ``params``."""
+    need = plan.weight_rows(q)
+    return {k: Rows(f"steps.{k}", q, {int(n): row(v, int(n)) for n in need})
+            for k, v in group(params, "steps").items()}
+
+
+def place_rows(grads: Params, part: dict[str, Any]) -> Params:
+    """``grads`` (zeros) with a rank's gradient ``part`` written in: a dict of rows (the rows
+    this rank computed, wherever they are owned) row by row, a whole array as it is."""
+    for k, v in part.items():
+        if isinstance(v, dict):
+            for a, r in v.items():
+                set_row(grads[k], a, r)
+        else:
+            grads[k][...] = v
+    return grads

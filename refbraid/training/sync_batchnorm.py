@@ -31,15 +31,9 @@ from dataclasses import replace
 import numpy as np
 
 from ..backends import Backend
+from ..backends.reference_spatial import _channel_axes as _axes
+from ..backends.reference_spatial import _per_channel
 from ..layers.batchnorm import BatchStats
-
-
-def _axes(x) -> tuple[int, ...]:
-    return (0, *range(2, x.ndim))
-
-
-def _per_channel(a, ndim: int):
-    return a.reshape((1, a.shape[0]) + (1,) * (ndim - 2))
 
 
 def synchronised_backend(bk: Backend, data) -> Backend:
