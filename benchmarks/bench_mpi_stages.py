@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
@@ -47,21 +45,9 @@ def _settings():
     return LayerParallelSettings(forward=one, backward=one)
 
 
-def _median(f, repeat: int, comm) -> float:
-    from mpi4py import MPI
-
-    f()
-    times = []
-    for _ in range(repeat):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        f()
-        times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
-    return statistics.median(times)
-
-
 def _case(spec: dict, transition: str, bn: bool, x, y, world) -> None:
     """One (transition, BN) case at every D in (1, P); rank 0 prints one JSON line each."""
+    from bench_mpi import _median_step as _median
     from mpi4py import MPI
 
     from refbraid.parallel.mpi import MPIComm

@@ -158,14 +158,17 @@ def calibrate_network(net: Network, params, x, y, settings: LayerParallelSetting
     if step_costs is None:
         serial_steps = {b: training_step(
             lambda p, xb, yb: backprop(net, p, xb, yb, bk)[1], b) for b in batches}
-        lp_step = training_step(
+        lp_step = make_training_step() if make_training_step is not None else training_step(
             lambda p, xb, yb: layer_parallel_gradient(net, p, xb, yb, settings, bk)[1])
-        session = measure_session(
-            serial_steps, lp_step if make_training_step is None else make_training_step(),
-            lambda: layer_parallel_gradient(net, params, x, y, settings, bk), rounds=rounds,
-            clock=clock, statistic=statistic)
+        last: dict[str, Any] = {}  # the session's last gradient's info: its iteration counts
+
+        def lp_gradient():
+            last["info"] = layer_parallel_gradient(net, params, x, y, settings, bk)[2]
+
+        session = measure_session(serial_steps, lp_step, lp_gradient, rounds=rounds,
+                                  clock=clock, statistic=statistic)
         costs, serial, lp = step_costs_of(session), session.serial, session.step
-        _, _, info = layer_parallel_gradient(net, params, x, y, settings, bk)
+        info = last["info"]
         iterations = (info.forward.iterations, info.backward.iterations)
         source["steps"] = ("calibrated here (traced one-process layer-parallel gradient, "
                            f"{session.rounds} interleaved rounds)")

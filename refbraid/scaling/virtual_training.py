@@ -143,7 +143,6 @@ def predict_steps(machine, net: Network, params: Params, x, labels, bk,
     import math
 
     from ..parallel.trace import path_breakdown
-    from ..training.ownership import BlockPlan
     from .predict import _lp_virtual, _scaled, extra_on, per_rank_on, ring_allreduce
 
     B, full = machine.batch, machine.serial[max(machine.serial)]
@@ -152,23 +151,21 @@ def predict_steps(machine, net: Network, params: Params, x, labels, bk,
         d = 1
         while d <= min(p, B):
             q = p // d
-            try:
-                BlockPlan.build(machine.n_layers, machine.settings, q)
-            except ValueError:
-                d *= 2
-                continue
             b = math.ceil(B / d)
             scale = machine.serial.get(b, full * b / B) / full
+            solves = _lp_virtual(machine, q, scale)  # None: no such split of the layers
+            if solves is None:
+                d *= 2
+                continue
             res = simulate_distributed_gradient(net, params, x, labels, p, d, machine.settings,
                                                 _scaled(machine.costs, scale), machine.alpha,
                                                 machine.beta, bk)
             timed = [e for e in res.run.critical_path if e.t0 >= res.t0]  # not the setup
             comm = sum(v for k, v in path_breakdown(timed).items() if not k.startswith("step"))
             added = (extra_on(machine, q) + per_rank_on(machine, q)) * scale
-            solves = _lp_virtual(machine, q, scale)
-            if solves is not None:  # as predict(): + extra (+ F), + the groups' ring allreduce
-                solves += added + ring_allreduce(machine.grad_bytes / q, d, machine.alpha,
-                                                 machine.beta)
+            # as predict(): + extra (+ F), + the groups' ring allreduce
+            solves += added + ring_allreduce(machine.grad_bytes / q, d, machine.alpha,
+                                             machine.beta)
             out.append(StepPrediction(p, d, res.step_time + added, comm, solves, res))
             d *= 2
         p *= 2

@@ -206,9 +206,11 @@ def controlled_gradient(net, settings: LayerParallelSettings, bk: Backend,
     def backprop_fn(params, x, labels):
         return _backprop(net, params, x, labels, bk)
 
+    workspace = GradientWorkspace()  # as mgrit_gradient: ``info`` is read inside the call only
+
     def layer_parallel_fn(params, x, labels, s):
         if isinstance(net, Network):
-            return layer_parallel_gradient(net, params, x, labels, s, bk)
+            return layer_parallel_gradient(net, params, x, labels, s, bk, workspace=workspace)
         return net.layer_parallel_gradient(params, x, labels, s, bk)
 
     def sequential_logits(params, x):

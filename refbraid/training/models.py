@@ -43,7 +43,7 @@ from math import prod
 import numpy as np
 
 from ..layers import Classifier, Conv3dLift, Conv3dStep, ConvLift, ConvStep, DenseLift, DenseStep
-from ..network import Network
+from ..network import Network, init_params
 
 
 def _resnet(data_shape, n_classes, layers, width, T, activation, info=None) -> Network:
@@ -217,3 +217,11 @@ def as_network_input(net: Network, x: np.ndarray) -> np.ndarray:
         raise ValueError(f"`x` samples of shape {tuple(x.shape[1:])} do not fit the network "
                          f"input {shape}.")
     return x.reshape((x.shape[0], *shape))
+
+
+def initial_params(net, rng: np.random.Generator, dtype) -> dict:
+    """Fresh parameters of ``net``: :func:`refbraid.network.init_params` for a Network, the
+    model's own ``init_params`` for a sequence model (refbraid.sequence lays out its own)."""
+    if isinstance(net, Network):
+        return init_params(net, rng, dtype)
+    return net.init_params(rng, dtype)

@@ -29,11 +29,12 @@ import numpy as np
 
 from ..backends import Backend
 from ..data import Dataset
-from ..network import Network, init_params, to_backend
+from ..network import Network, to_backend
 from .buffers import has_buffers
 from .config import TrainConfig
 from .gradients import select_gradient
 from .mgopt_step import depth_gradient
+from .models import initial_params
 from .multilevel import coarser_network, prolong_weights
 from .optim import make_optimizer
 from .trainer import TrainState, fit
@@ -51,7 +52,7 @@ def nested_initial_weights(config: TrainConfig, net: Network, data: Dataset, bk:
     select_gradient(config, net, bk, multilevel=False)  # an unfit full-depth run fails first
     depths = [coarser_network(net, 2**k) for k in range(config.nested_init, 0, -1)]
     rng = np.random.default_rng(np.random.SeedSequence([config.seed, NESTED_SEED]))
-    params = _init(depths[0], rng, np.dtype(config.dtype))
+    params = initial_params(depths[0], rng, np.dtype(config.dtype))
     for i, shallow in enumerate(depths):
         name, gradient = depth_gradient(config, shallow, bk)
         if not config.quiet:
@@ -69,9 +70,3 @@ def nested_initial_weights(config: TrainConfig, net: Network, data: Dataset, bk:
                                              config.nested_interp)
             deeper.updates = shallow.updates
     return params
-
-
-def _init(net, rng: np.random.Generator, dtype) -> dict:
-    if isinstance(net, Network):
-        return init_params(net, rng, dtype)
-    return net.init_params(rng, dtype)

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..backends import Backend, get_backend, require_usable
 from ..data import Dataset, load_dataset
-from ..network import Network, init_params, to_backend
+from ..network import Network, to_backend
 from ..parallel.faults import root_decides
 from ..parallel.mpi import is_world_root, world_size
 from .atomic import save_figure, write_json
@@ -29,7 +29,7 @@ from .buffers import restore_buffers
 from .checkpoint import check_params_match, load_checkpoint
 from .config import TrainConfig
 from .gradients import GradientFn, layer_parallel_settings, select_gradient
-from .models import as_network_input, build_network
+from .models import as_network_input, build_network, initial_params
 from .mpi_gradients import mpi_backend
 from .optim import Optimizer, make_optimizer
 from .run_folder import RunFolder, claim_run_folder
@@ -56,10 +56,7 @@ def setup(config: TrainConfig) -> tuple[Network, Dataset, TrainState, Backend]:
         bk = mpi_backend(config, net, bk, say=_warn_on_root)
     init_seq, shuffle_seq = np.random.SeedSequence(config.seed).spawn(2)
     init_rng = np.random.default_rng(init_seq)
-    if isinstance(net, Network):
-        params = init_params(net, init_rng, np.dtype(config.dtype))
-    else:  # a sequence model (refbraid.sequence) lays out its own parameters
-        params = net.init_params(init_rng, np.dtype(config.dtype))
+    params = initial_params(net, init_rng, np.dtype(config.dtype))
     if config.nested_init and not config.resume:
         from .nested import nested_initial_weights
 
