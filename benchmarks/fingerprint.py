@@ -10,7 +10,7 @@ residual histories (norms of every recorded visit) of the layer-parallel gradien
 
 one line per case. Run it on two trees and ``diff`` the outputs::
 
-    PYTHONPATH=/path/to/tree python benchmarks/fingerprint_solver.py [--quick] > before.txt
+    PYTHONPATH=/path/to/tree python benchmarks/fingerprint.py [--quick] > before.txt
 
 ``--workspace`` (trees with :class:`refbraid.mgrit.Workspace`): every case runs three times
 with kept arrays (a gradient workspace, or one MGRIT workspace), the first call on a

@@ -1,0 +1,121 @@
+"""The runner: ``python -m benchmarks SIZE [SUITE ...] [-o NAME=VALUE ...] [--json PATH]``.
+
+    python -m benchmarks quick                        # kernels, solver, step, scaling: quick
+    python -m benchmarks full step -o settings=fast   # one suite, full sizes, an option
+    python -m benchmarks quick --list                 # the suites and their options
+
+SIZE is ``tiny`` (the test's sizes: checks the output, times nothing worth reading),
+``quick`` (a few minutes on 2 cores) or ``full``. Without SUITE names it runs every suite of
+:data:`QUICK`. It prints each suite's notes (settings, load, allocator), then ONE table of
+every result, and writes the same as JSON (``--json``; default ``benchmarks.json`` in the
+working directory). ``-o name=value`` sets a suite option (``--list`` shows them with their
+defaults); an option no chosen suite has is an error.
+
+A suite is a module of this package with ``OPTIONS`` (name → default) and
+``run(size, opts, notes) -> list[harness.Result]``; :data:`SUITES` registers it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import subprocess
+import sys
+
+from benchmarks.harness import ROOT, SIZES, Result, metadata, prepare_worker, table, write_json
+
+#: suite name → module (``benchmarks.<module>``); ``gpu`` is :func:`gpu_suite` below
+SUITES = {"kernels": "kernels", "solver": "solver", "step": "step", "scaling": "scaling",
+          "gpu": None}
+QUICK = ("kernels", "solver", "step", "scaling")  # what ``python -m benchmarks quick`` runs
+
+
+class GPUSuite:
+    """``gpu``: benchmarks/bench_gpu.py run as it is, in its own process; its table is kept
+    in the notes and its exit status is the result (``-o simulator=True`` runs its
+    ``--simulator`` sizes, which need no GPU)."""
+
+    OPTIONS = {"simulator": False, "args": ""}
+
+    @staticmethod
+    def run(size: str, opts: dict, notes: list[str]) -> list[Result]:
+        argv = [sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), *opts["args"].split()]
+        if opts["simulator"] or size == "tiny":
+            argv.append("--simulator")
+        env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1" if "--simulator" in argv else "0"}
+        proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
+        notes.extend((proc.stdout + proc.stderr).splitlines())
+        return [Result("gpu", "bench_gpu.py " + " ".join(argv[2:]), {"argv": argv[1:]})
+                .add("exit status", proc.returncode)]
+
+
+def load(name: str):
+    """The suite called ``name``: a module of this package, or :class:`GPUSuite`."""
+    if name not in SUITES:
+        raise ValueError(f"suite must be one of {', '.join(SUITES)}, got {name!r}.")
+    return GPUSuite if SUITES[name] is None else importlib.import_module(
+        f"benchmarks.{SUITES[name]}")
+
+
+def parse_options(pairs: list[str], suites: dict) -> dict[str, dict]:
+    """``-o name=value`` → per suite its options (defaults updated, typed as the default)."""
+    opts = {name: dict(suite.OPTIONS) for name, suite in suites.items()}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        owners = [n for n in opts if key in opts[n]]
+        if not sep or not owners:
+            known = sorted({k for o in opts.values() for k in o})
+            raise ValueError(f"`-o` must be name=value with a name among {known}, got {pair!r}.")
+        for n in owners:
+            default = opts[n][key]
+            if isinstance(default, bool):
+                value = text.lower() in ("1", "true", "yes", "on")
+            else:
+                value = type(default)(text)
+            opts[n][key] = value
+    return opts
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("size", choices=SIZES)
+    ap.add_argument("suites", nargs="*", help=f"among {', '.join(SUITES)} (default: "
+                    f"{' '.join(QUICK)})")
+    ap.add_argument("-o", "--option", action="append", default=[], metavar="NAME=VALUE")
+    ap.add_argument("--json", default="benchmarks.json", help="where the JSON file goes")
+    ap.add_argument("--list", action="store_true", help="list the suites and their options")
+    args = ap.parse_args(argv)
+    try:
+        suites = {name: load(name) for name in (args.suites or QUICK)}
+        opts = parse_options(args.option, suites)
+    except ValueError as err:
+        ap.error(str(err))
+    if args.list:
+        for name, suite in suites.items():
+            print(f"{name}: " + ", ".join(f"{k}={v}" for k, v in suite.OPTIONS.items()))
+        return 0
+    prepare_worker()  # the suites that time in this process: malloc pinned, as in the workers
+    meta = metadata(args.size, list(suites))
+    notes: dict[str, list[str]] = {}
+    results: list[Result] = []
+    for name, suite in suites.items():
+        notes[name] = [f"load {os.getloadavg()[0]:.2f} at the start"]
+        results += suite.run(args.size, opts[name], notes[name])
+        notes[name].append(f"load {os.getloadavg()[0]:.2f} at the end")
+    meta["options"] = opts
+    print(f"refbraid benchmarks, {args.size}: {meta['date_utc']} UTC, {meta['cpus']} CPUs, "
+          f"python {meta['python']}, numpy {meta['numpy']}, threads 1 per process")
+    for name, lines in notes.items():
+        print(f"\n[{name}]")
+        print("\n".join(f"  {line}" for line in lines))
+    print()
+    print(table(results))
+    write_json(args.json, meta, notes, results)
+    print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The benchmark runner (``python -m benchmarks``): its timer, its one table and JSON file, and
+the quick suites end to end at tiny sizes. Nothing here asserts on a time: only on the output's
+shape and on what the suites check while they time (bit-identity, agreement with a reference)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the benchmarks package sits beside refbraid, not inside it
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.__main__ import QUICK, SUITES, load, parse_options
+from benchmarks.harness import Result, measure, table, write_json
+
+
+def test_measure_counts_warmups_and_repeats():
+    calls = []
+    timing = measure(lambda: calls.append(1), repeat=3, warmup=2)
+    assert len(calls) == 5
+    assert len(timing.wall) == len(timing.cpu) == 3
+    assert timing.min() <= timing.median()
+
+
+def test_measure_fills_min_seconds_up_to_max_repeat():
+    calls = []
+    timing = measure(lambda: calls.append(1), repeat=1, warmup=1, min_seconds=10.0, max_repeat=7)
+    assert len(timing.wall) == 7 and len(calls) == 8
+
+
+@pytest.mark.parametrize("repeat, warmup", [(0, 1), (1, -1)])
+def test_measure_refuses_bad_counts(repeat, warmup):
+    with pytest.raises(ValueError, match="`repeat` must be >= 1"):
+        measure(lambda: None, repeat=repeat, warmup=warmup)
+
+
+def test_table_has_one_line_per_value_and_json_round_trips(tmp_path):
+    results = [Result("solver", "case a", {"N": 4}).add("t", 1.5, "ms").add("same", True),
+               Result("step", "case b").add("long", "x" * 80)]
+    text = table(results).splitlines()
+    assert text[0].split() == ["suite", "case", "quantity", "value", "unit"]
+    assert set(text[1]) == {"-"}
+    assert len(text) == 2 + 3
+    assert "1.5" in text[2] and "ms" in text[2]
+    assert "…" in text[4]  # long strings shortened in the table ...
+    path = tmp_path / "b.json"
+    write_json(path, {"size": "tiny"}, {"solver": ["a note"]}, results)
+    doc = json.loads(path.read_text())
+    assert doc["results"][1]["values"]["long"] == "x" * 80  # ... kept whole in the file
+    assert doc["results"][0] == {"suite": "solver", "case": "case a", "params": {"N": 4},
+                                 "values": {"t": 1.5, "same": True},
+                                 "units": {"t": "ms", "same": ""}}
+
+
+def test_options_are_typed_by_their_default_and_unknown_ones_refused():
+    suites = {name: load(name) for name in ("step", "kernels")}
+    opts = parse_options(["ranks=3", "torch=false", "dtype=float32"], suites)
+    assert opts["step"]["ranks"] == 3 and opts["step"]["torch"] is False
+    assert opts["kernels"]["torch"] is False and opts["kernels"]["dtype"] == "float32"
+    with pytest.raises(ValueError, match="`-o` must be name=value"):
+        parse_options(["nonsense=1"], suites)
+    with pytest.raises(ValueError, match="suite must be one of"):
+        load("nonsense")
+
+
+def test_every_suite_has_options_and_run():
+    for name in SUITES:
+        suite = load(name)
+        assert isinstance(suite.OPTIONS, dict) and callable(suite.run)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow  # numba compilation and 5 mpiexec launches: ~4 min on 2 busy shared cores
+def test_quick_suites_at_tiny_sizes_print_one_table_and_write_the_json(tmp_path):
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "tiny", "--json", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    heads = [i for i, line in enumerate(lines) if line.split()[:5] == ["suite", "case",
+                                                                       "quantity", "value", "unit"]]
+    assert len(heads) == 1  # one table
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["size"] == "tiny" and doc["meta"]["suites"] == list(QUICK)
+    assert set(doc["notes"]) == set(QUICK)
+    assert {r["suite"] for r in doc["results"]} == set(QUICK)
+    table_rows = len(lines) - heads[0] - 2 - 2  # after the table: a blank line and "wrote"
+    assert table_rows == sum(len(r["values"]) for r in doc["results"])
+    for r in doc["results"]:
+        assert r["values"] and set(r["values"]) == set(r["units"])
+        for v in r["values"].values():
+            assert isinstance(v, (int, float, str, bool))
+            assert not (isinstance(v, float) and math.isnan(v)), r
+    by_case = {(r["suite"], r["case"]): r["values"] for r in doc["results"]}
+    # what the suites check while they time: against references, not against the clock
+    kernels = [v for (s, _), v in by_case.items() if s == "kernels"]
+    assert kernels and all(v["check"] < 1e-6 for v in kernels)
+    pymgrit = [v for (s, c), v in by_case.items() if s == "solver" and c.startswith("pymgrit")]
+    assert pymgrit and all(v["batched = per-step"] is True for v in pymgrit)
+    assert by_case[("step", "gradient resnet N=16")]["Φ serial"] == 32
+    assert {"α MPIComm", "β buffers"} <= set(by_case[("step", "messages 2 ranks")])
+    assert "speedup" in by_case[("step", "resnet N=32 float64")]
+    assert "torch f64" in by_case[("step", "conv N=32 float64")]
+    scaled = by_case[("scaling", "resnet N=32 float64")]
+    assert scaled["P=1"] in ("PASS", "miss") and scaled["pred P=1"] > 0
+    assert ("scaling", "settings torchbraid conv N=32 float64") in by_case
