@@ -210,8 +210,8 @@ assert gap < 1e-12
 # %% [markdown]
 # The shallow network's weights, interpolated in t, are a good ODE discretisation of the
 # same flow, so the deep network starts near where a trained one would be. Measured
-# time-to-accuracy for nested initialisation and MG/Opt: `benchmarks/bench_multilevel.py`;
-# spatial coarsening's cost and predicted speedup: `benchmarks/bench_coarsening.py`.
+# time-to-accuracy for nested initialisation and MG/Opt, and spatial coarsening's cost and
+# predicted speedup: docs/coarsening.md.
 
 # %% [markdown]
 # ## 5. Batch norm inside the parallel section, and its running statistics

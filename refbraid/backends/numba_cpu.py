@@ -26,7 +26,7 @@ Every public kernel has the signature and semantics of the same-named function i
     euler_act           y_next = y + h σ(z)                   one pass (after numpy.tanh)
 
 Choices shared by the modules, measured on the 2-core CI machine with one thread
-(``benchmarks/bench_layers.py`` prints the layer timings):
+(``python -m benchmarks full kernels`` prints the layer timings):
 
 * The scalar activation and its derivative are small pure functions (:func:`act_scalar`,
   :func:`act_adjoint_scalar`) compiled ``njit(inline="always")`` here and

@@ -12,7 +12,7 @@ what it changes. With x̂ = (x − μ) r and g = dy γ (N = row length, R rows):
 Precision and speed. The row sums run in the data's dtype — float32 sums for float32 data,
 as NumPy's reference and torch do — and every loop is compiled with ``fastmath={"reassoc"}``
 and no other flag: it lets LLVM split each row sum into SIMD partial sums, which is what
-vectorises it (a strict left-to-right float sum cannot be). Measured (``bench_layers.py``,
+vectorises it (a strict left-to-right float sum cannot be). Measured (kernels suite,
 E = 128, 512 rows, forward + adjoint, one thread): 0.22 → 0.04 ms in float32 and 0.20 →
 0.055 ms in float64 against float64 sums in strict order; 4–6× faster than the reference.
 The partial sums make float32 results differ from the reference by a few ulps (the test

@@ -45,7 +45,7 @@ class ConvStep:
 
     #: MGRIT's sweeps keep per-step calls: k steps at once (:meth:`forward_batched`) measured
     #: 0.70–1.06× the per-step time on the NumPy reference (4 channels, 28×28, batch 50, k = 2…32:
-    #: ``benchmarks/bench_batched_network.py --conv``, docs/batched.md). A step's arithmetic
+    #: a retired benchmark, docs/batched.md). A step's arithmetic
     #: (~3–5 ms) dwarfs the Python of a call (~20 µs), and k stacked states (k × 1.25 MB) leave
     #: the cache that one state stays in. The batched methods stay, tested, for a device where
     #: one launch per sweep matters.

@@ -39,7 +39,7 @@ class DenseStep:
     activation: str = "tanh"
 
     #: MGRIT's sweeps call :meth:`forward_batched` / :meth:`adjoint_batched` (one call for k
-    #: intervals): 1.6–5× less time per step at width 32 (benchmarks/bench_batched_network.py,
+    #: intervals): 1.6–5× less time per step at width 32 (a retired benchmark,
     #: docs/batched.md), where the Python of a per-step call outweighs its arithmetic.
     batched_sweeps_pay = True
 

@@ -3,7 +3,7 @@
 PyMGRIT (docs/references.md, Hahne, Friedhoff & Bolten 2021) ships ``Dahlquist`` and
 ``Heat1D`` applications; these are the same time steppers as refbraid problems, so a solve
 can be checked against PyMGRIT's residual history and timed against it
-(``benchmarks/bench_batched.py``). PyMGRIT itself is not needed here.
+(``python -m benchmarks full solver``). PyMGRIT itself is not needed here.
 
 ==================  =========================================================================
 problem             step from ``start`` to ``stop`` (``dt = t[stop] - t[start]``)

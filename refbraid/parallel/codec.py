@@ -2,8 +2,8 @@
 
 Messages. mpi4py's lower-case methods (``isend``, ``recv``, ``bcast``, …) pickle every value:
 a few microseconds of Python per message on top of the transport, and for a 1 MiB state
-several times the transport's own time (benchmarks/bench_messages.py measures α and β both
-ways). So NumPy arrays travel as raw bytes through the upper-case buffer methods, and only
+several times the transport's own time (``python -m benchmarks full step`` measures α and
+β both ways). So NumPy arrays travel as raw bytes through the upper-case buffer methods, and only
 other values are pickled:
 
 * ``send_next`` / ``recv_prev``: ONE MPI message per value, raw bytes behind a small header::

@@ -243,7 +243,7 @@ def per_rank_on(machine: Machine, ranks: int) -> float:
 
     The calibration spreads the one-rank step over its layers, so the busiest rank is charged
     F times its share; but F (per sweep, per solve and level, per optimizer call: measured as
-    2·T(n/2) − T(n), benchmarks/two_rank_gap.py) is paid whole by every rank. 0 on one rank
+    2·T(n/2) − T(n), benchmarks/scaling.py) is paid whole by every rank. 0 on one rank
     and when ``machine.per_rank`` is 0 (the default: predictions unchanged)."""
     if ranks <= 1 or machine.per_rank == 0.0:
         return 0.0
