@@ -42,9 +42,9 @@ measured here, free messages, no bookkeeping) ÷ serial backprop's step work, an
 error at the initial weights: which settings can beat serial on 2 ranks at all.
 
 ``-o calibrations=K`` repeats the calibration K times against the one measurement: the
-spread of P = 1 pred ÷ meas is the calibration's own consistency. Case ``strong …``: the
-calibrated model's strong scaling of the dense network at N = 4096 and the last conv network
-(the ``refbraid scale`` table) up to ``max_ranks``.
+spread of P = 1 pred ÷ meas is the calibration's own consistency. Case ``strong …`` (``full``
+only): the calibrated model's strong scaling of the dense network at N = 4096 and the last conv
+network (the ``refbraid scale`` table) up to ``max_ranks``.
 
 Every process (the mpiexec workers, each calibration process, the runner) pins glibc malloc's
 thresholds first (``REFBRAID_PIN_ALLOCATOR=0 python -m benchmarks …``: dynamic in all of
@@ -80,7 +80,7 @@ OPTIONS = {"repeat": 7, "calibrations": 1, "conv": True, "float32": False, "laye
            "beta": 0.0, "timeout": 1800.0}
 #: per size: dense N, conv at all, strong scaling at all, dense width and batch
 SIZES = {"full": ("64,128,256,512,1024", True, True, 32, 64),
-         "quick": ("64,256", False, True, 32, 64),
+         "quick": ("64,256", False, False, 32, 64),  # strong scaling: full only (N = 4096)
          "tiny": ("32", False, False, 4, 4)}
 SETTINGS_CASE = {"full": (128, 50), "quick": (128, 50), "tiny": (32, 2)}  # conv N, batch
 
