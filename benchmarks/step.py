@@ -48,6 +48,7 @@ import numpy as np
 from benchmarks.harness import Result, emit, launch, measure, prepare_worker, worker_main
 
 SETTINGS = ("torchbraid", "2level", "fast", "fast-2level")
+#: ``repeat`` 0 and ``layers``/``conv_layers`` "" take the size's defaults (SIZES); "none": no cases
 OPTIONS = {"settings": "torchbraid", "ranks": 2, "repeat": 0, "layers": "", "width": 32,
            "batch": 64, "backend": "numpy", "conv_layers": "", "conv_backend": "numba",
            "conv_dtype": "float64", "torch": True, "same_process": False, "workspace": False,
@@ -417,6 +418,9 @@ def mpi_cases(opts: dict, dense: list[dict], conv: list[dict], repeat: int, note
 
 
 def _ints(text: str) -> list[int]:
+    """``"64,256"`` → [64, 256]; ``"none"`` → [] (no such cases)."""
+    if text.strip().lower() == "none":
+        return []
     return [int(v) for v in text.replace(" ", ",").split(",") if v]
 
 
@@ -435,7 +439,9 @@ def run(size: str, opts: dict, notes: list[str]) -> list[Result]:
              for n in layers]
     conv = [{"model": "conv", "layers": n, "batch": 50 if size != "tiny" else 2,
              "backend": opts["conv_backend"], "dtype": opts["conv_dtype"]} for n in conv_layers]
-    return out + mpi_cases(opts, dense, conv, repeat, notes) if opts["mpi"] else out
+    if not (opts["mpi"] and dense + conv):
+        return out
+    return out + mpi_cases(opts, dense, conv, repeat, notes)
 
 
 if __name__ == "__main__":
