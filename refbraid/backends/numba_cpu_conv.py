@@ -31,7 +31,7 @@ padded copies (rows 64-byte aligned) and accumulator rows stay in cache.
 **Other kernel sizes: im2col + BLAS GEMM**, in :mod:`refbraid.backends.numba_cpu_im2col`.
 
 Measured on the 2-core CI machine (AVX-512), one thread, 28×28 images, C = 8…32 channels
-(``python -m benchmarks full kernels``): the 3×3 loops run at ≈200 GFLOP/s in float32
+(``benchmarks/kernels.py``; kernels alone): the 3×3 loops run at ≈200 GFLOP/s in float32
 and ≈110 in float64, against ≈110 and ≈55 for this machine's OpenBLAS GEMM (it runs its AVX2
 "Haswell" kernels here), and skip im2col's copies: the conv step is 2.5–3× faster than with
 im2col + BLAS. Blocking measured best of 1–8 output channels × 3 or 9 taps: 4 × 3 for z and dx,
