@@ -75,7 +75,7 @@ def test_every_suite_has_options_and_run():
 
 
 @pytest.mark.mpi
-@pytest.mark.slow  # numba compilation and 5 mpiexec launches: 2.5-5 min on 2 busy shared cores
+@pytest.mark.slow  # numba compilation and 7 mpiexec launches: 2.5-5 min on 2 busy shared cores
 def test_quick_suites_at_tiny_sizes_print_one_table_and_write_the_json(tmp_path):
     out = tmp_path / "bench.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
