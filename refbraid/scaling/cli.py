@@ -24,6 +24,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..conventions import refbraid_counts
 from ..training.atomic import save_figure, write_json
 from ..training.cli import add_config_arguments
 from ..training.config import config_from_args
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"`--step-ranks` must be 0 (skip) or a positive integer, got "
                          f"{args.step_ranks}.")
     out_arg = args.out
-    config = config_from_args(argparse.Namespace(**{**vars(args), "out": None}))
+    config = config_from_args(refbraid_counts(argparse.Namespace(**{**vars(args), "out": None})))
     if config.levels < 2:
         raise ValueError("`--levels` must be at least 2 for layer-parallel scaling (1 level is "
                          "sequential substitution).")
