@@ -16,6 +16,7 @@ from refbraid.cli import main
 from refbraid.conventions import refbraid_counts
 from refbraid.interop.compare import _settings_dict
 from refbraid.interop.xbraid import TorchBraidSettings
+from refbraid.layer_parallel import LayerParallelSettings
 from refbraid.training import TrainConfig
 from refbraid.training import cli as train_cli
 from refbraid.training.checkpoint import save_checkpoint
@@ -90,6 +91,11 @@ def test_train_and_scale_count_the_same_way():
     settings = layer_parallel_settings(config())
     assert (settings.forward.max_iter, settings.backward.max_iter) == (1, 0)
     assert not settings.forward.final_fc_relax and not settings.backward.final_fc_relax
+    api = LayerParallelSettings()  # the Python API: the same counts, no final FC relaxation
+    assert (api.forward.max_iter, api.backward.max_iter) == (1, 0)
+    assert not api.forward.final_fc_relax and not api.backward.final_fc_relax
+    tb = TorchBraidSettings().to_refbraid()  # TorchBraid's, explicitly: 2 / 1 counted its way
+    assert (tb.forward.max_iter, tb.backward.max_iter) == (1, 0) and tb.backward.final_fc_relax
     with pytest.raises(ValueError, match="`--fwd-iters` must be >= 1 with "
                                          "--torchbraid-conventions"):
         config("--torchbraid-conventions", "--fwd-iters", "0")
