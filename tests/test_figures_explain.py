@@ -32,8 +32,8 @@ def test_residual_history_names_every_level_once():
     labels = _legend(ax)
     assert labels == ["level 0 (XBraid's ‖r‖ = after the cycle here)", "level 1 (FAS residual)",
                       "level 2: coarsest, solved exactly (no residual)"]
-    assert ax.get_title().startswith("heat\nMGRIT forward solve, N = 64: 3 levels, cfactors "
-                                     "4/4, relax F/FCF")
+    assert ax.get_title().startswith("heat\nMGRIT forward solve (converged), N = 64: 3 levels,"
+                                     "\ncfactors 4/4, relax F/FCF")
     fcf = solve(heat_1d(n_x=20, n_steps=64),
                 MGRITSettings(levels=2, cfactor=4, relax="FCF", min_coarse=1))
     labels = _legend(plot_residual_history(fcf).axes[0])

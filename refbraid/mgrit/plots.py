@@ -66,11 +66,11 @@ def plot_residual_history(result: MGRITResult, title: str | None = None) -> Figu
         ax.plot([], [], " ", label=f"level {n_levels - 1}: coarsest, solved exactly (no residual)")
     s, h = result.settings, result.hierarchy
     relax = "/".join(s.relax_on(lvl) for lvl in range(n_levels - 1)) or "-"
-    settings = (f"MGRIT {result.direction} solve, N = {h.n_steps}: {n_levels} levels, cfactors "
-                f"{'/'.join(map(str, h.cfactors))}, relax {relax}, {s.cycle}-cycle — "
-                f"{result.status}")
+    settings = (f"MGRIT {result.direction} solve ({result.status}), N = {h.n_steps}: "
+                f"{n_levels} levels,\ncfactors {'/'.join(map(str, h.cfactors))}, relax {relax}, "
+                f"{s.cycle}-cycle")
     ax.set_xlabel("iteration")
-    ax.set_ylabel("C-point residual ‖r‖ (2-norm over the level's C-points)")
+    ax.set_ylabel("C-point residual ‖r‖ (2-norm)")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(alpha=0.3, which="major")
     ax.set_title(f"{title}\n{settings}" if title else settings, fontsize="medium")
