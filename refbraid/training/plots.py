@@ -199,7 +199,7 @@ def plot_solver_history(history: list[dict[str, Any]], title: str | None = None)
     series = {k: v for k, v in series.items() if any(x is not None for x in v)}
     if not series:
         return None
-    fig = Figure(figsize=(6.4, 4.2), layout="constrained")
+    fig = Figure(figsize=(7.6, 4.4), layout="constrained")
     ax = fig.subplots()
     drawn = 0
     for (label, values), style in zip(series.items(), ("o-", "s-", "^--"), strict=False):
@@ -222,8 +222,8 @@ def plot_solver_history(history: list[dict[str, Any]], title: str | None = None)
     ax.set_title(title or "layer-parallel MGRIT: final residuals per batch", fontsize="medium")
     fig.text(0.01, 0.005, "A fixed number of MGRIT cycles per solve: the residual is what they "
              "leave, not a convergence history.\nIt follows the weights (larger ‖W‖, less "
-             "contractive layers) and rises as training grows them;\nwhat it costs the gradient "
-             "is measured with --check-gradient-every (gradient_error.png).",
+             "contractive layers) and rises as training grows them;\nwhat it costs the gradient: "
+             "gradient_error.png (final weights), --check-gradient-every (during training).",
              fontsize="x-small", color="0.3", va="bottom")
     fig.get_layout_engine().set(rect=(0, 0.12, 1, 0.88))
     return fig
