@@ -248,7 +248,7 @@ show(fig, "12_data_space_depth")
 # ranks (threads of this process, no MPI), on even and uneven splits, one-row blocks included.
 
 # %%
-from refbraid.lessons import exercises, solutions
+from refbraid.lessons import exercises
 
 
 def halo_adjoint(dy_halo, counts):
@@ -257,7 +257,6 @@ def halo_adjoint(dy_halo, counts):
 
 
 exercises.check_halo_adjoint(halo_adjoint)
-assert exercises.check_halo_adjoint(solutions.halo_adjoint)
 
 
 # %% [markdown]
@@ -278,4 +277,3 @@ def stale_merge(theta_now, sent_sum, n_nodes, wait):
 
 
 exercises.check_stale_merge(stale_merge)
-assert exercises.check_stale_merge(solutions.stale_merge)

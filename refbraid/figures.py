@@ -5,9 +5,6 @@ Trains the default ``refbraid train`` configuration (Peaks, ResNet; see
 ``--serial`` — with the same seed, and writes, atomically, with the Agg backend:
 
 * ``training_curves.png``        loss and accuracy per epoch, serial vs layer-parallel;
-* ``peaks_decision_regions.png`` validation points and the decision regions (serial run);
-* ``peaks_trajectories.png``     y[n], n = 0..N, of a few validation points per class
-  through the layers (serial run; two principal directions);
 * ``mgrit_residuals.png``        a forward MGRIT solve through the trained network, iterated
   to convergence: residual per iteration on every level;
 * ``gradient_error.png``         layer-parallel gradient error vs MGRIT cycles at the
@@ -21,10 +18,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 from matplotlib.figure import Figure
 
-from .data.peaks import peaks_labels
 from .gradient_error import gradient_error_study, plot_gradient_error
 from .layer_parallel import forward_problem
 from .mgrit import MGRITSettings, solve
@@ -33,11 +28,8 @@ from .network import group
 from .training.atomic import save_figure
 from .training.config import TrainConfig
 from .training.models import as_network_input
-from .training.plots import plot_decision_regions, plot_trajectories
 from .training.run import run_summary, setup
 from .training.trainer import fit, select_gradient
-
-PER_CLASS = 6  # trajectories drawn per class
 
 
 def _train(config: TrainConfig, quiet: bool):
@@ -75,35 +67,26 @@ def make_figures(out: str | Path = "figures", config: TrainConfig | None = None,
     for serial in (True, False):
         runs["serial" if serial else "layer-parallel"] = _train(replace(config, serial=serial),
                                                                 quiet)
-    net, data, bk, serial_state = runs["serial"]
+    net, data, bk, _ = runs["serial"]
     lp_state = runs["layer-parallel"][3]
     final = {k: v[3].history[-1]["val_acc"] for k, v in runs.items()}
     title = (f"{data.name}, {config.model}: N = {config.layers}, width {config.width}, "
              f"T = {config.T:g}; val acc serial {100 * final['serial']:.1f}%, "
-             f"layer-parallel {100 * final['layer-parallel']:.1f}%")
+             f"layer-parallel {100 * final['layer-parallel']:.1f}%\nlayer-parallel: MGRIT, "
+             f"{config.levels} levels, cfactor {config.cfactor}, {config.fwd_iters} forward / "
+             f"{config.bwd_iters} adjoint cycles after the skipped first")
     histories = {k: v[3].history for k, v in runs.items()}
     files = {"curves": save_figure(plot_serial_vs_layer_parallel(histories, title),
                                    out / "training_curves.png")}
-    params = serial_state.params
-    if data.input_shape == (2,):
-        label_fn = peaks_labels if data.name == "peaks" else None
-        files["regions"] = save_figure(plot_decision_regions(net, params, data, bk,
-                                                             label_fn=label_fn),
-                                       out / f"{data.name}_decision_regions.png")
-    pick = np.concatenate([np.flatnonzero(data.y_val == c)[:PER_CLASS]
-                           for c in range(data.n_classes)])
-    x = as_network_input(net, data.x_val[pick])
-    files["trajectories"] = save_figure(
-        plot_trajectories(net, params, x, data.y_val[pick], data.n_classes, bk),
-        out / f"{data.name}_trajectories.png")
-
     xb = bk.asarray(as_network_input(net, data.x_train[: config.batch_size]))
     yb = bk.asarray(data.y_train[: config.batch_size])
     y0, _ = net.opening.forward(group(lp_state.params, "opening"), xb, bk)
     settings = MGRITSettings(levels=config.levels, cfactor=config.cfactor, max_iter=15,
                              abs_tol=1e-10, relax=config.relax_per_level, min_coarse=1)
     solved = solve(forward_problem(net, group(lp_state.params, "steps"), y0, bk), settings)
-    files["mgrit"] = save_figure(plot_residual_history(solved), out / "mgrit_residuals.png")
+    files["mgrit"] = save_figure(
+        plot_residual_history(solved, "the trained network's forward pass, to convergence"),
+        out / "mgrit_residuals.png")
     rows = gradient_error_study(net, lp_state.params, xb, yb, range(0, 16), bk)
     files["gradient_error"] = save_figure(
         plot_gradient_error(rows, "layer-parallel gradient at the trained weights"),

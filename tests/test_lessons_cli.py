@@ -12,7 +12,7 @@ from refbraid.cli import main
 def test_lessons_list_prints_every_lesson(capsys):
     assert main(["lessons", "list"]) == 0
     out = capsys.readouterr().out
-    assert "00  Lesson 00 — How to use this course" in out
+    assert "00  Lesson 00 — The idea in one page, and how to use this course" in out
     assert "09  Lesson 09 — Where layer-parallel training pays off" in out
 
 
@@ -63,3 +63,23 @@ def test_a_failing_lesson_is_reported_and_its_notebook_still_written(tmp_path, c
     printed = capsys.readouterr().out
     assert "FAILED: ValueError: boom" in printed and "1 of 1 lessons failed (01)" in printed
     assert (out / "01_broken.ipynb").is_file()
+
+
+def test_a_lesson_whose_module_is_missing_is_named_before_any_build(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` now fails
+    assert main(["lessons", "build", "13", "--out", "unused"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    assert "lesson(s) 13 need the optional extra `lessons`; missing: torch" in err
+    assert 'pip install -e ".[lessons]"' in err
+
+
+def test_a_lesson_run_without_its_module_stops_with_one_line(monkeypatch):
+    from refbraid.lessons import need
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(SystemExit) as stop:
+        need("torch")
+    assert str(stop.value) == ('this lesson needs `torch`, part of the optional extra '
+                               '`lessons`: pip install -e ".[lessons]" (from the refbraid '
+                               'checkout).')

@@ -85,5 +85,8 @@ def test_lesson_00_runs_as_a_script(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     runpy.run_path(str(LESSON_00), run_name="__main__")  # its own asserts are the checks
     out = capsys.readouterr().out
-    assert (tmp_path / "lesson_figures" / "00" / "00_how_to_use_this_course.png").is_file()
-    assert "FAIL  [09 ring-allreduce time]" in out and "PASS  [09 ring-allreduce time]" in out
+    for name in ("00_euler_error", "00_mgrit_iterations"):  # its two figures
+        assert (tmp_path / "lesson_figures" / "00" / f"{name}.png").is_file()
+    # its own exercise: a worked wrong answer, then the student's (untouched: TODO), no PASS
+    assert "FAIL  [00 forward Euler]" in out and "TODO  [00 forward Euler]" in out
+    assert "PASS" not in out

@@ -360,8 +360,7 @@ def test_figures_script_writes_every_png(tmp_path):
     cfg = TrainConfig(**{**SMALL, "epochs": 2, "samples": 200, "layers": 16})
     files = make_figures(tmp_path, cfg)
     assert sorted(p.name for p in files.values()) == [
-        "gradient_error.png", "mgrit_residuals.png", "peaks_decision_regions.png",
-        "peaks_trajectories.png", "training_curves.png"]
+        "gradient_error.png", "mgrit_residuals.png", "training_curves.png"]
     for p in files.values():
         assert p.read_bytes()[:4] == b"\x89PNG"
     assert not list(tmp_path.glob(".*.tmp"))

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..conventions import CONVENTIONS_FLAG, add_conventions_flag
 from ..training.atomic import atomic_write
 from .compare import Tolerances, compare, summary
 from .convert import Converted, from_state_dict, from_torch, params_from_keyed, to_state_dict
@@ -24,8 +25,11 @@ from .plots import plot_comparison
 from .xbraid import TorchBraidSettings
 
 EXIT_MISMATCH = 4  # their gradient or residuals differ from refbraid's beyond the tolerances
-_FLAG_SETTINGS = ("max_levels", "cfactor", "fwd_max_iters", "bwd_max_iters", "fwd_nrelax",
-                  "bwd_nrelax", "skip_downcycle", "fwd_finalrelax", "bwd_finalrelax", "abs_tol")
+_FLAG_SETTINGS = ("max_levels", "cfactor", "fwd_nrelax", "bwd_nrelax", "skip_downcycle",
+                  "fwd_finalrelax", "bwd_finalrelax", "abs_tol")
+#: flag → (its argparse name, XBraid's setting); the flags count in the chosen convention
+_ITER_FLAGS = {"--fwd-iters": ("fwd_iters", "fwd_max_iters"),
+               "--bwd-iters": ("bwd_iters", "bwd_max_iters")}
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -33,8 +37,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "compare", help="check a layer-parallel code's gradient and residuals against refbraid",
         description=__doc__.split("\n\n")[0].replace("``", "`"),
-        epilog="Settings use TorchBraid's counting: --fwd-iters 2 is its default (the skipped "
-               "first cycle counts). Mapping table: docs/xbraid_mapping.md.")
+        epilog="Flags count as `refbraid train` does (--fwd-iters 1 --bwd-iters 0, no final FC "
+               "relaxation: its defaults); --torchbraid-conventions counts as TorchBraid "
+               "(--fwd-iters 2 --bwd-iters 1) and adds the adjoint's final FC relaxation. A "
+               "--settings file names XBraid's setters (fwd_max_iters, bwd_finalrelax, ...), "
+               "so its counts are XBraid's either way; what it leaves out takes the chosen "
+               "convention's defaults. Mapping table: docs/xbraid_mapping.md.")
     p.add_argument("--model", required=True, help="PyTorch file (.pt/.pth) or refbraid "
                    "checkpoint (.npz)")
     p.add_argument("--spec", help="JSON/TOML spec of a plain state dict (docs/interop.md)")
@@ -43,20 +51,29 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--levels", dest="max_levels", type=int, metavar="L",
                    help="max levels (default 3)")
     p.add_argument("--cfactor", type=_ints, metavar="M", help="cfactor, or one per level: 4 or 4,2")
-    p.add_argument("--fwd-iters", dest="fwd_max_iters", type=int, metavar="K",
-                   help="forward iterations, TorchBraid's counting (default 2)")
-    p.add_argument("--bwd-iters", dest="bwd_max_iters", type=int, metavar="K",
-                   help="backward iterations, TorchBraid's counting (default 1)")
+    p.add_argument("--fwd-iters", dest="fwd_iters", type=int, metavar="K",
+                   help="forward MGRIT cycles after the skipped first down-cycle, as in "
+                   "`refbraid train` (default 1; TorchBraid's count with "
+                   "--torchbraid-conventions, default 2)")
+    p.add_argument("--bwd-iters", dest="bwd_iters", type=int, metavar="K",
+                   help="adjoint MGRIT cycles after the skipped first down-cycle (default 0; "
+                   "TorchBraid's count with --torchbraid-conventions, default 1)")
     p.add_argument("--fwd-nrelax", type=_ints, metavar="NU",
                    help="nrelax per level (default 0,1: F fine, FCF coarse)")
     p.add_argument("--bwd-nrelax", type=_ints, metavar="NU", help="the same for the adjoint")
     p.add_argument("--no-skip-downcycle", dest="skip_downcycle", action="store_const",
                    const=False, help="do the first down-cycle (XBraid skip = 0)")
     p.add_argument("--fwd-final-relax", dest="fwd_finalrelax", action="store_const",
-                   const=True, help="forward final FC relaxation (setFwdFinalFCRelax)")
+                   const=True, help="forward final FC relaxation (setFwdFinalFCRelax; off by "
+                   "default in both conventions)")
+    p.add_argument("--bwd-final-relax", dest="bwd_finalrelax", action="store_const",
+                   const=True, help="final FC relaxation of the adjoint, as TorchBraid's "
+                   "BackwardODENetApp always does (the default with --torchbraid-conventions)")
     p.add_argument("--no-bwd-final-relax", dest="bwd_finalrelax", action="store_const",
-                   const=False, help="no final FC relaxation of the adjoint (refbraid's own "
-                   "default; TorchBraid always does it)")
+                   const=False, help="no final FC relaxation of the adjoint (refbraid's "
+                   "default, as `refbraid train` trains)")
+    add_conventions_flag(p, ", and do the adjoint's final FC relaxation as TorchBraid always "
+                         "does: the settings of TorchBraid's examples")
     p.add_argument("--abs-tol", metavar="TOL", help="absolute tolerance, or `none` (default 1e-9)")
     p.add_argument("--their-gradient", metavar="NPZ",
                    help=".npz of their gradient, keyed by state-dict key (or refbraid name)")
@@ -153,9 +170,30 @@ def _from_checkpoint(path: Path, sample_shape) -> Converted:
 
 
 def settings_from(args) -> TorchBraidSettings:
-    values = read_mapping(args.settings, "settings") if args.settings else {}
+    """The settings of a ``refbraid compare`` run, in XBraid's terms (their file's keys).
+
+    refbraid's conventions by default: ``--fwd-iters``/``--bwd-iters`` count the cycles after
+    the skipped first down-cycle and no solve ends with a final FC relaxation, as ``refbraid
+    train`` trains; ``--torchbraid-conventions``: XBraid's counts and TorchBraid's final FC
+    relaxation of the adjoint (:class:`TorchBraidSettings`' defaults).
+    """
+    torchbraid = bool(getattr(args, "torchbraid_conventions", False))
+    values = {} if torchbraid else {"bwd_finalrelax": False}  # refbraid: no final FC relax
+    if args.settings:
+        values.update(read_mapping(args.settings, "settings"))
     values.update({k: getattr(args, k) for k in _FLAG_SETTINGS
                    if k != "abs_tol" and getattr(args, k, None) is not None})
+    skip = values.get("skip_downcycle", TorchBraidSettings.skip_downcycle)
+    for flag, (name, setting) in _ITER_FLAGS.items():
+        k = getattr(args, name, None)
+        if k is None:
+            continue
+        if not torchbraid and k < (0 if skip is True else 1):
+            raise ValueError(f"`{flag}` counts MGRIT cycles after the skipped first "
+                             f"down-cycle (refbraid's convention; TorchBraid's with "
+                             f"{CONVENTIONS_FLAG}): it must be >= "
+                             f"{0 if skip is True else 1}, got {k}.")
+        values[setting] = k if torchbraid or skip is not True else k + 1
     if args.abs_tol is not None:
         try:
             values["abs_tol"] = None if args.abs_tol.lower() == "none" else float(args.abs_tol)
@@ -185,6 +223,8 @@ def run(args: argparse.Namespace) -> int:
     report, grads = compare(converted, x, labels, settings, theirs_g, theirs_r, tol)
     report["settings"]["torchbraid"] = {k: getattr(tb, k) for k in tb.__dataclass_fields__
                                         if k != "unsupported"}
+    report["settings"]["conventions"] = "torchbraid" if args.torchbraid_conventions else \
+        "refbraid"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     text = json.dumps(report, indent=1, default=_plain).encode()

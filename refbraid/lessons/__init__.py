@@ -6,6 +6,8 @@
   its size from ``small()`` (``REFBRAID_LESSON_SMALL=1``: quick run).
 * ``notebooks.py``: lessons → executed ``.ipynb`` (jupytext + nbclient, the ``lessons``
   extra); ``cli.py``: ``refbraid lessons list | build``.
+* :func:`need` (``notebooks.py``): a lesson's optional import (torch), or one line naming
+  the ``lessons`` extra instead of a traceback.
 * ``exercises`` (check functions that print PASS or what is wrong) and ``solutions`` (their
   reference solutions).
 
@@ -29,5 +31,6 @@ saves is also displayed, as a PNG, in the cell that calls ``show`` for it.
 """
 
 from .figures import FIGURES_ENV, SMALL_ENV, figure_folder, in_notebook, show, small
+from .notebooks import need
 
-__all__ = ["FIGURES_ENV", "SMALL_ENV", "figure_folder", "in_notebook", "show", "small"]
+__all__ = ["FIGURES_ENV", "SMALL_ENV", "figure_folder", "in_notebook", "need", "show", "small"]

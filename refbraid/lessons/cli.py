@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{lesson.number}  {lesson.title}\n    {lesson.path}")
         return 0
     chosen = notebooks.select(lessons, args.numbers)
-    notebooks.require_extra()
+    notebooks.require_extra(chosen)
     size = "small" if args.small else "full-size"
     print(f"building {len(chosen)} lesson notebook(s), {size}, into {args.out}/")
     built = notebooks.build(args.out, small=args.small, lessons=chosen)

@@ -10,6 +10,7 @@ solutions: ``refbraid.lessons.solutions`` (same names without ``check_``).
 ======  ========================================  =================================================
 lesson  check                                     oracle
 ======  ========================================  =================================================
+00      :func:`check_euler_steps`                 the closed form (1 + hλ)ⁿ y0
 01      :func:`check_resnet_forward`              refbraid.forward on a DenseStep network
 02      :func:`check_dense_step_adjoint`          dot-product test + DenseStep.adjoint
 03      :func:`check_f_relaxation`                refbraid.mgrit.relax.f_relax
@@ -39,6 +40,7 @@ from .exercises_bias import check_bias_noise_ratio
 from .exercises_interop import check_gradient_errors, check_xbraid_report
 from .exercises_layers import (
     check_dense_step_adjoint,
+    check_euler_steps,
     check_implicit_gru_step,
     check_layernorm_adjoint,
     check_resnet_forward,
@@ -53,6 +55,7 @@ from .exercises_space import (
 
 #: lesson number → its exercises' checks (each named ``check_<solution name>``)
 EXERCISES: dict[str, tuple[Callable[..., Verdict], ...]] = {
+    "00": (check_euler_steps,),
     "01": (check_resnet_forward,),
     "02": (check_dense_step_adjoint,),
     "03": (check_f_relaxation,),

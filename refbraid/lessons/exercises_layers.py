@@ -1,4 +1,4 @@
-"""Exercise checks on layers and their adjoints (lessons 01, 02, 07, 08).
+"""Exercise checks on forward Euler, layers and their adjoints (lessons 00, 01, 02, 07, 08).
 
 Each check builds its inputs with a fixed seed, calls the student's function and compares
 with refbraid's own layer (NumPy reference backend); the adjoint checks first run the
@@ -38,6 +38,27 @@ def _adjoint_test(forward_map: Callable[[dict], np.ndarray], args: dict[str, np.
                         f"adjoint of the forward map with respect to `{name}`")
         worst = max(worst, err)
     return worst
+
+
+# ----------------------------------------------------------------------------- lesson 00
+def check_euler_steps(euler_steps: Callable, quiet: bool = False) -> Verdict:
+    """Lesson 00: ``euler_steps(y0, lam, T, N)`` → ``y[0..N]``, shape (N+1,), forward Euler for
+    ``y' = λ y`` on ``[0, T]`` with ``h = T/N``: ``y[n+1] = y[n] + h λ y[n]``. The answer is
+    known in closed form, ``y[n] = (1 + h λ)ⁿ y0``; checked for several λ, T and N."""
+
+    def body() -> str:
+        cases = ((1.0, -1.0, 3.0, 8), (2.0, -0.5, 1.0, 5), (-1.5, 0.7, 2.0, 12))
+        err = 0.0
+        for y0, lam, T, N in cases:
+            h = T / N
+            expected = y0 * (1.0 + h * lam) ** np.arange(N + 1)
+            got = as_array("y", call(euler_steps, y0, lam, T, N), expected.shape)
+            err = max(err, compare("y", got, expected, TOL,
+                                   f"y0 = {y0}, λ = {lam}, T = {T}, N = {N}: step {{0}}; "
+                                   f"h = T/N = {h:.6g}"))
+        return (f"all {len(cases)} cases match y[n] = (1 + hλ)ⁿ y0 (max rel err {err:.1e})")
+
+    return run_check("00 forward Euler", body, quiet)
 
 
 # ----------------------------------------------------------------------------- lesson 01

@@ -14,6 +14,7 @@ process's, plus ``REFBRAID_LESSON_SMALL``, ``PYTHONPATH`` leading to this refbra
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -27,7 +28,8 @@ from pathlib import Path
 from .figures import FIGURES_ENV, SMALL_ENV
 
 EXTRA = "lessons"
-EXTRA_MODULES = ("jupytext", "nbclient", "ipykernel", "nbformat")
+EXTRA_MODULES = ("jupytext", "nbclient", "ipykernel", "nbformat")  # build the notebooks
+LESSON_MODULES = ("torch",)  # what a lesson may import beyond refbraid's own dependencies
 KERNEL_NAME = "refbraid-lessons"  # the temporary kernelspec's name
 CELL_TIMEOUT = 1800  # seconds one cell may run (full-size training cells take minutes)
 NOTEBOOK_KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -88,19 +90,49 @@ def _title(path: Path) -> str:
     return path.stem
 
 
-def require_extra() -> None:
-    """Raise an ImportError naming the ``lessons`` extra when one of its modules is missing."""
+def missing_modules(lessons: Sequence[Lesson] = ()) -> list[str]:
+    """The modules of the ``lessons`` extra that do not import here: the notebook builders
+    always, and those of :data:`LESSON_MODULES` that one of ``lessons`` imports."""
+    wanted = list(EXTRA_MODULES)
+    for lesson in lessons:
+        wanted += [m for m in _imports(lesson) if m not in wanted]
     missing = []
-    for name in EXTRA_MODULES:
+    for name in wanted:
         try:
             __import__(name)
         except ImportError:
             missing.append(name)
+    return missing
+
+
+def _imports(lesson: Lesson) -> list[str]:
+    """The modules of :data:`LESSON_MODULES` that ``lesson`` imports (plainly or by
+    :func:`need`)."""
+    source = lesson.path.read_text(encoding="utf-8")
+    return [m for m in LESSON_MODULES if re.search(
+        rf"^(import|from) {m}\b|need\([\"']{m}[\"']\)", source, re.MULTILINE)]
+
+
+def require_extra(lessons: Sequence[Lesson] = ()) -> None:
+    """Raise an ImportError, one line naming the ``lessons`` extra, when a module it brings
+    is missing: the notebook builders, or a module one of ``lessons`` imports (torch)."""
+    missing = missing_modules(lessons)
     if missing:
+        users = [lesson.number for lesson in lessons if set(_imports(lesson)) & set(missing)]
+        what = f"lesson(s) {', '.join(users)} need" if users else "building notebooks needs"
         raise ImportError(
-            f"building notebooks needs the optional extra `{EXTRA}` ({', '.join(EXTRA_MODULES)}"
-            f"); missing: {', '.join(missing)}. Install it with: pip install -e \".[{EXTRA}]\" "
-            f"(from the refbraid checkout).")
+            f"{what} the optional extra `{EXTRA}`; missing: {', '.join(missing)}. Install it "
+            f"with: pip install -e \".[{EXTRA}]\" (from the refbraid checkout).")
+
+
+def need(module: str):
+    """``import module`` for a lesson, or stop with one line naming the ``lessons`` extra
+    (a script exits with it; a notebook cell shows it) instead of a traceback."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise SystemExit(f"this lesson needs `{module}`, part of the optional extra `{EXTRA}`: "
+                         f"pip install -e \".[{EXTRA}]\" (from the refbraid checkout).") from None
 
 
 def read_notebook(path: Path):
@@ -183,12 +215,13 @@ def build(out: Path | str, small: bool = False, lessons: Sequence[Lesson] | None
     import nbformat
     from nbclient.exceptions import CellExecutionError
 
-    require_extra()
+    lessons = list(lessons if lessons is not None else find_lessons())
+    require_extra(lessons)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     env = kernel_environment(small, figures)
     built = []
-    for lesson in lessons if lessons is not None else find_lessons():
+    for lesson in lessons:
         nb, target, start, error = read_notebook(lesson.path), out / f"{lesson.stem}.ipynb", \
             time.perf_counter(), ""
         try:

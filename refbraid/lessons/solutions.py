@@ -16,6 +16,15 @@ from ..layer_parallel import LayerParallelSettings
 from ..mgrit import MGRITSettings
 
 
+def euler_steps(y0: float, lam: float, T: float, N: int) -> np.ndarray:
+    """Lesson 00: forward Euler for y' = λ y on [0, T], h = T/N; returns y[0..N] (N+1,)."""
+    h = T / N
+    y = [float(y0)]
+    for _ in range(N):
+        y.append(y[-1] + h * lam * y[-1])
+    return np.array(y)
+
+
 def resnet_forward(x: np.ndarray, W: np.ndarray, b: np.ndarray, h: float) -> np.ndarray:
     """Lesson 01: y[n+1] = y[n] + h tanh(y[n] W[n]ᵀ + b[n]); returns y[0..N] (N+1, B, C)."""
     states = [x]

@@ -40,20 +40,40 @@ def _fine(result_or_n: MGRITResult, s: np.ndarray) -> np.ndarray:
     return s if r.direction == "forward" else r.hierarchy.n_steps - s
 
 
-def plot_residual_history(result: MGRITResult) -> Figure:
-    """Residual norm vs iteration: fine level (XBraid and post-cycle) and every coarse level."""
-    fig = Figure(figsize=(6, 4), layout="constrained")
+def plot_residual_history(result: MGRITResult, title: str | None = None) -> Figure:
+    """Residual norm vs iteration: fine level (XBraid and post-cycle), every relaxed coarse
+    level; the coarsest level, solved exactly, is named in the legend (it has no residual).
+
+    The fine level's two conventions coincide with F-relaxation on it (the post-cycle iterate
+    is the next relaxation's); they are then drawn once, labelled so, instead of as two lines
+    on top of each other. The title names the solve's settings (or ``title``, above them).
+    """
+    fig = Figure(figsize=(6.4, 4.4), layout="constrained")
     ax = fig.add_subplot()
     it = result.iteration_numbers
-    ax.semilogy(
-        it, result.norms, "o-", lw=2, color="k", label="level 0 (XBraid: before correction)"
-    )
-    ax.semilogy(it, result.post_cycle_norms, "x--", color="0.5", label="level 0 (after cycle)")
-    for lvl in range(1, len(result.hierarchy) - 1):
-        ax.semilogy(it, result.level_norms(lvl), "s-", ms=4, label=f"level {lvl} (FAS residual)")
+    norms, post = result.norms, result.post_cycle_norms
+    if np.allclose(norms, post, rtol=1e-12, atol=0, equal_nan=True):
+        ax.semilogy(it, norms, "o-", lw=2, color="k",
+                    label="level 0 (XBraid's ‖r‖ = after the cycle here)")
+    else:
+        ax.semilogy(it, norms, "o-", lw=2, color="k", label="level 0 (XBraid: before correction)")
+        ax.semilogy(it, post, "x--", ms=8, color="C3", label="level 0 (after cycle)")
+    n_levels = len(result.hierarchy)
+    for lvl in range(1, n_levels - 1):
+        ax.semilogy(it, result.level_norms(lvl), "s-", ms=4, color=f"C{lvl - 1}",
+                    label=f"level {lvl} (FAS residual)")
+    if n_levels > 1:
+        ax.plot([], [], " ", label=f"level {n_levels - 1}: coarsest, solved exactly (no residual)")
+    s, h = result.settings, result.hierarchy
+    relax = "/".join(s.relax_on(lvl) for lvl in range(n_levels - 1)) or "-"
+    settings = (f"MGRIT {result.direction} solve ({result.status}), N = {h.n_steps}: "
+                f"{n_levels} levels,\ncfactors {'/'.join(map(str, h.cfactors))}, relax {relax}, "
+                f"{s.cycle}-cycle")
     ax.set_xlabel("iteration")
-    ax.set_ylabel("C-point residual norm")
-    ax.set_title(f"MGRIT residuals ({result.status})")
+    ax.set_ylabel("C-point residual ‖r‖ (2-norm)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3, which="major")
+    ax.set_title(f"{title}\n{settings}" if title else settings, fontsize="medium")
     ax.legend(fontsize=8)
     return fig
 

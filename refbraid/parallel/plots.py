@@ -70,14 +70,28 @@ def _merged_boxes(events: Sequence[Event]) -> dict[tuple, list[tuple[int, float,
     return {k: [tuple(b) for b in v] for k, v in out.items()}
 
 
-def _rectangles(boxes, row_of: dict[int, int], height: float) -> np.ndarray:
-    """(n, 4, 2) corner arrays of the boxes ``(rank, t0, t1)``."""
+def _rectangles(boxes, row_of: dict[int, int], height: float,
+                x=lambda t: t) -> np.ndarray:
+    """(n, 4, 2) corner arrays of the boxes ``(rank, t0, t1)``, times through ``x``."""
     v = np.empty((len(boxes), 4, 2))
     for j, (r, t0, t1) in enumerate(boxes):
-        y = row_of[r]
-        v[j] = [(t0, y - height / 2), (t1, y - height / 2), (t1, y + height / 2),
-                (t0, y + height / 2)]
+        y, x0, x1 = row_of[r], x(t0), x(t1)
+        v[j] = [(x0, y - height / 2), (x1, y - height / 2), (x1, y + height / 2),
+                (x0, y + height / 2)]
     return v
+
+
+def _time_axis(t_range: tuple[float, float], unit: str):
+    """(x(t), axis label, shown range): times in seconds from the window's start, in ms or µs
+    when the window is short (a 20 ms step reads 0–20 ms, not 0.00025–0.0199 s)."""
+    start, end = t_range
+    scale, shown = 1.0, unit
+    if unit == "s" and end - start < 1e-3:
+        scale, shown = 1e6, "µs"
+    elif unit == "s" and end - start < 1.0:
+        scale, shown = 1e3, "ms"
+    label = f"time ({shown})" if start == 0 else f"time from the window's start ({shown})"
+    return (lambda t: (t - start) * scale), label, (0.0, (end - start) * scale)
 
 
 def plot_timeline(trace: Trace, critical_path: Sequence[Event] | None = None, *,
@@ -88,8 +102,9 @@ def plot_timeline(trace: Trace, critical_path: Sequence[Event] | None = None, *,
     critical_path  events to highlight (e.g. ``VirtualRun.critical_path``): red bars over
                    the events and red links where the path jumps between ranks
     ranks          the ranks to show (default all)
-    t_range        the time window to show (default the whole trace)
-    time_unit      label of the time axis (``'s'``, or e.g. ``'step costs'`` for unit costs)
+    t_range        the time window to show (default the whole trace), drawn from 0
+    time_unit      unit of the trace's times (``'s'``: drawn in ms or µs when the window is
+                   short; or e.g. ``'step costs'`` for unit costs)
     """
     if not isinstance(trace, Trace):
         raise TypeError(f"`trace` must be a refbraid.parallel.trace.Trace, got "
@@ -103,6 +118,8 @@ def plot_timeline(trace: Trace, critical_path: Sequence[Event] | None = None, *,
     events = [e for e in trace.events if e.rank in row_of]
     n_levels = 1 + max((e.level for e in events if e.kind == STEP), default=0)
 
+    t_end = max((e.t1 for e in events), default=1.0) or 1.0
+    x, xlabel, xlim = _time_axis(t_range if t_range is not None else (0.0, t_end), time_unit)
     height = min(12.0, max(2.5, 0.9 + 0.28 * len(shown)))
     fig = Figure(figsize=(10, height), layout="constrained")
     ax = fig.add_subplot()
@@ -110,7 +127,7 @@ def plot_timeline(trace: Trace, critical_path: Sequence[Event] | None = None, *,
     boxes = _merged_boxes(events)
     order = sorted(boxes, key=lambda c: (c[0] != "step", c[1:] if c[0] == "step" else ()))
     for cat in order:
-        verts = _rectangles(boxes[cat], row_of, ROW)
+        verts = _rectangles(boxes[cat], row_of, ROW, x)
         if cat[0] == "step":
             colour = _step_colour(cat[2], cat[1], n_levels)
             kind = "forward" if cat[1] == "forward" else "adjoint"
@@ -128,17 +145,16 @@ def plot_timeline(trace: Trace, critical_path: Sequence[Event] | None = None, *,
                              hatch="///" if cat[0] == "wait" else None, label=label))
 
     if critical_path:
-        _draw_path(ax, [e for e in critical_path if e.rank in row_of], row_of)
+        _draw_path(ax, [e for e in critical_path if e.rank in row_of], row_of, x)
         handles.append(Patch(facecolor="none", edgecolor=PATH_COLOUR, lw=2,
                              label="critical path"))
 
-    t_end = max((e.t1 for e in events), default=1.0) or 1.0
-    ax.set_xlim(*(t_range if t_range is not None else (0.0, t_end)))
+    ax.set_xlim(*xlim)
     ax.set_ylim(len(shown) - 0.5, -0.5)
     step = max(1, len(shown) // 16)
     ax.set_yticks(range(0, len(shown), step), [str(shown[i]) for i in range(0, len(shown), step)])
     ax.set_ylabel("rank")
-    ax.set_xlabel(f"time ({time_unit})")
+    ax.set_xlabel(xlabel)
     ax.set_title(title or f"timeline of {len(shown)} rank(s), {len(events)} events")
     if handles:
         ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
@@ -146,7 +162,7 @@ def plot_timeline(trace: Trace, critical_path: Sequence[Event] | None = None, *,
     return fig
 
 
-def _draw_path(ax, path: Sequence[Event], row_of: dict[int, int]) -> None:
+def _draw_path(ax, path: Sequence[Event], row_of: dict[int, int], x=lambda t: t) -> None:
     """Red bars over the path's events (touching ones merged) and red links where it
     changes rank (from the send, or the last arrival at a collective, to the next event)."""
     bars: list[list] = []
@@ -155,12 +171,13 @@ def _draw_path(ax, path: Sequence[Event], row_of: dict[int, int]) -> None:
     for e in path:
         y = row_of[e.rank]
         if prev is not None and prev.rank != e.rank:
-            links.append(((prev.t1, row_of[prev.rank]), (e.t1 if e.kind == RECV else e.t0, y)))
+            links.append(((x(prev.t1), row_of[prev.rank]),
+                          (x(e.t1 if e.kind == RECV else e.t0), y)))
         if e.t1 > e.t0 and e.kind != RECV:  # a late message is drawn as its link
-            if bars and bars[-1][1][1] == y and bars[-1][1][0] == e.t0:
-                bars[-1][1] = (e.t1, y)
+            if bars and bars[-1][1][1] == y and bars[-1][1][0] == x(e.t0):
+                bars[-1][1] = (x(e.t1), y)
             else:
-                bars.append([(e.t0, y), (e.t1, y)])
+                bars.append([(x(e.t0), y), (x(e.t1), y)])
         prev = e
     ax.add_collection(LineCollection(bars, colors=PATH_COLOUR, linewidths=2.0,
                                      capstyle="butt"))

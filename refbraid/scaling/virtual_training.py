@@ -176,7 +176,7 @@ def format_steps(rows: list[StepPrediction], serial: float) -> str:
     """The table ``refbraid scale`` prints under the scaling table."""
     lines = ["whole distributed training step (DistributedGradient, sharded, on the virtual "
              "cluster: ghost weights, both solves, λ[N] and y[0] broadcasts, state rows, "
-             "gradient rows home, ring allreduce over the groups) + extra",
+             "gradient rows home, ring allreduce over the groups) + what it does not simulate",
              f"{'P':>5} {'D×Q':>6} {'step ms':>8} {'×serial':>8} {'comm ms':>8} "
              f"{'solves-only ms':>14}"]
     lines.append("-" * len(lines[-1]))

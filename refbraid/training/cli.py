@@ -16,6 +16,7 @@ from dataclasses import fields
 
 from ..backends import BACKENDS
 from ..backends.reference import ACTIVATIONS
+from ..conventions import add_conventions_flag, refbraid_counts
 from ..data import DATASETS
 from .config import DTYPES, TrainConfig, config_from_args
 from .models import MODEL_DEFAULTS, MODELS
@@ -117,9 +118,11 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
     _add(g, "levels", int, "MGRIT levels (1: exact sequential solves)", metavar="L")
     _add(g, "cfactor", int, "coarsening factor", metavar="M")
     _add(g, "fwd_iters", int, "forward MGRIT cycles after the skipped first down-cycle "
-         "(TorchBraid counts one more)", metavar="K")
+         "(TorchBraid counts one more; see --torchbraid-conventions)", metavar="K")
     _add(g, "bwd_iters", int, "adjoint MGRIT cycles after the skipped first down-cycle",
          metavar="K")
+    add_conventions_flag(g, "; training never does a final FC relaxation, TorchBraid's "
+                         "adjoint does: `refbraid compare --torchbraid-conventions` models it")
     _add(g, "fwd_tol", float, "forward absolute residual tolerance", metavar="TOL")
     _add(g, "bwd_tol", float, "adjoint absolute residual tolerance", metavar="TOL")
     _add(g, "relax", str, "relaxation per level, finest first: F or FCF, comma-separated",
@@ -169,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     from ..parallel.mpi import is_world_root
     from .run import train
 
-    config = config_from_args(args)
+    config = config_from_args(refbraid_counts(args))
     # under mpiexec: an error on one rank ends the job (one line per failing rank), never a hang
     with abort_on_error(describe=lambda err: explain(err)[0], debug=debug_requested(args)):
         result = train(config)

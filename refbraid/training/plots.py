@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import ScalarFormatter
 
 from ..backends import get_backend
 from ..network import forward
@@ -21,32 +22,88 @@ from ..network import forward
 GRID = 200  # points per axis of the decision-region grid
 
 
+def run_title(meta: dict[str, Any], data_name: str = "") -> str:
+    """A figure title naming the run: data, model, depth and how the gradient is computed.
+
+    ``meta`` is the summary at the top of ``log.json`` (:func:`refbraid.training.run.
+    run_summary`), two lines, e.g. "peaks: resnet, 64 layers" and "layer-parallel MGRIT:
+    3 levels, cfactor 4, 1 forward / 0 adjoint cycles after the skipped first" (or "sequential
+    backprop").
+    """
+    config = meta.get("config") or {}
+    data = data_name or (meta.get("data") or {}).get("name", "")
+    head = ": ".join(filter(None, [data, meta.get("model", "")]))
+    layers = (meta.get("network") or {}).get("layers")
+    if layers:
+        head += f", {layers} layers"
+    return "\n".join(filter(None, [head, _gradient_words(meta.get("gradient", ""), config)]))
+
+
+def _gradient_words(gradient: str, config: dict[str, Any]) -> str:
+    """How a run computes its gradient, in words (its MGRIT settings when layer-parallel)."""
+    if config.get("serial") or gradient == "sequential":
+        return "sequential backprop"
+    if not config:
+        return gradient
+    words = f"layer-parallel MGRIT: {config.get('levels')} levels"
+    if config.get("cfactor"):
+        words += f", cfactor {config['cfactor']}"
+    fwd, bwd = config.get("fwd_iters"), config.get("bwd_iters")
+    if fwd is not None and bwd is not None:
+        words += f", {fwd} forward / {bwd} adjoint cycles after the skipped first"
+    return words
+
+
+def _series(history: list[dict[str, Any]], key: str, scale: float = 1.0) -> list[float]:
+    """``key`` of every epoch, NaN where an epoch has none (a resumed run may switch between
+    layer-parallel and sequential training, and only the former measures some keys)."""
+    return [scale * r[key] if r.get(key) is not None else np.nan for r in history]
+
+
 def plot_training_curves(history: list[dict[str, Any]], title: str | None = None) -> Figure:
     """Two panels: train/validation loss and train/validation accuracy against the epoch.
 
     A layer-parallel run's accuracy is measured with the forward pass it trains (the MGRIT
     solve, labelled so); when the history also holds ``val_acc_sequential_forward``, the same
-    weights under the exact sequential forward pass are drawn beside it.
+    weights under the exact sequential forward pass are drawn beside it. A history that
+    switches between layer-parallel and sequential epochs (``--resume RUN --serial``) draws
+    each series where it was measured and marks the switch.
     """
-    fig = Figure(figsize=(8.0, 3.2), layout="constrained")
+    fig = Figure(figsize=(8.0, 3.4), layout="constrained")
     ax_loss, ax_acc = fig.subplots(1, 2)
     epochs = [r["epoch"] for r in history]
     for key, label, style in (("train_loss", "train", "-"), ("val_loss", "validation", "--")):
-        ax_loss.plot(epochs, [r.get(key) for r in history], style, label=label)
-    exact = any(r.get("val_acc_sequential_forward") is not None for r in history)
-    trained = " (trained forward: MGRIT)" if exact else ""
+        ax_loss.plot(epochs, _series(history, key), style, label=label)
+    exact = [r.get("val_acc_sequential_forward") is not None for r in history]
+    trained = " (trained forward: MGRIT)" if all(exact) else ""
     for key, label, style in (("train_acc", "train" + trained, "-"),
                               ("val_acc", "validation" + trained, "--"),
                               ("val_acc_sequential_forward", "validation (exact forward)", ":")):
-        if key in history[0]:
-            ax_acc.plot(epochs, [100 * r[key] for r in history], style, label=label)
+        values = _series(history, key, 100.0)
+        if not np.all(np.isnan(values)):
+            ax_acc.plot(epochs, values, style, marker="." if len(epochs) < 30 else None,
+                        label=label)
+    for prev, here, epoch in zip(exact, exact[1:], epochs[1:], strict=False):
+        if prev != here:  # a resumed run switched how it computes the gradient
+            before, after = ("sequential", "layer-parallel") if here else \
+                ("layer-parallel", "sequential")
+            for ax in (ax_loss, ax_acc):
+                ax.axvline(epoch - 0.5, color="0.5", lw=1, ls="-.")
+            ax_acc.text(epoch - 0.5, 3, f"{before} ", ha="right", fontsize="small", color="0.3")
+            ax_acc.text(epoch - 0.5, 3, f" {after}", ha="left", fontsize="small", color="0.3")
     ax_loss.set(xlabel="epoch", ylabel="cross-entropy loss", yscale="log")
+    low, high = ax_loss.get_ylim()
+    if high < 10 * low:  # less than a decade: plain numbers, not 1.4×10⁰
+        for axis in (ax_loss.yaxis.set_major_formatter, ax_loss.yaxis.set_minor_formatter):
+            axis(ScalarFormatter())
+    for ax in (ax_loss, ax_acc):
+        ax.xaxis.get_major_locator().set_params(integer=True)
     ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", ylim=(0, 100))
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize="small")
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, fontsize="medium")
     return fig
 
 
@@ -126,30 +183,47 @@ def plot_trajectories(net, params, x, labels, n_classes: int, bk="numpy") -> Fig
 
 def plot_solver_history(history: list[dict[str, Any]], title: str | None = None) -> Figure | None:
     """Per-epoch mean final MGRIT residual norms (forward, adjoint) and, where measured, the
-    relative gradient error against sequential backprop; None for a run without MGRIT stats."""
+    relative gradient error against sequential backprop; None for a run without MGRIT stats.
+
+    Training runs a fixed number of MGRIT cycles, so these residuals are what those cycles
+    leave, not a convergence history: they follow the weights (a larger ‖W‖ makes each
+    layer's map less contractive) and rise as training grows them. The figure says so under
+    the axes, and draws the first epoch's forward residual as a reference line.
+    """
     epochs = [r["epoch"] for r in history]
     series = {
-        "forward residual": [r["stats"].get("fwd_res") for r in history],
-        "adjoint residual": [r["stats"].get("bwd_res") for r in history],
-        "gradient rel. error": [r["stats"].get("grad_error") for r in history],
+        "forward residual": [(r.get("stats") or {}).get("fwd_res") for r in history],
+        "adjoint residual": [(r.get("stats") or {}).get("bwd_res") for r in history],
+        "gradient rel. error": [(r.get("stats") or {}).get("grad_error") for r in history],
     }
     series = {k: v for k, v in series.items() if any(x is not None for x in v)}
     if not series:
         return None
-    fig = Figure(figsize=(5.5, 3.4), layout="constrained")
+    fig = Figure(figsize=(7.6, 4.4), layout="constrained")
     ax = fig.subplots()
     drawn = 0
     for (label, values), style in zip(series.items(), ("o-", "s-", "^--"), strict=False):
         pts = [(e, v) for e, v in zip(epochs, values, strict=True) if v is not None and v > 0]
         if pts:
-            ax.semilogy([p[0] for p in pts], [p[1] for p in pts], style, ms=3, label=label)
+            line, = ax.semilogy([p[0] for p in pts], [p[1] for p in pts], style, ms=3,
+                                label=label)
+            if label == "forward residual":
+                ax.axhline(pts[0][1], color=line.get_color(), lw=0.8, ls=":",
+                           label=f"forward residual at epoch {pts[0][0]} ({pts[0][1]:.3g})")
             drawn += 1
-    ax.set(xlabel="epoch", ylabel="mean over the epoch's batches")
+    ax.set(xlabel="epoch", ylabel="mean over the epoch's batches (2-norm)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(alpha=0.3, which="both")
     if drawn:
-        ax.legend()
+        ax.legend(fontsize="small")
     else:  # one MGRIT level: sequential substitution leaves no residual
         ax.text(0.5, 0.5, "all residuals are zero (exact solves)", ha="center",
                 transform=ax.transAxes)
-    ax.set_title(title or "layer-parallel MGRIT: final residuals per batch")
+    ax.set_title(title or "layer-parallel MGRIT: final residuals per batch", fontsize="medium")
+    fig.text(0.01, 0.005, "A fixed number of MGRIT cycles per solve: the residual is what they "
+             "leave, not a convergence history.\nIt follows the weights (larger ‖W‖, less "
+             "contractive layers) and rises as training grows them;\nwhat it costs the gradient: "
+             "gradient_error.png (final weights), --check-gradient-every (during training).",
+             fontsize="x-small", color="0.3", va="bottom")
+    fig.get_layout_engine().set(rect=(0, 0.12, 1, 0.88))
     return fig

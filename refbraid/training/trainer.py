@@ -70,7 +70,7 @@ from .gradients import (  # noqa: F401  (re-exported: the trainer's public gradi
 )
 from .models import as_network_input
 from .optim import Optimizer
-from .plots import plot_solver_history, plot_training_curves
+from .plots import plot_solver_history, plot_training_curves, run_title
 
 Params = dict[str, Any]
 
@@ -173,7 +173,8 @@ class _RunFiles:
         if self.out is not None and state.history:
             self.files["curves"] = save_figure(plot_training_curves(state.history, self.title),
                                                self.out / CURVES_FILE)
-            solver = plot_solver_history(state.history)
+            solver = plot_solver_history(state.history,
+                                         f"MGRIT final residuals per batch, {self.title}")
             if solver is not None:
                 self.files["mgrit"] = save_figure(solver, self.out / MGRIT_FILE)
 
@@ -228,7 +229,7 @@ def fit(net: Network, state: TrainState, data: Dataset, gradient: GradientFn, *,
     stream = stream or sys.stdout
     meta = dict(meta or {})
     out = Path(out_dir) if out_dir is not None and getattr(gradient, "is_root", True) else None
-    run_files = _RunFiles(out, meta, f"{data.name}: {meta.get('model', '')}".rstrip(": "))
+    run_files = _RunFiles(out, meta, run_title(meta, data.name))
     if out is not None and (out / CHECKPOINT_FILE).exists() and state.epoch:
         run_files.checkpoint_epoch = state.epoch  # resumed from this folder's checkpoint
     x_train = as_network_input(net, data.x_train)

@@ -59,7 +59,8 @@ CASES = [  # (extra args replacing defaults, message fragment)
     ({"--settings": "s_unknown.json"}, r"unknown setting\(s\) \['max_level'\]"),
     ({"--settings": "s_cwt.toml"}, "XBraid setting `crelax_wt` cannot be mapped"),
     ({"--abs-tol": "abc"}, "`--abs-tol` must be a number or `none`"),
-    ({"--fwd-iters": "0"}, "`fwd_max_iters` must be an integer >= 1"),
+    ({"--fwd-iters": "-1"}, "`--fwd-iters` counts MGRIT cycles after the skipped first "
+                            "down-cycle .* must be >= 0, got -1"),
     ({"--their-residuals": "r_bad.json"}, "residuals file .*r_bad.json is not valid json"),
     ({"--their-gradient": "g_missing.npz"}, "the their gradient has no `closing.bias`"),
     ({"--their-gradient": "g_shape.npz"}, r"`steps.2.0.weight` has shape \(4, 3\), the weight "
