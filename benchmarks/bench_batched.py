@@ -4,7 +4,7 @@
 
 Problems (refbraid.mgrit.pymgrit_twins): PyMGRIT's Dahlquist (λ = -1, t ∈ [0, 5], backward
 Euler) and its Heat1D example (x ∈ [0, 1], ``--nx`` grid points, a = 1, t ∈ [0, 2], backward
-Euler, forcing with exact solution sin(πx) cos t). Settings of issue 10: 3 levels, cfactor 4,
+Euler, forcing with exact solution sin(πx) cos t). Settings: 3 levels, cfactor 4,
 FCF, nested iteration (refbraid ``fmg=True``), PyMGRIT tol 1e-10.
 
 Each row solves one problem three ways:

@@ -1,4 +1,4 @@
-"""Gradient bias of layer-parallel GPT training, and what controlling it costs (issue 13).
+"""Gradient bias of layer-parallel GPT training, and what controlling it costs.
 
 Trains the GPT of ``refbraid train --model gpt`` on ``lm-reverse`` once per setting, each in a
 fresh run folder (``--out``, default a temporary folder), and prints three tables from the

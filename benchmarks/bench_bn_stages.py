@@ -1,5 +1,5 @@
 """Batch norm inside the layer-parallel section: accuracy of layer-parallel vs serial training
-of the conv-stages network (issue 12C).
+of the conv-stages network.
 
 ``refbraid train --model conv-stages`` on digits with the model's defaults (16 layers in two
 stages, width 4, 2×2 average pool + zero channels between them, MGRIT 3 levels, cfactor 2,

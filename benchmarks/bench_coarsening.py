@@ -1,5 +1,5 @@
 """Spatial coarsening in MGRIT for a conv ODE-net: convergence, gradient error, step cost and
-the predicted speedup over serial on P = 8…1024 virtual ranks (issue 12, TorchBraid's ~10×).
+the predicted speedup over serial on P = 8…1024 virtual ranks.
 
     python benchmarks/bench_coarsening.py [--repeat 5] [--quick] [--backend numba]
                                           [--skip-convergence]

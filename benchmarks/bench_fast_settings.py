@@ -1,4 +1,4 @@
-"""MGRIT settings whose ideal 2-rank step beats serial, by the virtual cluster (issue 10, item 6).
+"""MGRIT settings whose ideal 2-rank step beats serial, by the virtual cluster.
 
     python benchmarks/bench_fast_settings.py [--layers 128] [--ranks 2] [--dtypes float64 float32]
         [--no-error]

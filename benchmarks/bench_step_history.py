@@ -1,4 +1,4 @@
-"""Does a training step's time depend on what ran before it in the process? (issue 10, item 6)
+"""Does a training step's time depend on what ran before it in the process?
 
     python benchmarks/bench_step_history.py [--layers 128] [--dtype float64] [--repeat 15]
         [--rounds 2] [--histories none bench_mpi] [--mallocs default pinned heap]

@@ -102,7 +102,7 @@ def main(argv=None) -> None:
               f"{info.forward.norms[-1]:>9.2e} {np.sqrt(num / den):>9.2e}")
     print("work ratio = Φ applications of the layer-parallel gradient / those of serial "
           "backprop;\noverhead = time ratio / work ratio (1.0: the solver costs nothing beyond "
-          "its steps; issue 10's target is <= 1.15);\nwith P ranks and perfect overlap the "
+          "its steps; the target is <= 1.15);\nwith P ranks and perfect overlap the "
           "layer-parallel gradient needs P well above the work ratio to win.")
 
 

@@ -4,7 +4,7 @@
         [--dtypes float64 float32] [--backend numba] [--ranks 2]
         [--settings torchbraid|2level|fast|fast-2level] [--default-malloc]
 
-Issue 10, item 6: TorchBraid's MNIST conv network (``--model conv``: ConvLift(1→4) + ReLU,
+TorchBraid's MNIST conv network (``--model conv``: ConvLift(1→4) + ReLU,
 N ConvSteps 3×3 on 28×28, close Linear(4·28·28 → 10); batch 50; TorchBraid's settings: 3
 levels, cfactor 4, 2 forward / 1 adjoint iterations), one training step (gradient + Adam):
 

@@ -6,7 +6,7 @@ with TorchBraid's settings in two variants, *alternating call by call* in one pr
 both see the same machine load and allocator history), CPU time (``time.process_time``):
 
 * ``fresh``: no workspace, and steps never handed ``out=`` (every F-step's result a new
-  array copied into the iterate: the solver before issue 10e, except the smaller fixes);
+  array copied into the iterate: the solver before kept per-level arrays, minus small fixes);
 * ``kept``: a :class:`refbraid.mgrit.GradientWorkspace` reused by every call, and ``out=``.
 
 Prints the medians, their ratio, and whether the gradients of both are bit-identical.
