@@ -304,7 +304,7 @@ def check_inputs(net: Network, params, x, labels=None) -> np.dtype:
 
 
 def check_batch(net: Network, x, labels=None) -> None:
-    """Validate a batch: shape (B, *opening.in_shape), finite values, labels in range."""
+    """Validate a batch: shape ``(B, *opening.in_shape)``, finite values, labels in range."""
     shape = tuple(net.opening.in_shape)
     if getattr(x, "ndim", None) != len(shape) + 1 or tuple(x.shape[1:]) != shape:
         raise ValueError(f"`x` must have shape (batch, {', '.join(map(str, shape))}), "
