@@ -5,6 +5,13 @@ docstrings that do not parse, pages outside the table of contents)::
 
     python -m sphinx -W --keep-going -b html docs docs/_build/html
 
+Why Sphinx (with MyST-NB) rather than MkDocs: it is what the scientific-Python projects
+this one learns from use (NumPy, SciPy, matplotlib, PyMGRIT); the docstrings are already
+reStructuredText (double-backquoted literals, ``:class:`` roles, simple tables), which autodoc renders as
+written, where mkdocstrings expects Markdown or Google-style docstrings; ``-W`` turns every
+warning (a broken link, a page outside the table of contents) into an error; and MyST-NB
+shows notebooks that were executed elsewhere without running them again.
+
 Sources: the Markdown pages in ``docs/`` (MyST), the API reference from the docstrings
 (autodoc + autosummary), the lessons as notebooks that were **already executed** (MyST-NB
 renders them with ``nb_execution_mode = "off"``; nothing runs them a second time), and
