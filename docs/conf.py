@@ -7,8 +7,9 @@ docstrings that do not parse, pages outside the table of contents)::
 
 Why Sphinx (with MyST-NB) rather than MkDocs: it is what the scientific-Python projects
 this one learns from use (NumPy, SciPy, matplotlib, PyMGRIT); the docstrings are already
-reStructuredText (double-backquoted literals, ``:class:`` roles, simple tables), which autodoc renders as
-written, where mkdocstrings expects Markdown or Google-style docstrings; ``-W`` turns every
+reStructuredText (double-backquoted literals, ``:class:`` roles, simple tables), which
+autodoc renders as written, where mkdocstrings expects Markdown or Google-style docstrings;
+``-W`` turns every
 warning (a broken link, a page outside the table of contents) into an error; and MyST-NB
 shows notebooks that were executed elsewhere without running them again.
 
