@@ -4,7 +4,7 @@ For MGRIT settings S (forward and adjoint), the measured quantity is
 
     e(S) = ‖g_MGRIT(S) − g_backprop‖₂ / ‖g_backprop‖₂
 
-over all parameters together, with the loss error |L_MGRIT − L| beside it. With one level,
+over all parameters together, with the loss error ``|L_MGRIT − L|`` beside it. With one level,
 e = 0 to round-off; with several levels, e must fall as the iterations grow and reach round-off
 once both solves have converged. ``refbraid verify --layer-parallel`` prints this table for the
 default training network; the tests check that it decays.

@@ -135,7 +135,7 @@ def stacked_rows(rows, idx: np.ndarray, bk: Backend):
 
     Always a gathered, contiguous copy, also for evenly spaced rows: ``np.matmul`` over a
     strided view of stacked weights (every 4th layer's W) ran 1.5–4.5× slower than over the
-    copy at k = 32–128 rows (the copy itself costs 1–2 % of that), measured for issue 10."""
+    copy at k = 32–128 rows (the copy itself costs 1–2 % of that), measured."""
     if hasattr(rows, "shape"):
         return rows[idx]
     return bk.xp.stack([rows[i] for i in idx.tolist()])
@@ -304,7 +304,7 @@ def check_inputs(net: Network, params, x, labels=None) -> np.dtype:
 
 
 def check_batch(net: Network, x, labels=None) -> None:
-    """Validate a batch: shape (B, *opening.in_shape), finite values, labels in range."""
+    """Validate a batch: shape ``(B, *opening.in_shape)``, finite values, labels in range."""
     shape = tuple(net.opening.in_shape)
     if getattr(x, "ndim", None) != len(shape) + 1 or tuple(x.shape[1:]) != shape:
         raise ValueError(f"`x` must have shape (batch, {', '.join(map(str, shape))}), "

@@ -11,8 +11,19 @@ Backends: :data:`BACKEND_PARAMS` lists numpy, numba, cuda (test id ``cudasim`` w
 simulated) and cupy; use ``@pytest.mark.parametrize("backend_name", BACKEND_PARAMS)`` with
 :func:`backend_or_skip`, or the ``backend`` fixture (a :class:`refbraid.backends.Backend`).
 Only cupy may skip, and only when no GPU is present. On a GPU machine,
-``NUMBA_ENABLE_CUDASIM=0 pytest -m gpu`` runs every test of the cupy and cuda backends and
-tests/test_gpu.py (README, "GPU").
+``NUMBA_ENABLE_CUDASIM=0 pytest -m gpu -n 0`` runs every test of the cupy and cuda backends
+and tests/test_gpu.py (README, "One GPU").
+
+Selections (``pyproject.toml``; docs/testing.md): pytest-xdist runs the tests on every core
+(``-n auto``), and the default ``-m "not slow and not mpi"`` leaves out the markers below;
+``-m "not mpi"`` and ``-m mpi -n 0 -v`` run the rest (CI runs both). Markers:
+
+* ``slow``: an end-to-end run (training, a lesson, a fault injected into a real process);
+* ``mpi``: launches ``mpiexec``;
+* ``gpu``: needs a real CUDA GPU;
+* ``docs``: opens the built documentation site in headless Chromium.
+
+Under ``mpiexec`` (tests/mpi) every rank is one pytest process: no xdist workers there.
 """
 
 import os
@@ -57,3 +68,29 @@ def backend_or_skip(name: str) -> Backend:
 def backend(request) -> Backend:
     """Every backend in turn (cupy skipped without a GPU)."""
     return backend_or_skip(request.param)
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` means no workers under ``mpiexec``: every rank is one pytest process."""
+    from refbraid.parallel.mpi import launched_by_mpiexec
+
+    return 0 if launched_by_mpiexec() else None
+
+
+#: Tests marked ``slow`` here rather than in their files: end-to-end runs that took 25 s or more
+#: each in a timed run (``pytest --durations``; 2 cores shared with other work, so several
+#: times an idle machine's seconds). Matched as node-id prefixes.
+SLOW_TESTS = (
+    "tests/test_lessons.py::test_lesson_runs_in_small_mode_and_saves_its_figure",  # every lesson
+    "tests/test_lesson_10.py::test_lesson_10_runs_in_small_mode_and_saves_its_figure",
+    "tests/test_cudasim_training_step.py::test_host_array_mode_copies_inside_the_kernels_only",
+    "tests/test_train_cli.py::test_checkpoint_and_resume_through_the_cli",
+    "tests/test_verify_cli.py::test_verify_torch",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests of :data:`SLOW_TESTS` ``slow`` (deselected by the default selection)."""
+    for item in items:
+        if item.nodeid.startswith(SLOW_TESTS):
+            item.add_marker(pytest.mark.slow)

@@ -1,6 +1,10 @@
 """Every lesson, executed as a Jupyter notebook (jupytext + nbclient, small sizes), shows each
 figure it makes as a PNG output of the cell that makes it.
 
+With ``REFBRAID_LESSON_NOTEBOOKS_OUT=DIR`` (set by ``.ci/run``) each notebook that passes is
+also written to ``DIR/NN_name.ipynb``: the documentation build shows those, so CI executes
+every lesson once.
+
 The kernel runs from a kernelspec in a temporary folder (no user kernelspec needed) with this
 process's environment: one thread, the CUDA simulator, ``REFBRAID_LESSON_SMALL=1``,
 ``PYTHONPATH`` leading to this checkout, and ``REFBRAID_LESSON_FIGURES`` set, so that
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +32,7 @@ from refbraid.lessons.figures import METADATA_KEY
 LESSONS = notebooks.find_lessons()
 SHOW_CALL = re.compile(r"(?<![\w.])show\(")
 NEW_FIGURE = re.compile(r"^(\w+) = Figure\(", re.MULTILINE)
+KEEP_ENV = "REFBRAID_LESSON_NOTEBOOKS_OUT"  # where passing notebooks are kept (CI: for the docs)
 
 
 def _param(lesson):
@@ -69,6 +75,12 @@ def test_lesson_runs_as_a_notebook_with_every_figure_in_its_cell(lesson, tmp_pat
     saved = sorted(p.stem for p in figures.glob("*.png")) if figures.is_dir() else []
     assert sorted(shown) == saved, f"{lesson.stem}: displayed {sorted(shown)}, saved {saved}"
     assert saved, f"{lesson.stem} made no figure"
+    keep = os.environ.get(KEEP_ENV)
+    if keep:  # for the documentation build (docs/conf.py reads this folder)
+        import nbformat
+
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, Path(keep) / f"{lesson.stem}.ipynb")
 
 
 def test_lessons_list_and_the_kernel_environment(tmp_path, monkeypatch):

@@ -7,6 +7,7 @@ data-parallel split stops the job with the explanation; a job past its timeout i
 Every launch has a timeout, so nothing here can hang.
 """
 
+import time
 from pathlib import Path
 
 import pytest
@@ -37,8 +38,13 @@ def test_launch_arguments_are_checked():
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_mpi_suite_passes(n):
+    start = time.perf_counter()
     run = run_mpi(n, ["-m", "pytest", "tests/mpi", "-q", "-p", "no:cacheprovider"],
                   timeout=SUITE_TIMEOUT, cwd=ROOT)
+    summary = next((line.strip(" =") for line in reversed(run.output.splitlines())
+                    if " passed" in line or " failed" in line), "no pytest summary")
+    print(f"\nmpiexec -n {n} tests/mpi: {summary} ({time.perf_counter() - start:.0f} s)",
+          flush=True)  # progress: with -s one line per rank count as it finishes
     assert run.ok, f"mpiexec -n {n} tests/mpi failed:\n{run.output[-6000:]}"
     assert " passed" in run.output and " failed" not in run.output
 

@@ -1,4 +1,4 @@
-"""Batch norm inside the layer-parallel section (issue 12C): BN conv steps in the stages and a
+"""Batch norm inside the layer-parallel section: BN conv steps in the stages and a
 BN transition between them. Converged MGRIT gives sequential backprop's gradient; the running
 statistics are updated once per training step from the final fine forward sweep (TorchBraid's
 rule), so with converged MGRIT they equal serial training's, and an inexact run still updates

@@ -9,7 +9,7 @@ name     samples             input shape   source
 peaks    ``n_samples`` 5000  (2,)          generated from the seed (peaks.py)
 digits   1,797               (1, 8, 8)     ``sklearn.datasets.load_digits`` (offline)
 mnist    60,000              (1, 28, 28)   IDX files in ``data_dir`` (mnist_idx.py)
-voxels   ``n_samples`` 800   (1, 16,16,16) generated 3-D shapes, 4 classes (voxels.py)
+voxels   ``n_samples`` 800   (1,16,16,16)  generated 3-D shapes, 4 classes (voxels.py)
 seq-*    ``n_samples`` 2000  (L, I), (T,)  generated sequence tasks (sequences.py)
 lm-*     ``n_samples`` 2000  (T,)          generated language, next-token (language.py)
 =======  ==================  ============  ========================================

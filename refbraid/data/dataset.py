@@ -28,7 +28,7 @@ STD_FLOOR = 1e-12  # standard deviations below this are treated as 1 (a constant
 class Dataset:
     """A classification data set, already split and normalised.
 
-    ``x_*`` has shape (n, *input_shape) and ``y_*`` shape (n,) with integer labels in
+    ``x_*`` has shape ``(n, *input_shape)`` and ``y_*`` shape (n,) with integer labels in
     [0, n_classes). ``mean`` and ``std`` are the normalisation constants (broadcastable to
     one sample) so new raw inputs can be mapped with :meth:`normalise`; ``info`` holds
     loader-specific facts (e.g. the Peaks band edges).
@@ -70,7 +70,7 @@ class Dataset:
         return int(self.x_val.shape[0])
 
     def normalise(self, x_raw: np.ndarray) -> np.ndarray:
-        """Map raw inputs (n, *input_shape) the way the stored ones were: (x − μ) / s."""
+        """Map raw inputs ``(n, *input_shape)`` the way the stored ones were: (x − μ) / s."""
         return (np.asarray(x_raw, dtype=self.x_train.dtype) - self.mean) / self.std
 
     def astype(self, dtype) -> Dataset:
@@ -138,7 +138,7 @@ def make_dataset(
     image: bool = False,
     info: dict[str, Any] | None = None,
 ) -> Dataset:
-    """Check, split (seeded) and normalise raw samples x (n, *input_shape), labels y (n,).
+    """Check, split (seeded) and normalise raw samples x ``(n, *input_shape)``, labels y (n,).
 
     μ, s come from the training part: per feature for vectors, one scalar when ``image``.
     """

@@ -133,7 +133,7 @@ class GRUCell:
         return dh + dh_gates, {"W_ih": dW_ih, "W_hh": dW_hh, "b_ih": db_ih, "b_hh": db_hh, "x": dx}
 
     def step(self, params, h, dt: float, x_t, bk):
-        """step(params, h, dt, x_t) = forward({**params, "x": x_t}, h, dt); (h_new, cache)."""
+        """``step(params, h, dt, x_t) = forward({**params, "x": x_t}, h, dt)``; (h_new, cache)."""
         return self.forward({**params, "x": x_t}, h, dt, bk)
 
     # -- k steps at once (MGRIT's batched sweeps over the sequence) -----------------------

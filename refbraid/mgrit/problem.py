@@ -15,7 +15,7 @@ spans several fine steps, and the step decides what that means, e.g. step size
 
 Optionally it also supplies ``batched_step(U, starts, stops) -> array``: the same step on
 k independent intervals at once (rows ``U[j]``, fine indices ``starts[j] → stops[j]``,
-integer arrays), i.e. ``out[j] = step(U[j], starts[j], stops[j])``, shape (k, *S). MGRIT's
+integer arrays), i.e. ``out[j] = step(U[j], starts[j], stops[j])``, shape ``(k, *S)``. MGRIT's
 relaxations and residuals then make one call per sweep instead of one per interval
 (:mod:`refbraid.mgrit.batched`); ``step`` stays the definition, and the tests compare the two.
 
@@ -28,7 +28,7 @@ complex) array: an integer or bool array is rejected (its iterates would be trun
 integers; pass ``u0.astype(np.float64)``). A plain Python number is taken as float64 (or
 complex128). ``u0`` and ``g`` must be finite.
 
-Shape legend: N steps, S = state shape, so a trajectory is (N + 1, *S).
+Shape legend: N steps, S = state shape, so a trajectory is ``(N + 1, *S)``.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class Problem:
     u0         initial value: at fine index 0 (forward) or N (backward); shape S; a floating
                (or complex) array, or a Python number (taken as float64 / complex128)
     n_steps    N ≥ 1
-    g          optional forcing, shape (N + 1, *S), indexed by fine index; its entry at the
+    g          optional forcing, shape ``(N + 1, *S)``, indexed by fine index; its entry at the
                initial index is ignored (u0 is used there). None: zero.
     t          optional time grid t[0..N] (strictly increasing); default uniform on [0, 1]
     direction  'forward' or 'backward'
@@ -83,7 +83,7 @@ class Problem:
                ``interpolate(v, level, index)``; :mod:`refbraid.mgrit.transfer`), None: the
                same state on every level (coarsening in time only)
     batched_step  optional ``batched_step(U, starts, stops)``: ``step`` on k intervals at once,
-               shape (k, *S) (module docstring); None: MGRIT loops over ``step``. An object
+               shape ``(k, *S)`` (module docstring); None: MGRIT loops over ``step``. An object
                with ``step`` and ``batched_step`` methods given as ``step`` supplies both.
     """
 
@@ -255,7 +255,7 @@ class CountingStep:
         return out
 
     def many(self, U, s_starts, s_stops):
-        """Rows ``Φ(U[j]; s_starts[j] → s_stops[j])`` (solver indices), shape (k, *S)."""
+        """Rows ``Φ(U[j]; s_starts[j] → s_stops[j])`` (solver indices), shape ``(k, *S)``."""
         k = len(s_starts)
         if not self.batched:
             xp = namespace(U)
@@ -288,7 +288,7 @@ class CountingStep:
 
 
 def stacked(xp, value, n: int, out=None):
-    """``n`` copies of ``value`` stacked along a new first axis: shape (n, *value.shape)
+    """``n`` copies of ``value`` stacked along a new first axis: shape ``(n, *value.shape)``
     (written into ``out`` when given)."""
     value = xp.asarray(value)
     # a fresh C-ordered array (a copy of a broadcast view may keep the zero stride innermost,
@@ -299,7 +299,7 @@ def stacked(xp, value, n: int, out=None):
 
 
 def rhs_solver_order(problem: Problem, workspace=None):
-    """Right-hand side in solver order: ``g_s[0] = u0``, ``g_s[s] = g[i(s)]``; (N + 1, *S).
+    """Right-hand side in solver order: ``g_s[0] = u0``, ``g_s[s] = g[i(s)]``; ``(N + 1, *S)``.
 
     With a :class:`~refbraid.mgrit.workspace.Workspace` the array is the workspace's: the
     unforced one is zeroed when it is made and only its row 0 is ever written (nothing writes
@@ -337,7 +337,7 @@ def from_fine_order(problem: Problem, u_fine):
 
 
 def sequential_solve(problem) -> Any:
-    """Forward substitution in the problem's direction; returns u, shape (N + 1, *S), fine order.
+    """Forward substitution in the problem's direction; returns u ``(N + 1, *S)``, fine order.
 
     ``u[0] = u0, u[i] = Φ(u[i-1]) + g[i]`` (forward) or ``u[N] = u0, u[i] = Φ(u[i+1]) + g[i]``
     (backward): N step applications, the O(N) serial baseline every MGRIT solve is checked

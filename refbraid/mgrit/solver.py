@@ -235,7 +235,7 @@ def solve(
     problem   a :class:`Problem` (or an object with ``step``, ``u0``, ``n_steps``)
     settings  :class:`MGRITSettings` (default: two-level F-relaxation, abs_tol 1e-10)
     comm      communicator (default :class:`SerialComm`: one rank, the whole grid)
-    u_init    warm start, shape (N + 1, *S) in fine-index order (e.g. the previous solve)
+    u_init    warm start, shape ``(N + 1, *S)`` in fine-index order (e.g. the previous solve)
     layout    block partition (default: balanced over ``comm.size`` ranks)
     workspace a :class:`~refbraid.mgrit.workspace.Workspace`: the per-level arrays are kept
               there and reused by the next solve of the same shapes (the same numbers). The
@@ -351,7 +351,8 @@ def solve(
 
 
 def gather_solution(result: MGRITResult, comm, root: int = 0) -> Any | None:
-    """Whole trajectory (N + 1, *S), fine order, on ``root`` from every rank's block (else None)."""
+    """Whole trajectory ``(N + 1, *S)``, fine order, on ``root`` from every rank's blocks (else
+    None)."""
     parts = comm.gather((result.fine_indices, result.solution), root=root)
     if parts is None:
         return None

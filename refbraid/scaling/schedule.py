@@ -108,7 +108,7 @@ def simulate_schedule(n_steps: int, settings: MGRITSettings, size: int,
 
 
 def whole_solution(run: VirtualRun) -> np.ndarray:
-    """The trajectory (N + 1, *S) in fine order from the ranks' blocks of a simulated solve
+    """The trajectory ``(N + 1, *S)`` in fine order from the ranks' blocks of a simulated solve
     (assembled here, outside the simulation: no gather is charged)."""
     idx = np.concatenate([r.fine_indices for r in run.results])
     full = np.concatenate([r.solution for r in run.results], axis=0)

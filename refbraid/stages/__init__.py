@@ -1,5 +1,5 @@
 """Mixed networks: stages of ODE steps separated by shape-changing transitions, solved by
-MGRIT through states of changing shape (issue 12: TorchBraid's ``layer_blocks``).
+MGRIT through states of changing shape.
 
 ==================  ==================================================================
 module              job

@@ -1,4 +1,4 @@
-"""Gradient-bias control for layer-parallel training (issue 13; arXiv 2601.09026's finding).
+"""Gradient-bias control for layer-parallel training.
 
 Inexact MGRIT solves make the layer-parallel gradient g_LP a *biased* estimate of the
 mini-batch gradient g. Early in training the bias is small against the noise of the

@@ -1,4 +1,4 @@
-"""The GRU models under MPI: MGRIT over the sequence positions, split over ranks (issue 13).
+"""The GRU models under MPI: MGRIT over the sequence positions, split over ranks.
 
 Same mathematics as :meth:`refbraid.sequence.gru_model.GRUModel.layer_parallel_gradient`
 (same propagators :class:`~refbraid.sequence.gru_model.GRUForward` and

@@ -1,5 +1,5 @@
 """The sequence models whose parameters are not one block's, over MPI: the tied GPT and the
-two encoder–decoders (issue 13, part A). Same mathematics as in one process
+two encoder–decoders. Same mathematics as in one process
 (:mod:`refbraid.sequence.gpt_model`, :mod:`refbraid.sequence.seq2seq_model`); the blocks
 are distributed by :class:`~refbraid.training.distributed.DistributedGradient` (layer rank q
 owns the layers of its block; data-parallel groups take batch shards), and what ties the

@@ -155,7 +155,7 @@ _GPT_DEFAULTS = dict(data="lm-reverse", layers=8, width=32, T=2.0, epochs=8, lr=
                      cfactor=2, fwd_iters=2, bwd_iters=1, relax="F,FCF")
 #: The values of the ``refbraid train`` flags a user leaves unset, per model. The sequence
 #: models use cfactor 2 (8 layers or 8–16 positions allow 3 levels) and more MGRIT cycles than
-#: TorchBraid's ResNet defaults, measured on their tasks (issue-6 note):
+#: TorchBraid's ResNet defaults, measured on their tasks:
 #: * GRUs: 2 forward / 1 adjoint cycles with FCF on every level (the classic fine / implicit
 #:   coarse pair converges slowly with F: 3.3 points behind serial on digits, 0.0 with FCF);
 #: * encoder transformer: 3 / 2 cycles and lr 5e-3 (with 2 / 1 cycles the forward residual

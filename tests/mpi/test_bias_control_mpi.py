@@ -1,4 +1,4 @@
-"""``--bias-control`` under MPI (issue 13): the same measurements, the same decisions and the
+"""``--bias-control`` under MPI: the same measurements, the same decisions and the
 same trained parameters as the controller in one process.
 
 Launched like every file here (``mpiexec -n N python -m mpi4py -m pytest tests/mpi``, N = 1..4).

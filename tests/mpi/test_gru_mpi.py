@@ -1,4 +1,4 @@
-"""The GRU models under MPI (issue 13): MGRIT over the sequence positions split over ranks,
+"""The GRU models under MPI: MGRIT over the sequence positions split over ranks,
 and data parallelism, as in one process.
 
 Launched like every file here (``mpiexec -n N python -m mpi4py -m pytest tests/mpi``, N = 1..4).

@@ -1,5 +1,5 @@
-"""The tied GPT (with and without buffer layers) and both encoder–decoders under MPI (issue 13,
-part A): layer- and data-parallel gradients, and sharded training, as in one process.
+"""The tied GPT (with and without buffer layers) and both encoder–decoders under MPI:
+layer- and data-parallel gradients, and sharded training, as in one process.
 
 Launched like every file here (``mpiexec -n N python -m mpi4py -m pytest tests/mpi``, N = 1..4).
 Two MGRIT levels with cfactor 2 over 8 layers (per block) give 4 coarse intervals, so 3 ranks

@@ -1,4 +1,4 @@
-"""Token models under MPI (issue 13): the encoder transformer and the untied GPT (with and
+"""Token models under MPI: the encoder transformer and the untied GPT (with and
 without buffer layers) train over ranks, layer-parallel and data-parallel, as in one process.
 
 Launched like every file here (``mpiexec -n N python -m mpi4py -m pytest tests/mpi``, N = 1..4).

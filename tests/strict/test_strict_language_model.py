@@ -1,4 +1,4 @@
-"""The decoder-only language model (issue 13) on the strict device stand-in: the LM head, the
+"""The decoder-only language model on the strict device stand-in: the LM head, the
 per-token loss over scored tokens only (IGNORE labels), buffer layers, sequential backprop and
 the layer-parallel gradient, each against the same computation on NumPy."""
 
