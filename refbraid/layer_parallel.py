@@ -31,12 +31,14 @@ training (:mod:`refbraid.training`) both build on it; it imports neither.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .backends import Backend, batched_sweeps_on, get_backend
+from .backends import Backend, batched_sweeps_on, device_batching, get_backend
 from .backends.host import host_float
 from .layers.forward_into import adjoint_into, forward_into
 from .mgrit import GradientWorkspace, MGRITResult, MGRITSettings, Problem, solve
@@ -113,14 +115,37 @@ class LayerParallelSettings:
 
 
 # ----------------------------------------------------------------------------- the two problems
+_FORCED: list[bool] = []  # sweeps_batched's stack
+
+
+@contextmanager
+def sweeps_batched(on: bool) -> Iterator[None]:
+    """``with sweeps_batched(True):`` — :func:`batchable` answers ``on`` for every step layer
+    with a batched form, whatever the backend's rule (benchmarks compare the two paths)."""
+    _FORCED.append(bool(on))
+    try:
+        yield
+    finally:
+        _FORCED.pop()
+
+
 def batchable(net: Network, bk: Backend) -> bool:
     """Whether the propagators offer MGRIT batched steps (one call per sweep,
     :mod:`refbraid.mgrit.batched`): a step layer with ``forward_batched`` / ``adjoint_batched``
     where the backend's batched sweeps are on (:func:`~refbraid.backends.batched_sweeps_on`),
-    bit-identical to its per-step calls, that says batching pays (``batched_sweeps_pay``)."""
+    bit-identical to its per-step calls, that says batching pays: on the CPU backends the
+    layer's measured ``batched_sweeps_pay``; on the GPU backends the launch counts
+    (:func:`~refbraid.backends.device_batching.pays`). :func:`sweeps_batched` overrides."""
     layer = getattr(net, "step", None)
-    return (batched_sweeps_on(bk) and callable(getattr(layer, "forward_batched", None))
-            and getattr(layer, "batched_sweeps_pay", False))
+    if not callable(getattr(layer, "forward_batched", None)):
+        return False
+    if _FORCED:
+        return _FORCED[-1]
+    if not batched_sweeps_on(bk):
+        return False
+    if bk.name in device_batching.DEVICE_BACKENDS:
+        return device_batching.pays(layer, bk)
+    return bool(getattr(layer, "batched_sweeps_pay", False))
 
 
 @dataclass(frozen=True, eq=False)
