@@ -31,8 +31,6 @@ training (:mod:`refbraid.training`) both build on it; it imports neither.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,37 +113,15 @@ class LayerParallelSettings:
 
 
 # ----------------------------------------------------------------------------- the two problems
-_FORCED: list[bool] = []  # sweeps_batched's stack
-
-
-@contextmanager
-def sweeps_batched(on: bool) -> Iterator[None]:
-    """``with sweeps_batched(True):`` — :func:`batchable` answers ``on`` for every step layer
-    with a batched form, whatever the backend's rule (benchmarks compare the two paths)."""
-    _FORCED.append(bool(on))
-    try:
-        yield
-    finally:
-        _FORCED.pop()
-
-
 def batchable(net: Network, bk: Backend) -> bool:
     """Whether the propagators offer MGRIT batched steps (one call per sweep,
-    :mod:`refbraid.mgrit.batched`): a step layer with ``forward_batched`` / ``adjoint_batched``
-    where the backend's batched sweeps are on (:func:`~refbraid.backends.batched_sweeps_on`),
-    bit-identical to its per-step calls, that says batching pays: on the CPU backends the
-    layer's measured ``batched_sweeps_pay``; on the GPU backends the launch counts
-    (:func:`~refbraid.backends.device_batching.pays`). :func:`sweeps_batched` overrides."""
+    :mod:`refbraid.mgrit.batched`): a step layer with ``forward_batched`` / ``adjoint_batched``,
+    bit-identical to its per-step calls, where the backend's batched sweeps are on and pay: by
+    the layer's measured ``batched_sweeps_pay`` on the CPU, by launch counts on a GPU, or as
+    ``sweeps_batched`` forces (:func:`refbraid.backends.device_batching.batches`)."""
     layer = getattr(net, "step", None)
-    if not callable(getattr(layer, "forward_batched", None)):
-        return False
-    if _FORCED:
-        return _FORCED[-1]
-    if not batched_sweeps_on(bk):
-        return False
-    if bk.name in device_batching.DEVICE_BACKENDS:
-        return device_batching.pays(layer, bk)
-    return bool(getattr(layer, "batched_sweeps_pay", False))
+    return (callable(getattr(layer, "forward_batched", None))
+            and device_batching.batches(layer, bk, batched_sweeps_on(bk)))
 
 
 @dataclass(frozen=True, eq=False)

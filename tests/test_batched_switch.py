@@ -32,9 +32,11 @@ def test_other_backends_do_not():
 
 
 def test_every_gpu_step_type_batches_on_the_gpu_backends_and_the_cpu_rule_elsewhere():
-    """On cuda and cupy the launch counts decide (device_batching); on the CPU backends each
-    layer's measured ``batched_sweeps_pay`` (the conv step: off)."""
-    from refbraid.layer_parallel import batchable, sweeps_batched
+    """On cuda and cupy the launch counts decide (device_batching: the conv step batches on
+    cupy, not on cuda); on the CPU backends each layer's measured ``batched_sweeps_pay`` (the
+    conv step: off)."""
+    from refbraid.backends.device_batching import sweeps_batched
+    from refbraid.layer_parallel import batchable
     from refbraid.training.models import build_network
 
     conv = build_network("conv", (1, 4, 4), 3, 4, 2, 1.0)
@@ -42,9 +44,25 @@ def test_every_gpu_step_type_batches_on_the_gpu_backends_and_the_cpu_rule_elsewh
     numpy = get_backend("numpy")
     for name in ("cuda", "cupy"):
         gpu = Backend(name, numpy.xp, {}, ())
-        assert batchable(conv, gpu) and batchable(dense, gpu)
+        assert batchable(dense, gpu)
+    assert batchable(conv, Backend("cupy", numpy.xp, {}, ()))
+    assert not batchable(conv, Backend("cuda", numpy.xp, {}, ()))  # more launches batched
     assert not batchable(conv, numpy) and batchable(dense, numpy)
     with sweeps_batched(False):
         assert not batchable(dense, numpy)
     with sweeps_batched(True):
         assert batchable(conv, numpy)
+
+
+def test_a_device_whose_arrays_cannot_gather_rows_keeps_per_step_sweeps():
+    """The cuda backend in the simulator (array-api-strict arrays: no integer-array indices,
+    which batched sweeps gather with) stays per step; the same backend on CuPy-like arrays
+    batches."""
+    import array_api_strict
+
+    from refbraid.layer_parallel import batchable
+    from refbraid.training.models import build_network
+
+    dense = build_network("resnet", (2,), 3, 4, 4, 1.0)
+    assert not batchable(dense, Backend("cuda", array_api_strict, {}, ()))
+    assert batchable(dense, Backend("cuda", get_backend("numpy").xp, {}, ()))

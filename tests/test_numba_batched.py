@@ -12,6 +12,7 @@ import pytest
 import refbraid.layer_parallel as lp
 from refbraid import Network, get_backend, init_params
 from refbraid.backends import numba_cpu_batched, with_host_arrays
+from refbraid.backends.device_batching import sweeps_batched
 from refbraid.layer_parallel import LayerParallelSettings, layer_parallel_gradient
 from refbraid.layers import Classifier, DenseLift, DenseStep
 
@@ -147,9 +148,9 @@ def test_layer_parallel_gradient_on_cuda_is_bit_identical_batched_or_not(monkeyp
     params = init_params(net, 0)
     x, y = rng.standard_normal((3, 3)), rng.integers(0, 3, 3)
     settings = LayerParallelSettings.with_iterations(1, 1, levels=2, cfactor=2, min_coarse=1)
-    assert lp.batchable(net, get_backend("cuda"))
     bk = with_host_arrays(get_backend("cuda"))  # NumPy arrays: the batched kernels' case
-    with lp.sweeps_batched(False):
+    assert lp.batchable(net, bk)
+    with sweeps_batched(False):
         loss_p, g_p, _ = layer_parallel_gradient(net, params, x, y, settings, bk=bk)
     loss_b, g_b, _ = layer_parallel_gradient(net, params, x, y, settings, bk=bk)
     assert loss_b == loss_p

@@ -13,7 +13,7 @@ CuPy on a GPU), and the Numba kernels read and write the counting arrays' memory
 :class:`~refbraid.backends.launch_model.Tally`; :func:`gradient_counts` builds the dense,
 conv, transformer or GRU network (CI-sized widths), and counts one gradient of serial backprop,
 layer-parallel with per-step sweeps, and layer-parallel with batched sweeps
-(``refbraid.layer_parallel.sweeps_batched``). Everything is deterministic: counts, not times.
+(:func:`refbraid.backends.device_batching.sweeps_batched`). Everything is deterministic: counts, not times.
 """
 
 from __future__ import annotations
@@ -182,9 +182,9 @@ def gradient_counts(name: str, model: str, n_layers: int, mode: str, settings=No
     """The :class:`Tally` of one gradient of ``model`` with ``n_layers`` on backend ``name``
     (``cupy`` or ``cuda``), ``mode`` one of :data:`MODES`. Inputs are moved to the device
     before counting (their copies are not the gradient's)."""
-    from ..layer_parallel import sweeps_batched
     from ..network import to_backend
     from ..training.gradients import mgrit_gradient, sequential_gradient
+    from .device_batching import sweeps_batched
 
     if mode not in MODES:
         raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}.")
@@ -210,3 +210,27 @@ def table(names=("cupy",), models=MODELS, sizes=(64, 256), settings=None) -> lis
                     rows.append({"backend": name, "model": model, "N": n, "mode": mode,
                                  **t.row()})
     return rows
+
+
+def plot_launch_counts(rows: list[dict], title: str = "one gradient"):
+    """A Figure of launches (solid) and critical path (dashed) per gradient against N, one
+    colour per gradient mode; ``rows`` as :func:`table` returns (one backend and model)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for mode, colour in zip(MODES, ("black", "tab:orange", "tab:blue"), strict=True):
+        mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["N"])
+        if not mine:
+            continue
+        n = [r["N"] for r in mine]
+        ax.plot(n, [r["launches"] for r in mine], "o-", color=colour, label=f"{mode}: launches")
+        ax.plot(n, [r["critical_path"] for r in mine], "s--", color=colour,
+                label=f"{mode}: critical path")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("layers N")
+    ax.set_ylabel("kernel launches per gradient")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

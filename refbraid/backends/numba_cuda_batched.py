@@ -205,7 +205,7 @@ def _gemm(call: KernelCall, A, B, trans_a: bool, trans_b: bool, k: int, M: int, 
 def dense_forward_batched(Y, W, b, h, act: str):
     """(Y_next, Z) of k dense steps (module docstring); host arrays in and out (the
     copies are :class:`KernelCall`'s)."""
-    dtype = Y.dtype
+    dtype = mem.numpy_dtype(Y)
     k, B, C = Y.shape
     n = k * B * C
     call = KernelCall(Y, W, b, names=("Y", "W", "b"))
@@ -220,7 +220,7 @@ def dense_forward_batched(Y, W, b, h, act: str):
 
 def dense_adjoint_batched(Y, Z, dY_next, W, h, act: str, grads: bool = True):
     """(dY, dW, db) of k dense adjoint steps (module docstring); dW, db None without grads."""
-    dtype = Y.dtype
+    dtype = mem.numpy_dtype(Y)
     k, B, C = Y.shape
     n = k * B * C
     call = KernelCall(Y, Z, dY_next, W, names=("Y", "Z", "dY_next", "W"))
