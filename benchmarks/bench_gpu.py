@@ -229,8 +229,8 @@ def _torch_serial(n_layers, width, batch, dtype, warmup, repeats):
 def gradient_rows(backends, dtype, tiny, warmup, repeats):
     """One whole gradient of the dense ResNet (TorchBraid's MGRIT settings): refbraid
     layer-parallel with per-step and with batched sweeps
-    (:func:`refbraid.backends.device_batching.sweeps_batched`), refbraid serial backprop, and PyTorch
-    eager serial backprop; ``ratio`` against refbraid serial on the same backend, ``check``
+    (:func:`refbraid.backends.device_batching.sweeps_batched`), refbraid serial backprop, and
+    PyTorch eager serial backprop; ``ratio`` against refbraid serial on the same backend, ``check``
     the largest relative gradient difference batched vs per-step."""
     from refbraid.backends.device_batching import sweeps_batched
     from refbraid.training.gradients import sequential_gradient

@@ -13,7 +13,8 @@ CuPy on a GPU), and the Numba kernels read and write the counting arrays' memory
 :class:`~refbraid.backends.launch_model.Tally`; :func:`gradient_counts` builds the dense,
 conv, transformer or GRU network (CI-sized widths), and counts one gradient of serial backprop,
 layer-parallel with per-step sweeps, and layer-parallel with batched sweeps
-(:func:`refbraid.backends.device_batching.sweeps_batched`). Everything is deterministic: counts, not times.
+(:func:`refbraid.backends.device_batching.sweeps_batched`). Everything is deterministic:
+counts, not times.
 """
 
 from __future__ import annotations
