@@ -153,3 +153,26 @@ def test_bad_arguments_are_named():
         launch_count.build_model("lstm", 4, np.random.default_rng(0))
     with pytest.raises(ValueError, match="`name`"):
         launch_count.counting_backend("numpy")
+
+
+@pytest.mark.parametrize("model", ["dense", "conv", "transformer", "gru"])
+def test_the_batched_gradient_on_the_cupy_path_has_the_numpy_batched_bits(model):
+    """The cupy backend's batched sweeps (switched on there; the fused kernels' NumPy path)
+    compute the NumPy backend's batched layer-parallel gradient bit for bit."""
+    from refbraid.backends import get_backend
+    from refbraid.backends.device_batching import sweeps_batched
+    from refbraid.backends.host import to_host
+    from refbraid.network import to_backend
+    from refbraid.training.gradients import mgrit_gradient
+
+    net, params, x, labels = launch_count.build_model(model, 16, np.random.default_rng(0))
+    settings = launch_count.default_settings()
+    with sweeps_batched(True):
+        loss, want, _ = mgrit_gradient(net, settings, get_backend("numpy"))(params, x, labels)
+    with launch_count.counting("cupy") as bk:
+        got_loss, got, _ = mgrit_gradient(net, settings, bk)(to_backend(params, bk),
+                                                             bk.asarray(x), bk.asarray(labels))
+        got = {k: to_host(v) for k, v in got.items()}
+    assert got_loss == loss
+    for k, v in want.items():
+        np.testing.assert_array_equal(got[k], v, err_msg=k)
