@@ -30,6 +30,7 @@ reference operations instead (``benchmarks/count_launches.py --unfused``).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -105,8 +106,7 @@ class Fused:
                 f"  if (i >= n) return;\n  {loads}\n  {self.source(act)};\n}}\n")
 
     def __call__(self, act: str, *args):
-        a0 = args[0]
-        if type(a0).__module__.split(".")[0] == "cupy" and hasattr(a0, "data"):
+        if _real_cupy(args[0]):
             return self._cupy(act, *args)  # pragma: no cover - needs a GPU
         return self._counted(act, *args)
 
@@ -137,20 +137,27 @@ class Fused:
         return kernel(*args)
 
 
+def _real_cupy(a) -> bool:
+    """True for an array of an imported CuPy that can build kernels (not a stand-in)."""
+    cupy = sys.modules.get("cupy")
+    return (cupy is not None and hasattr(cupy, "ElementwiseKernel")
+            and isinstance(a, getattr(cupy, "ndarray", ())))
+
+
+# The NumPy-equivalent paths, written against the array API (they also run on stand-ins): a
+# Python float h is cast to T by the multiplication, as in the reference kernels.
 def _euler_act_ref(act, y, z, h):
-    t = _act(z, act)
-    t = t * np.asarray(h, dtype=t.dtype)  # (T)h · σ(z)
-    return y + t
+    return y + h * _act(z, act)  # reference.euler_act
 
 
 def _bias_act_euler_ref(act, p, b, y, h):
     z = p + b
-    return z, _euler_act_ref(act, y, z, h)
+    out = _act(z, act) * h  # reference_batched._dense_forward: σ(Z), ×h, +Y
+    return z, out + y
 
 
 def _scaled_act_adjoint_ref(act, z, dy, h):
-    s = _act_adjoint(z, dy, act)
-    return np.asarray(h, dtype=s.dtype) * s
+    return _act_adjoint(z, dy, act) * h  # reference_batched._dense_adjoint: S *= h
 
 
 EULER_ACT = Fused("euler_act", "T y, T z, T h", "T out", "out = y + h * SIGMA",
