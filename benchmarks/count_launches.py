@@ -20,7 +20,7 @@ import argparse
 import os
 import sys
 
-if "cuda" in sys.argv:
+if any(a.endswith("cuda") for a in sys.argv[1:]):  # before Numba is imported
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 
 from refbraid.backends import launch_count  # noqa: E402
