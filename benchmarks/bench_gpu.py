@@ -22,14 +22,16 @@ sequential backprop through the same ResNet (what one would run instead). Every 
 layer output is compared with the NumPy reference first (``check``: max relative difference).
 Times are medians over ``--repeats`` runs after ``--warmup``, with the device synchronised.
 
-Rows ``sweeps per-step`` / ``sweeps batched``: the same layer-parallel step on ``cuda``
-and ``cuda-host`` with MGRIT's sweeps per step (one launch set per interval, the default)
-and batched (one launch set per sweep: the catalogue kernels ``dense_step_batched`` and
-``dense_step_batched_adjoint`` of :mod:`refbraid.backends.numba_cuda_batched`, switched on
-here by patching :func:`refbraid.layer_parallel.batchable`), at N = 64 and 256, widths 32
-and 256; ``ratio`` is batched / per-step, ``check`` the largest relative gradient difference
-(0: bit-identical). These rows decide ``numba_cuda_batched.SWITCHED_ON``
-(docs/batched.md, "cuda").
+Rows ``LP per-step`` / ``LP batched`` / ``refbraid serial`` / ``torch eager serial``: one
+whole gradient of the dense ResNet at N = 64–1024 (TorchBraid's MGRIT settings): refbraid's
+layer-parallel gradient with MGRIT's sweeps one launch set per interval and one per sweep
+(:func:`refbraid.backends.device_batching.sweeps_batched`; batched is the default on cuda and cupy,
+:mod:`refbraid.backends.device_batching`), refbraid's serial backprop, and PyTorch eager
+serial backprop of the same network; ``ratio`` against refbraid serial on the same backend
+(torch: against the first backend's), ``check`` the largest relative gradient difference
+batched vs per-step. Last, a table of what a GPU pays for per gradient, counted without one
+(launches, critical path, copies, synchronisations: :mod:`refbraid.backends.launch_count`,
+``benchmarks/count_launches.py`` for every model).
 """
 
 from __future__ import annotations
@@ -199,43 +201,91 @@ def step_rows(backends, dtype, tiny, warmup, repeats):
     return rows
 
 
-def sweep_rows(backends, dtype, tiny, warmup, repeats):
-    """Per-step against batched MGRIT sweeps of the dense network on the cuda backends."""
-    from unittest import mock
+def _torch_serial(n_layers, width, batch, dtype, warmup, repeats):
+    """PyTorch eager serial backprop of the same dense ResNet on the GPU, in ms, or None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    tdt = torch.float64 if dtype == np.float64 else torch.float32
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    Ws = [(torch.randn(width, width, device="cuda", dtype=tdt, generator=gen) * 0.01)
+          .requires_grad_() for _ in range(n_layers)]
+    bs = [torch.zeros(width, device="cuda", dtype=tdt, requires_grad=True)
+          for _ in range(n_layers)]
+    xt, h = torch.randn(batch, width, device="cuda", dtype=tdt, generator=gen), 3.0 / n_layers
 
-    import refbraid.layer_parallel as lp
+    def step():
+        z = xt
+        for W, b in zip(Ws, bs, strict=True):
+            z = z + h * torch.tanh(z @ W.T + b)
+        z.sum().backward()
 
-    shapes = [(8, 4, 4)] if tiny else [(64, 32, 64), (256, 32, 64), (64, 256, 1024),
-                                       (256, 256, 1024)]
+    return median_ms(step, "torch", warmup, repeats)
+
+
+def gradient_rows(backends, dtype, tiny, warmup, repeats):
+    """One whole gradient of the dense ResNet (TorchBraid's MGRIT settings): refbraid
+    layer-parallel with per-step and with batched sweeps
+    (:func:`refbraid.backends.device_batching.sweeps_batched`), refbraid serial backprop, and
+    PyTorch eager serial backprop; ``ratio`` against refbraid serial on the same backend, ``check``
+    the largest relative gradient difference batched vs per-step."""
+    from refbraid.backends.device_batching import sweeps_batched
+    from refbraid.training.gradients import sequential_gradient
+
+    shapes = [(8, 4, 4)] if tiny else [(64, 256, 1024), (256, 256, 1024), (256, 32, 64),
+                                       (1024, 32, 64)]
     settings = LayerParallelSettings.with_iterations(1, 1, levels=2, cfactor=2) if tiny \
         else LayerParallelSettings()
-    rows = []
+    rows, dt = [], np.dtype(dtype).name
     for n_layers, width, batch in shapes:
         net = build_network("resnet", (2,), 5, n_layers, width, 3.0)
         rng = np.random.default_rng(0)
         params = init_params(net, 0, dtype)
         x = np.asarray(rng.standard_normal((batch, 2)), dtype=dtype)
         y = rng.integers(0, 5, batch)
-        size = f"N={n_layers} C={width} B={batch}"
-        for bname in [b for b in backends if b in ("cuda", "cuda-host")]:
+        size, serial = f"N={n_layers} C={width} B={batch}", None
+        for bname in backends:
             bk = backend(bname)
-            gradient = mgrit_gradient(net, settings, bk)
             p, xb, yb = to_backend(params, bk), bk.asarray(x), bk.asarray(y)
-
-            def run(g=gradient, p=p, xb=xb, yb=yb):
-                return g(p, xb, yb)
-
-            per_step = median_ms(run, bname, warmup, repeats)
-            g_p = run()[1]
-            with mock.patch.object(lp, "batchable", lambda net, bk: True):
-                batched = median_ms(run, bname, warmup, repeats)
-                g_b = run()[1]
+            lp, sq = mgrit_gradient(net, settings, bk), sequential_gradient(net, bk)
+            ser = median_ms(lambda sq=sq, p=p, xb=xb, yb=yb: sq(p, xb, yb), bname, warmup,
+                            repeats)
+            serial = serial or ser
+            found = {}
+            for on in (False, True):
+                with sweeps_batched(on):
+                    found[on] = (median_ms(lambda lp=lp, p=p, xb=xb, yb=yb: lp(p, xb, yb),
+                                           bname, warmup, repeats), lp(p, xb, yb)[1])
+            (per, g_p), (bat, g_b) = found[False], found[True]
             diff = max(float(np.max(np.abs(to_host(g_b[k]) - to_host(g_p[k]))))
                        / max(float(np.max(np.abs(to_host(g_p[k])))), 1e-300) for k in g_p)
-            rows.append(("sweeps per-step", size, np.dtype(dtype).name, bname, per_step, 1.0,
-                         "-"))
-            rows.append(("sweeps batched", size, np.dtype(dtype).name, bname, batched,
-                         batched / per_step, f"{diff:.1e}"))
+            rows += [("LP per-step", size, dt, bname, per, per / ser, "-"),
+                     ("LP batched", size, dt, bname, bat, bat / ser, f"{diff:.1e}"),
+                     ("refbraid serial", size, dt, bname, ser, 1.0, "-")]
+        ms = None if tiny else _torch_serial(n_layers, width, batch, dtype, warmup, repeats)
+        if ms is not None and serial is not None:
+            rows.append(("torch eager serial", size, dt, "torch", ms, ms / serial, "-"))
+    return rows
+
+
+def count_rows(backends, tiny):
+    """Launches, critical path, copies and syncs of one gradient (counted, not timed:
+    refbraid.backends.launch_count), dense and conv networks at CI-sized widths."""
+    from refbraid.backends import launch_count
+
+    names = ["cupy"] + (["cuda"] if "cuda" in backends and tiny else [])
+    sizes = (16,) if tiny else (64, 256)
+    rows = []
+    for name in names:
+        for model in ("dense", "conv"):
+            for n in sizes:
+                for mode in launch_count.MODES:
+                    t = launch_count.gradient_counts(name, model, n, mode)
+                    rows.append((name, model, n, mode, t.launches, t.critical_path,
+                                 f"{t.h2d}+{t.d2h}", t.syncs))
     return rows
 
 
@@ -271,9 +321,15 @@ def main(argv=None) -> None:
     for dtype in dtypes:
         for row in layer_rows(backends, dtype, args.simulator, args.warmup, args.repeats) + \
                 step_rows(backends, dtype, args.simulator, args.warmup, args.repeats) + \
-                sweep_rows(backends, dtype, args.simulator, args.warmup, args.repeats):
+                gradient_rows(backends, dtype, args.simulator, args.warmup, args.repeats):
             print(f"{row[0]:<20} {row[1]:<22} {row[2]:<8} {row[3]:<9} {row[4]:>10.3f} "
-                  f"{row[5]:>6.2f} {row[6]:>8}")
+                  f"{row[5]:>6.2f} {row[6]:>8}", flush=True)
+    print("\nper gradient, counted (refbraid.backends.launch_count; the same on any machine):")
+    print(f"{'backend':<8} {'model':<6} {'N':>5} {'gradient':<12} {'launches':>9} "
+          f"{'crit.path':>9} {'h2d+d2h':>8} {'syncs':>6}")
+    for r in count_rows(backends, args.simulator):
+        print(f"{r[0]:<8} {r[1]:<6} {r[2]:>5} {r[3]:<12} {r[4]:>9} {r[5]:>9} {r[6]:>8} "
+              f"{r[7]:>6}", flush=True)
 
 
 if __name__ == "__main__":

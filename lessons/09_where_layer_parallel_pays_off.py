@@ -181,3 +181,52 @@ def allreduce_time(nbytes, ranks, alpha, beta):
 
 exercises.check_allreduce_time(allreduce_time)
 assert exercises.check_allreduce_time(solutions.allreduce_time)
+
+
+# %% [markdown]
+# ## 4. One GPU: layer-parallel is batching
+#
+# Everything above splits a network over *ranks*. On one GPU there is nobody to split with,
+# and yet layer-parallel training can pay there too, for a reason that has nothing to do
+# with arithmetic. A GPU runs a small layer's GEMM in microseconds; what it cannot make fast
+# is the *launch*: each kernel costs the host a few microseconds (more from Python) whatever
+# it computes. Serial backprop of a deep, narrow network is a chain of N layers of a few
+# small launches each: launch-bound.
+#
+# MGRIT's relaxation updates every interval of a level independently. Run one interval at a
+# time and it issues *more* launches than backprop (it does more step applications). Run
+# every interval of a sweep in one batched call (one launch set per sweep) and the count
+# drops to a few launch sets per level plus the coarsest grid's sequential steps.
+#
+# `refbraid.backends.launch_count` counts, without a GPU, what the `cupy` backend would
+# launch: every CuPy operation is one launch on a CuPy-like counting device (NumPy
+# underneath). Two numbers per gradient: the **launches** the host issues one after another
+# on one stream, and the **critical path**, the longest chain of launches each of which
+# needs the previous one's result (what no number of streams could overlap).
+
+# %%
+from refbraid.backends.launch_count import MODES, gradient_counts, plot_launch_counts
+
+launch_rows = [{"N": n, "mode": m, **gradient_counts("cupy", "dense", n, m).row()}
+               for n in ((16, 64) if SMALL else (16, 64, 256)) for m in MODES]
+print(f"{'N':>5}  {'gradient':<12} {'launches':>9} {'critical path':>14} {'syncs':>6}")
+for r in launch_rows:
+    print(f"{r['N']:5d}  {r['mode']:<12} {r['launches']:9d} {r['critical_path']:14d} "
+          f"{r['syncs']:6d}")
+show(plot_launch_counts(launch_rows, "dense ResNet, cupy, one gradient (counted)"),
+     "09_where_layer_parallel_pays_off_launches")
+deepest = {r["mode"]: r for r in launch_rows if r["N"] == max(x["N"] for x in launch_rows)}
+assert deepest["lp-batched"]["launches"] < deepest["lp-per-step"]["launches"]
+assert deepest["lp-batched"]["critical_path"] < deepest["serial"]["critical_path"]
+
+# %% [markdown]
+# Read the figure from the right. Serial backprop's launches and critical path both grow
+# like N. Layer-parallel per step issues about 2.4× serial's launches: on one stream it can
+# only lose. Batched, the launches grow far slower than N and fall below serial backprop's
+# from N = 64 on, while the critical path of either layer-parallel gradient is a fraction of
+# serial's: the independence is there, and batching is how one stream uses it. That is why
+# refbraid turns batched sweeps on for the GPU backends (`refbraid.backends.device_batching`),
+# and why fused kernels (bias, activation and Euler update in one launch,
+# `refbraid.backends.cupy_fused`) matter as much as the solver. Timings need a GPU:
+# `benchmarks/bench_gpu.py`; the counts, `benchmarks/count_launches.py`, run anywhere
+# (docs/gpu_layer_parallel.md).

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .backends import Backend, batched_sweeps_on, get_backend
+from .backends import Backend, batched_sweeps_on, device_batching, get_backend
 from .backends.host import host_float
 from .layers.forward_into import adjoint_into, forward_into
 from .mgrit import GradientWorkspace, MGRITResult, MGRITSettings, Problem, solve
@@ -115,12 +115,13 @@ class LayerParallelSettings:
 # ----------------------------------------------------------------------------- the two problems
 def batchable(net: Network, bk: Backend) -> bool:
     """Whether the propagators offer MGRIT batched steps (one call per sweep,
-    :mod:`refbraid.mgrit.batched`): a step layer with ``forward_batched`` / ``adjoint_batched``
-    where the backend's batched sweeps are on (:func:`~refbraid.backends.batched_sweeps_on`),
-    bit-identical to its per-step calls, that says batching pays (``batched_sweeps_pay``)."""
+    :mod:`refbraid.mgrit.batched`): a step layer with ``forward_batched`` / ``adjoint_batched``,
+    bit-identical to its per-step calls, where the backend's batched sweeps are on and pay: by
+    the layer's measured ``batched_sweeps_pay`` on the CPU, by launch counts on a GPU, or as
+    ``sweeps_batched`` forces (:func:`refbraid.backends.device_batching.batches`)."""
     layer = getattr(net, "step", None)
-    return (batched_sweeps_on(bk) and callable(getattr(layer, "forward_batched", None))
-            and getattr(layer, "batched_sweeps_pay", False))
+    return (callable(getattr(layer, "forward_batched", None))
+            and device_batching.batches(layer, bk, batched_sweeps_on(bk)))
 
 
 @dataclass(frozen=True, eq=False)

@@ -30,14 +30,16 @@ def remember(origins: dict[int, tuple[Any, Any, int]], layers: list[int], Y, Z) 
 def cached_stacks(caches: dict[int, Any], origins: dict[int, tuple[Any, Any, int]],
                   layers: list[int], xp):
     """``(stack of y[a], stack of z[a])`` over ``layers`` (each (k, B, C)): views of one
-    batched call's arrays when the layers are evenly spaced rows of it (NumPy), else the
-    rows of ``caches`` stacked."""
+    batched call's arrays when the layers are evenly spaced rows of it (any array type: on a
+    GPU a view instead of a gather launch), else the rows of ``caches`` stacked (a host
+    object array of cache handles stays on the host)."""
     src = [origins.get(a) for a in layers]
     head = src[0] if src else None
-    if (head is not None and isinstance(head[1], np.ndarray)
+    if (head is not None and hasattr(head[1], "shape")
             and all(s is not None and s[1] is head[1] for s in src)):
         rows = signed_even_slice([s[2] for s in src])
         if rows is not None:
             return head[0][rows, ...], head[1][rows, ...]
+    zs = [caches[a][1] for a in layers]  # arrays, or a layer's cache handles (host objects)
     return (xp.stack([caches[a][0] for a in layers]),
-            xp.stack([caches[a][1] for a in layers]))
+            xp.stack(zs) if hasattr(zs[0], "shape") else np.stack(zs))

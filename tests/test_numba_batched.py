@@ -12,6 +12,7 @@ import pytest
 import refbraid.layer_parallel as lp
 from refbraid import Network, get_backend, init_params
 from refbraid.backends import numba_cpu_batched, with_host_arrays
+from refbraid.backends.device_batching import sweeps_batched
 from refbraid.layer_parallel import LayerParallelSettings, layer_parallel_gradient
 from refbraid.layers import Classifier, DenseLift, DenseStep
 
@@ -139,18 +140,18 @@ def test_cuda_batched_step_equals_cuda_per_step(shape, act, dtype):
 
 
 def test_layer_parallel_gradient_on_cuda_is_bit_identical_batched_or_not(monkeypatch):
-    """Not switched on for cuda in batchable() (docs/batched.md says why); switched on here,
-    the gradient keeps its bits."""
+    """Per step (forced off) and batched (the cuda default, by launch counts): the gradient
+    keeps its bits."""
     pytest.importorskip("numba.cuda")
     net = Network(DenseLift(3, 4), DenseStep(4, "tanh"), Classifier((4,), 3), 8, 1.0)
     rng = np.random.default_rng(0)
     params = init_params(net, 0)
     x, y = rng.standard_normal((3, 3)), rng.integers(0, 3, 3)
     settings = LayerParallelSettings.with_iterations(1, 1, levels=2, cfactor=2, min_coarse=1)
-    assert not lp.batchable(net, get_backend("cuda"))
     bk = with_host_arrays(get_backend("cuda"))  # NumPy arrays: the batched kernels' case
-    loss_p, g_p, _ = layer_parallel_gradient(net, params, x, y, settings, bk=bk)
-    monkeypatch.setattr(lp, "batchable", lambda net, bk: True)
+    assert lp.batchable(net, bk)
+    with sweeps_batched(False):
+        loss_p, g_p, _ = layer_parallel_gradient(net, params, x, y, settings, bk=bk)
     loss_b, g_b, _ = layer_parallel_gradient(net, params, x, y, settings, bk=bk)
     assert loss_b == loss_p
     for k in g_p:
@@ -160,13 +161,14 @@ def test_layer_parallel_gradient_on_cuda_is_bit_identical_batched_or_not(monkeyp
         np.testing.assert_allclose(g_b[k], g_n[k], rtol=1e-12, atol=1e-14, err_msg=k)
 
 
-def test_cuda_batched_sweeps_are_off_until_measured_on_a_gpu():
-    """docs/batched.md, "cuda": SWITCHED_ON stays False until bench_gpu.py's ``sweeps batched`` rows
-    show a gain on a GPU; the catalogue kernels are the cuda backend's own either way."""
+def test_cuda_batched_sweeps_are_on_by_launch_counts():
+    """refbraid.backends.device_batching: one launch set per sweep issues fewer launches per
+    gradient (tests/test_launch_count.py counts it); the catalogue kernels are the cuda
+    backend's own."""
     pytest.importorskip("numba.cuda")
     from refbraid.backends import numba_cuda_batched
 
-    assert numba_cuda_batched.SWITCHED_ON is False
+    assert numba_cuda_batched.SWITCHED_ON is True
     bk = get_backend("cuda")
     assert bk.dense_step_batched is numba_cuda_batched.dense_step_batched
     assert {"dense_step_batched", "dense_step_batched_adjoint"} <= set(bk.overrides)

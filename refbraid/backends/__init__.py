@@ -186,12 +186,16 @@ def with_host_arrays(bk: Backend) -> Backend:
 
 def batched_sweeps_on(bk: Backend) -> bool:
     """Whether MGRIT's sweeps may take batched steps on ``bk`` (docs/batched.md): numpy and
-    numba yes (measured); cuda only once ``numba_cuda_batched.SWITCHED_ON`` says a GPU run of
-    ``benchmarks/bench_gpu.py`` showed it pays; any other backend no."""
+    numba yes (measured); cuda (``numba_cuda_batched.SWITCHED_ON``) and cupy yes by launch
+    counts (:mod:`refbraid.backends.device_batching`); any other backend no."""
     if bk.name == "cuda":
         from . import numba_cuda_batched
 
         return bool(numba_cuda_batched.SWITCHED_ON)
+    if bk.name == "cupy":
+        from .device_batching import SWITCHED_ON
+
+        return bool(SWITCHED_ON["cupy"])
     return bk.name in ("numpy", "numba")
 
 

@@ -3,8 +3,12 @@
 The reference kernels in :mod:`refbraid.backends.reference` look up the array module of
 their inputs (``array_namespace``), so on ``cupy.ndarray`` inputs the very same code runs on
 the GPU: ``x @ W.T`` is cuBLAS, the element-wise lines are CuPy kernels, ``einsum`` is
-cuBLAS/cuTENSOR, and exact GELU uses ``cupyx.scipy.special.erf``. Nothing is overridden
-(``OVERRIDES = ()``): this backend *is* the tested reference code on another array type.
+cuBLAS/cuTENSOR, and exact GELU uses ``cupyx.scipy.special.erf``. This backend *is* the
+tested reference code on another array type, except for the element-wise chains of the ODE
+step: ``OVERRIDES`` are the fused kernels of :mod:`refbraid.backends.cupy_fused` (bias,
+activation and Euler update in one launch, and their adjoints), which fall back to the
+reference code for complex inputs (the verification's complex step) or inside
+``cupy_fused.fused(False)``.
 
 The reference kernels use the array API standard's functions (``permute_dims``, ``concat``,
 ``astype``, ``take``), which CuPy's main namespace has since it mirrors the NumPy 2 API;
@@ -20,7 +24,85 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-OVERRIDES: tuple[str, ...] = ()
+OVERRIDES: tuple[str, ...] = ("euler_act", "activation_adjoint", "dense_step_batched",
+                              "dense_step_batched_adjoint")
+
+
+# ----------------------------------------------------------------------------- fused kernels
+def _fusable(*arrays) -> bool:
+    """The fused kernels take real floating arrays, while switched on (cupy_fused.fused)."""
+    from .cupy_fused import is_on
+    from .dtypes import dtype_kind
+
+    return is_on() and all(dtype_kind(a.dtype) == "f" for a in arrays)
+
+
+def euler_act(y, z, h: float, act: str, out=None):
+    """reference.euler_act ``y + h σ(z)``: one fused launch (cupy_fused.EULER_ACT)."""
+    from . import reference
+    from .cupy_fused import EULER_ACT
+
+    reference.check_activation(act)
+    if out is not None or not _fusable(y, z):
+        return reference.euler_act(y, z, h, act, out)
+    return EULER_ACT(act, y, z, h)
+
+
+def activation_adjoint(z, dy, act: str):
+    """reference.activation_adjoint ``σ'(z) ⊙ dy``: one fused launch."""
+    from . import reference
+    from .cupy_fused import ACT_ADJOINT_KERNEL
+
+    reference.check_activation(act)
+    if not _fusable(z, dy):
+        return reference.activation_adjoint(z, dy, act)
+    return ACT_ADJOINT_KERNEL(act, z, dy)
+
+
+def _step_sizes(like, h):
+    """The k step sizes as a Python float when all equal (a kernel argument: no copy), else
+    an array (k, 1, 1) on ``like``'s device (one host→device copy)."""
+    from .portable import asarray_on
+
+    h = [float(v) for v in h]
+    if all(v == h[0] for v in h):
+        return h[0]
+    return asarray_on(like, h, dtype=like.dtype)[:, None, None]
+
+
+def dense_step_batched(Y, W, b, h, act: str):
+    """reference_batched.dense_step_batched: one batched GEMM, then bias, activation and
+    Euler update of every row in one fused launch (cupy_fused.BIAS_ACT_EULER)."""
+    from . import reference_batched
+    from .cupy_fused import BIAS_ACT_EULER
+    from .reference import array_namespace, check_activation
+
+    check_activation(act)
+    if not _fusable(Y, W, b):
+        return reference_batched.dense_step_batched(Y, W, b, h, act)
+    xp = array_namespace(Y)
+    P = xp.matmul(Y, xp.permute_dims(W, (0, 2, 1)))  # k,B,C
+    Z, Y_next = BIAS_ACT_EULER(act, P, b[:, None, :], Y, _step_sizes(Y, h))
+    return Y_next, Z
+
+
+def dense_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True):
+    """reference_batched.dense_step_batched_adjoint with ``S = h σ'(Z) ⊙ dY_next`` in one fused
+    launch (cupy_fused.SCALED_ACT_ADJOINT), then the GEMMs and the bias sum."""
+    from . import reference_batched
+    from .cupy_fused import SCALED_ACT_ADJOINT
+    from .reference import array_namespace, check_activation
+
+    check_activation(act)
+    if not _fusable(Y, Z, dY_next, W):
+        return reference_batched.dense_step_batched_adjoint(Y, Z, dY_next, W, h, act, grads)
+    xp = array_namespace(dY_next)
+    S = SCALED_ACT_ADJOINT(act, Z, dY_next, _step_sizes(dY_next, h))  # k,B,C
+    dY = xp.matmul(S, W)
+    dY += dY_next
+    if not grads:
+        return dY, None, None
+    return dY, xp.matmul(xp.permute_dims(S, (0, 2, 1)), Y), xp.sum(S, axis=1)
 
 
 def _import_cupy() -> ModuleType:

@@ -6,8 +6,8 @@ its own weights ``W[j]``, bias ``b[j]`` and step size ``h[j]``::
 
     forward   Z[j] = Y[j] W[j]ᵀ + b[j]              one batched GEMM launch (grid z = j)
               Y_next[j] = Y[j] + h[j] σ(Z[j])       one element-wise launch over the stack
-    adjoint   S[j] = h[j] (σ'(Z[j]) ⊙ dY_next[j])   one element-wise launch, h· on the host
-              dY[j] = dY_next[j] + S[j] W[j]        one batched GEMM launch, + on the host
+    adjoint   S[j] = h[j] (σ'(Z[j]) ⊙ dY_next[j])   one element-wise launch (h· fused)
+              dY[j] = dY_next[j] + S[j] W[j]        one batched GEMM launch, + in the glue
               dW[j] = S[j]ᵀ Y[j],  db[j] = Σ_B S[j]   one batched GEMM, one column-sum launch
 
 k launches and 2k host↔device copies per array become one of each. Every row does what the
@@ -19,16 +19,18 @@ bit-identical (tests/test_numba_batched.py, in the CUDA simulator).
 
 Catalogue kernels ``dense_step_batched`` / ``dense_step_batched_adjoint``
 (:data:`refbraid.backends.KERNELS`, reference in :mod:`refbraid.backends.reference_batched`,
-cases in tests/test_backends.py): these kernels where :func:`applies` (NumPy arrays: the
-backend's host-array mode, :func:`refbraid.backends.with_host_arrays`; the copies are
-:class:`~refbraid.backends.numba_cuda_memory.KernelCall`'s), else the reference code with this
-backend's activation kernels (device-resident arrays).
+cases in tests/test_backends.py): these kernels where :func:`applies` — the backend's device
+arrays (device-resident: no copies but the k step sizes), or NumPy arrays (host-array mode,
+:func:`refbraid.backends.with_host_arrays`; the copies are
+:class:`~refbraid.backends.numba_cuda_memory.KernelCall`'s) — else the reference code with
+this backend's activation kernels.
 
-**Not switched on** for MGRIT's sweeps (:data:`SWITCHED_ON`): whether k steps in one
-launch beat k launches on a GPU is measured by ``benchmarks/bench_gpu.py`` (rows
-``sweeps per-step`` and ``sweeps batched``), and no GPU was lent when this was written. To
-switch it on, set :data:`SWITCHED_ON` to True: :func:`refbraid.backends.batched_sweeps_on`
-reads it for :func:`refbraid.layer_parallel.batchable` (docs/batched.md, "cuda").
+**Switched on** for MGRIT's sweeps (:data:`SWITCHED_ON`, read by
+:func:`refbraid.backends.batched_sweeps_on`): one launch set per sweep instead of one per
+interval cuts a layer-parallel gradient's launches 3–5× at N = 64–256 with the same dependency
+depth (:mod:`refbraid.backends.device_batching`, counted without a GPU by
+``benchmarks/count_launches.py``); ``benchmarks/bench_gpu.py``'s ``sweeps`` rows time it on a
+GPU.
 
 Shape legend: k rows, B batch, C width; op(A) is A or Aᵀ per row.
 """
@@ -39,11 +41,12 @@ import numba
 import numpy as np
 
 from . import numba_cpu_batched
+from . import numba_cuda_memory as mem
 from .numba_cpu import activation_code
 from .numba_cuda import (
     THREADS,
+    _act_adjoint_dev,
     _act_dev,
-    _activation_adjoint_kernel,
     blocks,
     cuda,
     cuda_jit,
@@ -52,17 +55,37 @@ from .numba_cuda_dense import SMALL_BLOCK, TILE
 from .numba_cuda_memory import KernelCall, Output
 from .reference_batched import _dense_adjoint, _dense_forward
 
-#: Whether MGRIT's sweeps on ``cuda`` use the batched dense step (module docstring): off until
-#: ``benchmarks/bench_gpu.py``'s ``sweeps batched`` rows show that it pays on a GPU.
-SWITCHED_ON = False
+#: Whether MGRIT's sweeps on ``cuda`` use batched steps (module docstring): on, by launch counts
+#: (:data:`refbraid.backends.device_batching.SWITCHED_ON`).
+SWITCHED_ON = True
 
 OVERRIDES = ("dense_step_batched", "dense_step_batched_adjoint") if cuda is not None else ()
 
 
 def applies(act: str, *arrays) -> bool:
-    """True when these kernels take the arguments: numba-cuda present and what
-    :func:`refbraid.backends.numba_cpu_batched.applies` asks (else the array-API code runs)."""
-    return cuda is not None and numba_cpu_batched.applies(act, *arrays)
+    """True when these kernels take the arguments: numba-cuda present, a known activation, and
+    either what :func:`refbraid.backends.numba_cpu_batched.applies` asks (host arrays) or
+    float32/float64 device arrays of the backend, all of one dtype (else the array-API
+    code runs)."""
+    if cuda is None or activation_code(act) < 0:
+        return False
+    if numba_cpu_batched.applies(act, *arrays):
+        return True
+    if not all(mem.is_backend_array(a) for a in arrays):
+        return False
+    dtypes = {mem.numpy_dtype(a) for a in arrays}
+    return len(dtypes) == 1 and dtypes.pop().char in "fd"
+
+
+def _step_sizes(call: KernelCall, h, dtype):
+    """The k step sizes as a kernel argument of ``dtype``: copied in with the inputs (host
+    mode) or made on the device (one host→device copy of k numbers)."""
+    h = np.asarray(h, dtype=dtype)
+    if call.on_device:
+        if mem.DEVICE is not None:
+            return call.arg(mem.xp.asarray(h, device=mem.DEVICE), dtype)
+        return call.arg(mem.xp.asarray(h), dtype)
+    return call.arg(h, dtype)
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -138,6 +161,17 @@ def _euler_rows_kernel(y, z, h, n, code, out):
 
 
 @cuda_jit
+def _scaled_adjoint_rows_kernel(z, dy, h, n, code, out):
+    """out[i] = h[i // n] · (σ'(z[i]) dy[i]) on the flat stack, σ'·dy stored (rounded to the
+    dtype) before the scaling, as the per-step path's separate ``h * s`` rounds it; ``h``
+    in the array dtype."""
+    i = cuda.grid(1)
+    if i < z.size:
+        out[i] = _act_adjoint_dev(z[i], dy[i], code)
+        out[i] = h[i // n] * out[i]
+
+
+@cuda_jit
 def _column_sums_kernel(S, out):
     """out[j, c] = Σ_n S[j, n, c]: one thread per (j, c), n in order."""
     t = cuda.grid(1)
@@ -171,13 +205,13 @@ def _gemm(call: KernelCall, A, B, trans_a: bool, trans_b: bool, k: int, M: int, 
 def dense_forward_batched(Y, W, b, h, act: str):
     """(Y_next, Z) of k dense steps (module docstring); host arrays in and out (the
     copies are :class:`KernelCall`'s)."""
-    dtype = Y.dtype
+    dtype = mem.numpy_dtype(Y)
     k, B, C = Y.shape
     n = k * B * C
     call = KernelCall(Y, W, b, names=("Y", "W", "b"))
     Z = _gemm(call, call.arg(Y, dtype), call.arg(W, dtype), False, True, k, B, C, dtype,
               call.arg(b, dtype))
-    hd = call.arg(np.asarray(h, dtype=np.float64), np.float64)  # float(h), as per step
+    hd = _step_sizes(call, h, np.float64)  # float(h), as per step
     out = call.out(n, dtype)
     _euler_rows_kernel[blocks(n), THREADS](call.arg(Y, dtype, (n,)), Z.arg.reshape(n), hd,
                                            B * C, activation_code(act), out.arg)
@@ -186,16 +220,16 @@ def dense_forward_batched(Y, W, b, h, act: str):
 
 def dense_adjoint_batched(Y, Z, dY_next, W, h, act: str, grads: bool = True):
     """(dY, dW, db) of k dense adjoint steps (module docstring); dW, db None without grads."""
-    dtype = Y.dtype
+    dtype = mem.numpy_dtype(Y)
     k, B, C = Y.shape
     n = k * B * C
     call = KernelCall(Y, Z, dY_next, W, names=("Y", "Z", "dY_next", "W"))
-    A = call.out(n, dtype)
-    _activation_adjoint_kernel[blocks(n), THREADS](call.arg(Z, dtype, (n,)),
-                                                   call.arg(dY_next, dtype, (n,)),
-                                                   activation_code(act), A.arg)
-    S = np.asarray(h, dtype=dtype)[:, None, None] * call.result(A, Y.shape)
-    Sd, Wd = call.arg(S, dtype), call.arg(W, dtype)
+    S = call.out(n, dtype)  # h σ'(Z) ⊙ dY_next, one launch
+    _scaled_adjoint_rows_kernel[blocks(n), THREADS](call.arg(Z, dtype, (n,)),
+                                                    call.arg(dY_next, dtype, (n,)),
+                                                    _step_sizes(call, h, dtype), B * C,
+                                                    activation_code(act), S.arg)
+    Sd, Wd = S.arg.reshape((k, B, C)), call.arg(W, dtype)
     dY = dY_next + call.result(_gemm(call, Sd, Wd, False, False, k, B, C, dtype))
     if not grads:
         return dY, None, None

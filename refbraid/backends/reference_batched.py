@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .portable import asarray_on
+from .portable import asarray_on, contiguous, zeros_on
 from .reference import activation, activation_adjoint, array_namespace, check_activation
 
 
@@ -80,27 +80,28 @@ def dense_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True
 
 
 def _pad_hw(X, r: int):
-    """X (k, B, C, H, W) zero-padded by r on both spatial axes."""
+    """X (k, B, C, H, W) zero-padded by r on both spatial axes (made where X lives)."""
     k, B, C, H, Wd = X.shape
-    Xpad = np.zeros((k, B, C, H + 2 * r, Wd + 2 * r), dtype=X.dtype)
+    Xpad = zeros_on(X, (k, B, C, H + 2 * r, Wd + 2 * r))
     Xpad[:, :, :, r : r + H, r : r + Wd] = X
     return Xpad
 
 
 def conv2d_batched(X, W, b):
     """``Z[j] = conv2d(X[j], W[j], b[j])``: X (k,B,C,H,W), W (k,O,C,s,s), b (k,O) or None."""
+    xp = array_namespace(X)
     k, B, C, H, Wd = X.shape
     O, s = W.shape[1], W.shape[-1]
     Xpad = _pad_hw(X, s // 2)
-    Z = np.zeros((k, B, O, H, Wd), dtype=X.dtype)
+    Z = zeros_on(X, (k, B, O, H, Wd))
     for p in range(s):
         for q in range(s):
             # window with channels last, (k, B·H·W, C), and weights (k, C, O), both C-ordered
-            A = np.ascontiguousarray(
-                Xpad[:, :, :, p : p + H, q : q + Wd].transpose(0, 1, 3, 4, 2)
-            ).reshape(k, B * H * Wd, C)
-            Wt = np.ascontiguousarray(W[:, :, :, p, q].transpose(0, 2, 1))  # k,C,O
-            Z += np.matmul(A, Wt).reshape(k, B, H, Wd, O).transpose(0, 1, 4, 2, 3)
+            A = xp.reshape(contiguous(xp.permute_dims(Xpad[:, :, :, p : p + H, q : q + Wd],
+                                                      (0, 1, 3, 4, 2))), (k, B * H * Wd, C))
+            Wt = contiguous(xp.permute_dims(W[:, :, :, p, q], (0, 2, 1)))  # k,C,O
+            Z += xp.permute_dims(xp.reshape(xp.matmul(A, Wt), (k, B, H, Wd, O)),
+                                 (0, 1, 4, 2, 3))
     if b is not None:
         Z += b[:, None, :, None, None]
     return Z
@@ -108,28 +109,34 @@ def conv2d_batched(X, W, b):
 
 def conv2d_adjoint_batched(X, W, dZ, grads: bool = True):
     """``conv2d_adjoint(X[j], W[j], dZ[j])`` for every row: returns (dX, dW, db), with dW and
-    db None unless ``grads`` (dX does not depend on them)."""
+    db None unless ``grads`` (dX does not depend on them). On NumPy the bias gradient is
+    summed row by row (the per-step call's order); elsewhere in one reduction."""
+    xp = array_namespace(X)
     k, B, C, H, Wd = X.shape
     O, s = W.shape[1], W.shape[-1]
     r = s // 2
     Xpad = _pad_hw(X, r) if grads else None
-    dXpad = np.zeros((k, B, C, H + 2 * r, Wd + 2 * r), dtype=X.dtype)
-    dW = np.zeros_like(W) if grads else None
-    G = np.ascontiguousarray(dZ.transpose(0, 1, 3, 4, 2)).reshape(k, B * H * Wd, O)
+    dXpad = zeros_on(X, (k, B, C, H + 2 * r, Wd + 2 * r))
+    dW = xp.zeros_like(W) if grads else None
+    G = xp.reshape(contiguous(xp.permute_dims(dZ, (0, 1, 3, 4, 2))), (k, B * H * Wd, O))
     Gt = None  # dZ with the output channels first, (k, O, B·H·W), for dW
     if grads:
-        Gt = np.ascontiguousarray(dZ.transpose(0, 2, 1, 3, 4)).reshape(k, O, B * H * Wd)
+        Gt = xp.reshape(contiguous(xp.permute_dims(dZ, (0, 2, 1, 3, 4))), (k, O, B * H * Wd))
     for p in range(s):
         for q in range(s):
             win = (slice(None), slice(None), slice(None), slice(p, p + H), slice(q, q + Wd))
-            Wpq = np.ascontiguousarray(W[:, :, :, p, q])  # k,O,C
-            dXpad[win] += np.matmul(G, Wpq).reshape(k, B, H, Wd, C).transpose(0, 1, 4, 2, 3)
+            Wpq = contiguous(W[:, :, :, p, q])  # k,O,C
+            dXpad[win] += xp.permute_dims(xp.reshape(xp.matmul(G, Wpq), (k, B, H, Wd, C)),
+                                          (0, 1, 4, 2, 3))
             if grads:
-                A = np.ascontiguousarray(Xpad[win].transpose(0, 1, 3, 4, 2)).reshape(
-                    k, B * H * Wd, C)
-                dW[:, :, :, p, q] = np.matmul(Gt, A)
-    dX = np.ascontiguousarray(dXpad[:, :, :, r : r + H, r : r + Wd])
+                A = xp.reshape(contiguous(xp.permute_dims(Xpad[win], (0, 1, 3, 4, 2))),
+                               (k, B * H * Wd, C))
+                dW[:, :, :, p, q] = xp.matmul(Gt, A)
+    dX = contiguous(dXpad[:, :, :, r : r + H, r : r + Wd])
     if not grads:
         return dX, None, None
-    db = np.stack([np.sum(dZ[j], axis=(0, 2, 3)) for j in range(k)])
+    if xp is np:
+        db = np.stack([np.sum(dZ[j], axis=(0, 2, 3)) for j in range(k)])
+    else:
+        db = xp.sum(dZ, axis=(1, 3, 4))
     return dX, dW, db

@@ -39,6 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends import reference
+from ..backends.device_batching import chunk_rows
 from ..backends.portable import asarray_on, contiguous
 from ..indexing import signed_even_slice
 from .attention import _merge_heads, _split_heads, _t
@@ -202,7 +203,7 @@ def forward_batched(step, params, Y, h, bk):
     if len(h) != k:
         raise ValueError(f"`h` must hold one step size per row ({k}), got {len(h)}.")
     parts = [_forward_rows(step, _rows_of(params, at), Y[at, ...], h[at], bk)
-             for at in _chunks(k, rows_per_call(B, T))]
+             for at in _chunks(k, chunk_rows(bk, rows_per_call(B, T), k))]
     if len(parts) == 1:
         return parts[0]
     return bk.xp.concat([p[0] for p in parts], axis=0), np.concatenate([p[1] for p in parts])
@@ -262,7 +263,7 @@ def adjoint_batched(step, params, Y, Z, dY_next, h, bk, grads: bool = True):
                          f"got {tuple(dY_next.shape)}.")
     h = np.asarray(h, dtype=np.float64).reshape(-1)
     handles = list(np.reshape(Z, (-1,)))
-    size, cuts = rows_per_call(B, T), [0]
+    size, cuts = chunk_rows(bk, rows_per_call(B, T), k), [0]
     for j in range(1, k):  # a new chunk when full or where the rows' forward call changes
         if j - cuts[-1] == size or handles[j].stacks is not handles[j - 1].stacks:
             cuts.append(j)

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..backends import Backend, get_backend
+from ..backends.device_batching import chunk_rows
 from ..backends.dtypes import dtype_kind
 from ..backends.host import all_finite
 from ..backends.portable import zeros_on
@@ -201,7 +202,7 @@ class GRUModel:
         on chunks of positions and are added in the same order: the same bits."""
         dcell = {k: bk.xp.zeros_like(cell[k]) for k in CELL_WEIGHTS}
         if batchable(self, bk):
-            per_call = max(1, ROWS_PER_CALL // x.shape[0])
+            per_call = chunk_rows(bk, max(1, ROWS_PER_CALL // x.shape[0]), self.seq_len)
             for lo in range(0, self.seq_len, per_call):
                 at = np.arange(lo, min(lo + per_call, self.seq_len))
                 p = {**cell, "x": _inputs_at(x, at, bk)}
@@ -322,7 +323,7 @@ def _by_span(spans, U, run, bk):
     state rows, each result put in place (rows: a slice or an index array)."""
     spans = np.asarray(spans)
     k, B = U.shape[0], U.shape[1]
-    per_call = max(1, ROWS_PER_CALL // B)
+    per_call = chunk_rows(bk, max(1, ROWS_PER_CALL // B), k)
     first = int(spans[0])
     if k <= per_call and (spans == first).all():
         return run(first, slice(None))

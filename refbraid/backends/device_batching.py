@@ -1,0 +1,100 @@
+"""Where MGRIT's batched sweeps pay on a GPU backend (``cuda``, ``cupy``): decided by counts.
+
+On the CPU backends a step layer's ``batched_sweeps_pay`` says whether one call per sweep beat
+one call per interval *in time* (docs/batched.md: cache effects decide it there). On a GPU
+small steps are bound by launches (docs/gpu_layer_parallel.md), so the question is how many
+launches the host issues per gradient, which :mod:`refbraid.backends.launch_count` counts
+without a GPU. One layer-parallel gradient (TorchBraid's settings; ``python
+benchmarks/count_launches.py [--backend cuda]``), launches with per-step → batched sweeps:
+
+===========  =======================  =======================  =======================
+step         cupy, N = 64             cupy, N = 256            cuda, N = 64
+===========  =======================  =======================  =======================
+dense        1,811 → 615 (0.34×)      6,839 → 1,443 (0.21×)    1,581 → 629 (0.40×)
+conv         10,311 → 2,623 (0.25×)   40,635 → 4,771 (0.12×)   1,613 → 2,119 (1.31×)
+transformer  16,872 → 5,151 (0.31×)   66,996 → 13,971 (0.21×)  7,347 → 3,345 (0.46×)
+GRU          12,770 → 1,945 (0.15×)   50,690 → 4,177 (0.08×)   2,621 → 836 (0.32×)
+===========  =======================  =======================  =======================
+
+The dependency depth (critical path) is the same either way (within ±13 %: the batched
+gathers): batching does not shorten the chain, it issues the independent intervals' launches
+together. Batched sweeps are on where they cut launches (:data:`BATCHED_ON_DEVICE`), and one
+sweep is one launch set: the CPU's cache-sized chunks of the transformer and GRU batched calls
+do not apply on a device (:func:`chunk_rows`). The exception is the conv step on ``cuda``: a
+per-step convolution there is one Numba kernel per pass, while the batched form is the
+array-API reference (nine offsets of copies and GEMMs per call, run as CuPy operations), so
+batching issues *more* launches; it stays per step until a batched Numba conv kernel exists.
+``tests/test_launch_count.py`` checks the rule on the counting device for each entry, so a
+change that breaks it fails there. With a GPU at hand, ``benchmarks/bench_gpu.py``'s
+``LP per-step`` / ``LP batched`` rows time the same comparison.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+#: The GPU backends (one launch per array operation or kernel).
+DEVICE_BACKENDS = ("cuda", "cupy")
+
+#: Whether each GPU backend's MGRIT sweeps take batched steps at all
+#: (:func:`refbraid.backends.batched_sweeps_on`).
+SWITCHED_ON = {"cuda": True, "cupy": True}
+
+#: Per GPU backend, the step layers (class names) whose batched sweeps are on: the launch
+#: counts in the module docstring.
+BATCHED_ON_DEVICE = {
+    "cupy": frozenset({"DenseStep", "ConvStep", "EncoderStep", "GRUCell"}),
+    "cuda": frozenset({"DenseStep", "EncoderStep", "GRUCell"}),
+}
+
+
+def on_device(bk) -> bool:
+    """True for a GPU backend (``bk`` a Backend, or None for a plain call)."""
+    return getattr(bk, "name", None) in DEVICE_BACKENDS
+
+
+def gathers(bk) -> bool:
+    """Whether ``bk``'s arrays take integer-array indices, which batched sweeps gather rows
+    with (CuPy, NumPy, the counting device; not array-api-strict, the device of the ``cuda``
+    backend in Numba's simulator, where MGRIT's cycle runs per step anyway)."""
+    return not str(getattr(bk.xp, "__name__", "")).startswith("array_api_strict")
+
+
+def pays(layer, bk) -> bool:
+    """Whether MGRIT's sweeps of ``layer`` should be batched on GPU backend ``bk``."""
+    return (on_device(bk) and type(layer).__name__ in BATCHED_ON_DEVICE[bk.name]
+            and gathers(bk))
+
+
+def chunk_rows(bk, cpu_rows: int, k: int) -> int:
+    """Rows per batched call: the CPU's cache-sized ``cpu_rows``, or all ``k`` rows on a GPU
+    backend (one launch set per sweep)."""
+    return max(int(k), 1) if on_device(bk) else cpu_rows
+
+
+_FORCED: list[bool] = []  # sweeps_batched's stack
+
+
+@contextmanager
+def sweeps_batched(on: bool) -> Iterator[None]:
+    """``with sweeps_batched(True):`` — :func:`refbraid.layer_parallel.batchable` answers
+    ``on`` for every step layer with a batched form, whatever the backend's rule (benchmarks
+    compare the two paths)."""
+    _FORCED.append(bool(on))
+    try:
+        yield
+    finally:
+        _FORCED.pop()
+
+
+def batches(layer, bk, sweeps_on: bool) -> bool:
+    """:func:`refbraid.layer_parallel.batchable` for a layer with a batched form: what
+    :func:`sweeps_batched` forces; else, where the backend's batched sweeps are on
+    (``sweeps_on``), the launch counts on a GPU backend (:func:`pays`) and the layer's
+    measured ``batched_sweeps_pay`` elsewhere."""
+    if _FORCED:
+        return _FORCED[-1]
+    if not sweeps_on:
+        return False
+    return pays(layer, bk) if on_device(bk) else bool(getattr(layer, "batched_sweeps_pay", False))

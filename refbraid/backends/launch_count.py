@@ -1,0 +1,237 @@
+"""Launches, copies, synchronisations and the critical path of one gradient on a GPU backend,
+counted on the CPU (:mod:`.launch_model` defines each count).
+
+``counting_backend("cupy")`` is the ``cupy`` backend's code (the reference kernels and the
+cupy overrides) on the counting device of :mod:`.counting_device`: every CuPy operation the
+backend would execute is one counted launch, and the arithmetic is NumPy's.
+``counting_backend("cuda")`` is the ``cuda`` backend in Numba's CUDA simulator
+(``NUMBA_ENABLE_CUDASIM=1`` before Numba is imported) with its glue arrays on the same
+counting device: each Numba kernel launch and each glue operation is counted (the glue is
+CuPy on a GPU), and the Numba kernels read and write the counting arrays' memory in place.
+
+:func:`count` runs a function under a tracker and returns its
+:class:`~refbraid.backends.launch_model.Tally`; :func:`gradient_counts` builds the dense,
+conv, transformer or GRU network (CI-sized widths), and counts one gradient of serial backprop,
+layer-parallel with per-step sweeps, and layer-parallel with batched sweeps
+(:func:`refbraid.backends.device_batching.sweeps_batched`). Everything is deterministic:
+counts, not times.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import numpy as np
+
+from . import Backend, get_backend
+from .counting_device import DeviceArray, as_cupy_module, xp
+from .launch_model import Tally, current, tracking
+
+MODELS = ("dense", "conv", "transformer", "gru")
+MODES = ("serial", "lp-per-step", "lp-batched")
+
+
+def counting_backend(name: str) -> Backend:
+    """``"cupy"`` or ``"cuda"`` with arrays on the counting device (module docstring); use
+    inside :func:`counting` (cuda: the simulator's kernels are pointed at the counted memory
+    there)."""
+    from . import _REFERENCE_MODULES, KERNELS
+
+    if name == "cupy":
+        from . import cupy_gpu
+
+        kernels = {k: getattr(m, k) for m in _REFERENCE_MODULES for k in KERNELS
+                   if hasattr(m, k)}
+        kernels.update({k: getattr(cupy_gpu, k) for k in cupy_gpu.OVERRIDES})
+        return Backend("cupy", xp, kernels, tuple(cupy_gpu.OVERRIDES))
+    if name == "cuda":
+        from .numba_cuda import simulated
+
+        if not simulated():
+            raise ValueError("counting the `cuda` backend needs Numba's CUDA simulator: set "
+                             "NUMBA_ENABLE_CUDASIM=1 before importing numba.")
+        cuda = get_backend("cuda")
+        return Backend("cuda", xp, cuda.kernels, cuda.overrides)
+    raise ValueError(f"`name` must be 'cupy' or 'cuda', got {name!r}.")
+
+
+def _is_counted(a) -> bool:
+    return isinstance(a, DeviceArray)
+
+
+@contextmanager
+def _numba_on_counted_memory() -> Iterator[None]:
+    """Point the cuda backend's kernel wrappers (numba_cuda_memory) at the counting device,
+    and report each simulated kernel launch: it reads its array arguments and writes those
+    that are outputs of the wrapper call (``KernelCall.out``) not yet handed back."""
+    from numba.cuda.simulator import kernel as sim_kernel
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    from . import numba_cuda_memory as mem
+
+    live: set[int] = set()  # memory addresses of outputs being written
+    saved = {k: getattr(mem, k) for k in ("xp", "DEVICE", "is_backend_array", "_view")}
+    out, result = mem.KernelCall.out, mem.KernelCall.result
+    launch = sim_kernel.FakeCUDAKernel.__call__
+
+    def counted_out(call, shape, dtype):
+        o = out(call, shape, dtype)
+        if isinstance(o.array, DeviceArray):
+            live.add(o.array._a.__array_interface__["data"][0])
+        return o
+
+    def counted_result(call, output, shape=None, dtype=None):
+        if isinstance(output.array, DeviceArray):
+            live.discard(output.array._a.__array_interface__["data"][0])
+        return result(call, output, shape, dtype)
+
+    def counted_launch(kernel, *args):
+        t = current()
+        if t is not None and not kernel._device and not sim_kernel._kernel_context:
+            arrays = [a._ary for a in args if isinstance(a, FakeCUDAArray)]
+            writes = [a for a in arrays if a.__array_interface__["data"][0] in live]
+            reads = [a for a in arrays if a.__array_interface__["data"][0] not in live]
+            t.launch(reads, writes, getattr(kernel.fn, "__name__", "numba kernel"))
+        return launch(kernel, *args)
+
+    mem.xp, mem.DEVICE = xp, None
+    original = mem.is_backend_array
+    importers = [m for n, m in sys.modules.items()  # modules that imported it by name
+                 if n.startswith("refbraid.backends.numba_cuda")
+                 and getattr(m, "is_backend_array", None) is original]
+    for m in importers:
+        m.is_backend_array = _is_counted
+    mem._view = lambda a: FakeCUDAArray(a._a)
+    mem.KernelCall.out, mem.KernelCall.result = counted_out, counted_result
+    sim_kernel.FakeCUDAKernel.__call__ = counted_launch
+    try:
+        yield
+    finally:
+        for m in importers:
+            m.is_backend_array = original
+        for k, v in saved.items():
+            setattr(mem, k, v)
+        mem.KernelCall.out, mem.KernelCall.result = out, result
+        sim_kernel.FakeCUDAKernel.__call__ = launch
+
+
+@contextmanager
+def counting(name: str) -> Iterator[Backend]:
+    """``with counting("cupy") as bk:`` — the counting backend, ready to run (cuda: the
+    simulator's kernels on counted memory for the duration)."""
+    bk = counting_backend(name)
+    saved = sys.modules.get("cupy")
+    sys.modules["cupy"] = as_cupy_module()
+    try:
+        if name == "cuda":
+            with _numba_on_counted_memory():
+                yield bk
+        else:
+            yield bk
+    finally:
+        if saved is None:
+            del sys.modules["cupy"]
+        else:
+            sys.modules["cupy"] = saved
+
+
+def count(fn: Callable[[], object]) -> Tally:
+    """The :class:`Tally` of the device events ``fn()`` causes."""
+    with tracking() as tracker:
+        fn()
+    return tracker.tally
+
+
+# ----------------------------------------------------------------------------- the networks
+def build_model(model: str, n_layers: int, rng: np.random.Generator):
+    """(net, params, x, labels) of a CI-sized network: width 4, batch 4, N layers (the GRU:
+    N sequence positions; the transformer: N encoder layers, 4 tokens, 1 head)."""
+    from ..network import init_params
+    from ..training.models import build_network
+
+    if model == "dense":
+        net = build_network("resnet", (2,), 3, n_layers, 4, 1.0)
+        x = rng.standard_normal((4, 2))
+    elif model == "conv":
+        net = build_network("conv", (1, 4, 4), 3, n_layers, 2, 1.0)
+        x = rng.standard_normal((4, 1, 4, 4))
+    elif model == "transformer":
+        from ..sequence import TransformerModel
+
+        net, x = TransformerModel(5, 4, 3, n_layers, 4, 1, 4, 1.0), rng.integers(0, 5, (4, 4))
+    elif model == "gru":
+        from ..sequence import GRUModel
+
+        net, x = GRUModel(n_layers, 2, 4, 3, "classic"), rng.standard_normal((4, n_layers, 2))
+    else:
+        raise ValueError(f"`model` must be one of {MODELS}, got {model!r}.")
+    params = init_params(net, 1) if model in ("dense", "conv") else net.init_params(rng)
+    return net, params, x, rng.integers(0, 3, 4)
+
+
+def default_settings():
+    """TorchBraid's MGRIT settings (3 levels, cfactor 4, 2 forward and 1 adjoint iteration:
+    refbraid's defaults), as in the GPU measurements."""
+    from ..layer_parallel import LayerParallelSettings
+
+    return LayerParallelSettings()
+
+
+def gradient_counts(name: str, model: str, n_layers: int, mode: str, settings=None) -> Tally:
+    """The :class:`Tally` of one gradient of ``model`` with ``n_layers`` on backend ``name``
+    (``cupy`` or ``cuda``), ``mode`` one of :data:`MODES`. Inputs are moved to the device
+    before counting (their copies are not the gradient's)."""
+    from ..network import to_backend
+    from ..training.gradients import mgrit_gradient, sequential_gradient
+    from .device_batching import sweeps_batched
+
+    if mode not in MODES:
+        raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}.")
+    net, params, x, labels = build_model(model, n_layers, np.random.default_rng(0))
+    with counting(name) as bk:
+        p, xb, yb = to_backend(params, bk), bk.asarray(x), bk.asarray(labels)
+        if mode == "serial":
+            grad = sequential_gradient(net, bk)
+            return count(lambda: grad(p, xb, yb))
+        grad = mgrit_gradient(net, settings or default_settings(), bk)
+        with sweeps_batched(mode == "lp-batched"):
+            return count(lambda: grad(p, xb, yb))
+
+
+def table(names=("cupy",), models=MODELS, sizes=(64, 256), settings=None) -> list[dict]:
+    """One row per (backend, model, N, mode): :meth:`Tally.row` plus the keys."""
+    rows = []
+    for name in names:
+        for model in models:
+            for n in sizes:
+                for mode in MODES:
+                    t = gradient_counts(name, model, n, mode, settings)
+                    rows.append({"backend": name, "model": model, "N": n, "mode": mode,
+                                 **t.row()})
+    return rows
+
+
+def plot_launch_counts(rows: list[dict], title: str = "one gradient"):
+    """A Figure of launches (solid) and critical path (dashed) per gradient against N, one
+    colour per gradient mode; ``rows`` as :func:`table` returns (one backend and model)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for mode, colour in zip(MODES, ("black", "tab:orange", "tab:blue"), strict=True):
+        mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["N"])
+        if not mine:
+            continue
+        n = [r["N"] for r in mine]
+        ax.plot(n, [r["launches"] for r in mine], "o-", color=colour, label=f"{mode}: launches")
+        ax.plot(n, [r["critical_path"] for r in mine], "s--", color=colour,
+                label=f"{mode}: critical path")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("layers N")
+    ax.set_ylabel("kernel launches per gradient")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

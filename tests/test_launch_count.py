@@ -1,0 +1,178 @@
+"""Launch counts without a GPU (refbraid.backends.launch_model, counting_device, launch_count).
+
+The oracle for the model is hand-built event sequences whose critical path is known; for the
+networks, the invariants that make batched sweeps the GPU default
+(refbraid.backends.device_batching): counts are deterministic, batched sweeps issue fewer
+launches than per-step sweeps for every step type, the layer-parallel critical path is below
+serial backprop's at N = 64 (dense, conv), the fused kernels cut launches, and the counted run
+computes the NumPy gradient.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from refbraid.backends import launch_count
+from refbraid.backends.counting_device import DeviceArray, xp
+from refbraid.backends.cupy_fused import fused
+from refbraid.backends.launch_model import Tracker, tracking
+
+
+# ----------------------------------------------------------------------------- the model
+def test_a_chain_of_dependent_launches_is_as_deep_as_it_is_long():
+    t, a = Tracker(), np.zeros(8)
+    for _ in range(5):
+        t.launch([a], [a])
+    assert (t.tally.launches, t.tally.critical_path) == (5, 5)
+
+
+def test_launches_on_disjoint_rows_are_independent_and_a_row_reader_waits_for_its_writer():
+    t, u = Tracker(), np.zeros((4, 8))
+    for i in range(4):  # four intervals, three steps each: rows never read each other
+        for _ in range(3):
+            t.launch([u[i]], [u[i]])
+    assert (t.tally.launches, t.tally.critical_path) == (12, 3)
+    t.launch([u[1:3]], [np.zeros(3)])  # reads two rows: after both of their chains
+    assert t.tally.critical_path == 4
+
+
+def test_a_write_waits_for_earlier_readers_and_a_sync_orders_what_follows():
+    t, a, b, c = Tracker(), np.zeros(4), np.zeros(4), np.zeros(4)
+    t.launch([a], [b])
+    t.launch([a], [b])  # writes b again: output dependence
+    assert t.tally.critical_path == 2
+    t.launch([c], [a])  # overwrites a, read by both: anti-dependence
+    assert t.tally.critical_path == 3
+    t.to_host(a)  # the host waits for a (depth 3): what it issues next comes after
+    t.launch([], [np.zeros(2)])
+    assert t.tally.critical_path == 4 and (t.tally.d2h, t.tally.syncs) == (1, 1)
+
+
+def test_new_memory_carries_no_history():
+    t, a = Tracker(), np.zeros(4)
+    t.launch([a], [a])
+    t.launch([a], [a])
+    t.fresh(a)  # an allocator handing the same address back
+    t.launch([a], [a])
+    assert t.tally.critical_path == 2
+
+
+def test_the_counting_device_counts_operations_as_cupy_launches_them():
+    with tracking() as t:
+        x = xp.asarray(np.arange(6.0).reshape(2, 3))  # host data: a copy, no launch
+        y = xp.reshape(x, (3, 2))  # a view: nothing
+        z = xp.tanh(x) * 2.0 + x  # three launches
+        s = xp.sum(z)  # one reduction, a 0-d device array
+        x[0, :] = z[1, :]  # one launch
+        r = x[np.array([1, 0])]  # a host index: copied over, then one gather launch
+        value = float(s)  # a copy to the host and a synchronisation
+    assert isinstance(s, DeviceArray) and s.ndim == 0 and isinstance(y, DeviceArray)
+    assert (t.tally.launches, t.tally.h2d, t.tally.d2h, t.tally.syncs) == (6, 2, 1, 1)
+    assert value == pytest.approx(float(np.sum(np.tanh(np.arange(6.0)) * 2 + np.arange(6.0))))
+    assert r.shape == (2, 3)
+    with pytest.raises(TypeError, match="Implicit conversion"):
+        np.asarray(x)
+
+
+# ----------------------------------------------------------------------------- the networks
+def test_counts_are_deterministic_and_batched_sweeps_shorten_the_dense_gradient():
+    one = {m: launch_count.gradient_counts("cupy", "dense", 64, m) for m in launch_count.MODES}
+    again = launch_count.gradient_counts("cupy", "dense", 64, "lp-batched")
+    assert again.row() == one["lp-batched"].row() and again.by_name == one["lp-batched"].by_name
+    serial, per_step, batched = (one[m] for m in launch_count.MODES)
+    assert batched.launches < per_step.launches and batched.launches < serial.launches
+    assert batched.critical_path < serial.critical_path
+    assert per_step.critical_path < serial.critical_path
+    assert serial.h2d == 0 and per_step.syncs == batched.syncs  # the same residual checks
+
+
+def test_the_conv_gradient_critical_path_is_below_serial_backprop_at_64_layers():
+    serial = launch_count.gradient_counts("cupy", "conv", 64, "serial")
+    batched = launch_count.gradient_counts("cupy", "conv", 64, "lp-batched")
+    assert batched.critical_path < serial.critical_path and batched.launches < serial.launches
+
+
+STEP_OF = {"dense": "DenseStep", "conv": "ConvStep", "transformer": "EncoderStep",
+           "gru": "GRUCell"}
+
+
+@pytest.mark.parametrize("name,model", [("cupy", "dense"), ("cupy", "conv"),
+                                        ("cupy", "transformer"), ("cupy", "gru"),
+                                        ("cuda", "dense"), ("cuda", "conv")])
+def test_batched_sweeps_are_on_exactly_where_they_issue_fewer_launches(name, model):
+    """refbraid.backends.device_batching's switch follows the counts, per backend and step."""
+    from refbraid.backends.device_batching import BATCHED_ON_DEVICE
+    from refbraid.backends.numba_cuda import simulated
+
+    if name == "cuda" and not simulated():
+        pytest.skip("counts the simulator's launches (NUMBA_ENABLE_CUDASIM=1)")
+    per_step = launch_count.gradient_counts(name, model, 16, "lp-per-step")
+    batched = launch_count.gradient_counts(name, model, 16, "lp-batched")
+    fewer = batched.launches < per_step.launches
+    assert fewer == (STEP_OF[model] in BATCHED_ON_DEVICE[name]), (batched.row(), per_step.row())
+
+
+def test_the_fused_kernels_cut_launches_and_the_counted_gradient_is_numpys():
+    from refbraid.backends import get_backend
+    from refbraid.backends.host import to_host
+    from refbraid.network import to_backend
+    from refbraid.training.gradients import sequential_gradient
+
+    with fused(False):
+        unfused = launch_count.gradient_counts("cupy", "dense", 16, "serial")
+    fused_ = launch_count.gradient_counts("cupy", "dense", 16, "serial")
+    assert fused_.launches < unfused.launches and fused_.critical_path < unfused.critical_path
+    net, params, x, labels = launch_count.build_model("dense", 16, np.random.default_rng(0))
+    loss, want, _ = sequential_gradient(net, get_backend("numpy"))(params, x, labels)
+    with launch_count.counting("cupy") as bk:
+        got_loss, got, _ = sequential_gradient(net, bk)(to_backend(params, bk), bk.asarray(x),
+                                                        bk.asarray(labels))
+        got = {k: to_host(v) for k, v in got.items()}
+    assert got_loss == loss
+    for k, v in want.items():  # the fused kernels' NumPy path is the reference's arithmetic
+        np.testing.assert_array_equal(got[k], v, err_msg=k)
+
+
+def test_the_cuda_backend_counts_numba_launches_in_the_simulator():
+    from refbraid.backends.numba_cuda import simulated
+
+    if not simulated():
+        pytest.skip("counts the simulator's launches (NUMBA_ENABLE_CUDASIM=1)")
+    per_step = launch_count.gradient_counts("cuda", "dense", 16, "lp-per-step")
+    batched = launch_count.gradient_counts("cuda", "dense", 16, "lp-batched")
+    assert "_euler_act_kernel" in per_step.by_name  # the Numba kernels ran and were counted
+    assert "_euler_rows_kernel" in batched.by_name  # the batched ones, device-resident
+    assert batched.launches < per_step.launches
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="`mode`"):
+        launch_count.gradient_counts("cupy", "dense", 16, "fast")
+    with pytest.raises(ValueError, match="`model`"):
+        launch_count.build_model("lstm", 4, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="`name`"):
+        launch_count.counting_backend("numpy")
+
+
+@pytest.mark.parametrize("model", ["dense", "conv", "transformer", "gru"])
+def test_the_batched_gradient_on_the_cupy_path_has_the_numpy_batched_bits(model):
+    """The cupy backend's batched sweeps (switched on there; the fused kernels' NumPy path)
+    compute the NumPy backend's batched layer-parallel gradient bit for bit."""
+    from refbraid.backends import get_backend
+    from refbraid.backends.device_batching import sweeps_batched
+    from refbraid.backends.host import to_host
+    from refbraid.network import to_backend
+    from refbraid.training.gradients import mgrit_gradient
+
+    net, params, x, labels = launch_count.build_model(model, 16, np.random.default_rng(0))
+    settings = launch_count.default_settings()
+    with sweeps_batched(True):
+        loss, want, _ = mgrit_gradient(net, settings, get_backend("numpy"))(params, x, labels)
+    with launch_count.counting("cupy") as bk:
+        got_loss, got, _ = mgrit_gradient(net, settings, bk)(to_backend(params, bk),
+                                                             bk.asarray(x), bk.asarray(labels))
+        got = {k: to_host(v) for k, v in got.items()}
+    assert got_loss == loss
+    for k, v in want.items():
+        np.testing.assert_array_equal(got[k], v, err_msg=k)
