@@ -57,6 +57,7 @@ Inputs the kernels do not cover (complex, integer) go to the reference function 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -113,6 +114,32 @@ class _NoCuda:  # pragma: no cover - only without numba-cuda
 
 #: ``numba.cuda.jit``, or a stand-in that only defines the kernels when numba-cuda is missing.
 cuda_jit = cuda.jit if cuda is not None else _NoCuda.jit
+
+
+def kernel_factory(make):
+    """Memoise ``make(*args) -> kernel`` for kernels whose shared arrays need compile-time
+    values (an element type, a tile size): one kernel per distinct ``args`` (hashable,
+    e.g. a dtype name and an int), built on first use. Each kernel remembers
+    ``made_by = (module, name, args)``, so that tests/test_cuda_compile.py can build the same
+    kernel in a process that compiles for real GPU targets."""
+    made: dict = {}
+
+    @functools.wraps(make)
+    def kernel(*args):
+        if args not in made:
+            made[args] = make(*args)
+            made[args].made_by = (make.__module__, make.__name__, args)
+        return made[args]
+
+    kernel.is_kernel_factory = True
+    return kernel
+
+
+def element_type(dtype):
+    """The Numba element type of a float32/float64 dtype (for shared arrays)."""
+    return numba.float32 if np.dtype(dtype) == np.float32 else numba.float64
+
+
 _act_dev = cuda_jit(device=True)(act_scalar)
 _act_adjoint_dev = cuda_jit(device=True)(act_adjoint_scalar)
 
