@@ -104,6 +104,31 @@ def simulated() -> bool:
     return cuda is not None and bool(numba.config.ENABLE_CUDASIM)
 
 
+def numpy_incompatibility() -> str | None:
+    """Why numba-cuda cannot compile kernels with this NumPy, in one sentence naming both
+    versions, or None. Known case: numba-cuda up to at least 0.30.4 registers
+    ``numpy.row_stack``, which NumPy 2.5 removed, when it first compiles a kernel (an
+    AttributeError deep inside numba-cuda). Asked of the installed numba-cuda's source, so a
+    release without that line passes; the simulator never loads it."""
+    if cuda is None or simulated() or hasattr(np, "row_stack"):
+        return None
+    try:
+        from importlib.metadata import version
+        from importlib.util import find_spec
+
+        origin = find_spec("numba.cuda.np.arrayobj").origin
+        with open(origin, encoding="utf-8") as f:
+            if "np.row_stack" not in f.read():
+                return None
+        numba_cuda = version("numba-cuda")
+    except Exception:  # not the numba-cuda layout this check knows: nothing to say
+        return None
+    return (f"the cuda backend cannot compile kernels here: numba-cuda {numba_cuda} needs "
+            f"numpy.row_stack, which NumPy {np.__version__} no longer has; install "
+            f"numpy<2.5 (`pip install 'refbraid[cuda]'` pins it) or a numba-cuda release "
+            f"that supports NumPy {np.__version__}.")
+
+
 class _NoCuda:  # pragma: no cover - only without numba-cuda
     """Stands in for ``numba.cuda`` so that the kernels below still define (never launch)."""
 
