@@ -42,7 +42,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .strict_device import HostConversionError
+from .strict_device import HostConversionError, erf_values
 
 IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. Please use `.get()` to "
             "construct a NumPy array explicitly.")
@@ -283,11 +283,7 @@ def _cuda_namespace() -> types.SimpleNamespace:
 
 def _erf(z):
     """``cupyx.scipy.special.erf`` on the stand-in's storage."""
-    import math
-
-    data = z._a
-    values = np.vectorize(math.erf, otypes=[data.dtype])(data) if data.size else data.copy()
-    return ndarray(values)
+    return ndarray(erf_values(z._a))
 
 
 _NAMES: frozenset[str] = _standard_names()
