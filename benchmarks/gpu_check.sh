@@ -49,7 +49,8 @@ has_module() { "$py" -c "import $1" > /dev/null 2>&1; }
 if [ $mode = simulator ]; then
     export NUMBA_ENABLE_CUDASIM=1
     # tiny: every simulated CUDA thread is a Python thread
-    train_args=(--data peaks --samples 60 --layers 4 --width 4 --epochs 1 --batch-size 30)
+    train_args=(--data peaks --samples 60 --layers 8 --levels 2 --cfactor 2 --width 4
+                --epochs 1 --batch-size 30)
     bench_args=(--simulator --dtype float64 --repeats 1 --warmup 0)
     pytest_args=(tests/test_gpu.py)  # its tests skip without a GPU: this checks the step
 else
@@ -135,13 +136,14 @@ done
     echo "final lines (metrics before ' in '; times differ by design):"
     for bk in numba cuda cupy; do
         [ -f "$out/train-$bk.txt" ] || continue
-        line=$(grep '^finished' "$out/train-$bk.txt" | tail -1)
+        line=$(grep '^finished' "$out/train-$bk.txt" | sed -n '$p')
         printf '%-6s %s\n' "$bk" "${line%% in *}"
     done
 } > "$out/train-compare.txt"
 cat "$out/train-compare.txt"
-if [ "$(grep -c . "$out/train-compare.txt")" -gt 2 ] && \
-        [ "$(tail -n +2 "$out/train-compare.txt" | cut -c8- | sort -u | wc -l)" -eq 1 ]; then
+finals=$(tail -n +2 "$out/train-compare.txt" | cut -c8-)
+if [ "$(grep -c '^finished' <<< "$finals")" -ge 2 ] && [ "$(sort -u <<< "$finals" | wc -l)" -eq 1 ]
+then
     note "train-compare: the final lines agree"
 else
     note "train-compare: the final lines DIFFER (or a run is missing): see train-compare.txt"

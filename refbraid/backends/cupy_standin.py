@@ -315,14 +315,19 @@ def is_standin(xp) -> bool:
     return getattr(xp, "STANDIN", False) is True
 
 
+def real_cupy_imported() -> bool:
+    """True when ``sys.modules["cupy"]`` is a real CuPy (the stand-in then stays out)."""
+    real = sys.modules.get("cupy")
+    return real is not None and not is_standin(real)
+
+
 @contextlib.contextmanager
 def install() -> Iterator[types.ModuleType]:
     """Within the block ``import cupy`` (and ``cupyx.scipy.special``) is this stand-in.
 
     Refuses (RuntimeError) where a real CuPy is already imported: tests of the real thing
     and of the stand-in must not share a process."""
-    real = sys.modules.get("cupy")
-    if real is not None and not is_standin(real):
+    if real_cupy_imported():
         raise RuntimeError("a real CuPy is imported in this process; the CuPy stand-in "
                            "would replace it")
     saved = {n: sys.modules.get(n) for n in ("cupy", *_cupyx())}

@@ -33,12 +33,15 @@ from array_api_compat import is_cupy_array, is_numpy_array
 def namespace(*arrays):
     """The array namespace the arrays compute in (``numpy``, ``cupy``, array-api-compat's
     ``torch``, or an array's ``__array_namespace__()``); NumPy when every argument is a host
-    value (a Python scalar, None). Arrays of two libraries are a TypeError."""
+    value (a Python scalar, None, a list) or one object no array library claims (a Numba
+    device array). Arrays of two libraries are a TypeError."""
     xs = [a for a in arrays if not isinstance(a, (int, float, complex, type(None)))]
     if not xs:
         return np
     if all(is_numpy_array(a) or is_cupy_array(a) for a in xs):
         return array_api_compat.array_namespace(*xs, use_compat=False)
+    if len(xs) == 1 and not array_api_compat.is_array_api_obj(xs[0]):
+        return np
     return array_api_compat.array_namespace(*xs)
 
 

@@ -36,5 +36,8 @@ def standin(request):
     if request.param == "strict":
         yield get_backend("strict")
         return
+    if cupy_standin.real_cupy_imported():  # a GPU machine's full run: CuPy itself is here
+        pytest.skip("a real CuPy is imported in this process; the CuPy-like stand-in runs in "
+                    "CPU-only test runs (the GPU run tests CuPy itself)")
     with cupy_standin.standin_backend() as bk:
         yield bk
