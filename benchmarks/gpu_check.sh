@@ -49,8 +49,8 @@ has_module() { "$py" -c "import $1" > /dev/null 2>&1; }
 if [ $mode = simulator ]; then
     export NUMBA_ENABLE_CUDASIM=1
     # tiny: every simulated CUDA thread is a Python thread
-    train_args=(--data peaks --samples 60 --layers 8 --levels 2 --cfactor 2 --width 4
-                --epochs 1 --batch-size 30)
+    train_args=(--data peaks --samples 40 --layers 4 --levels 2 --cfactor 2 --width 4
+                --epochs 1 --batch-size 20)
     bench_args=(--simulator --dtype float64 --repeats 1 --warmup 0)
     pytest_args=(tests/test_gpu.py)  # its tests skip without a GPU: this checks the step
 else
