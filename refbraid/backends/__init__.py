@@ -152,6 +152,8 @@ def get_backend(name: str | Backend = "numpy") -> Backend:
         raise ValueError(f"`backend` must be one of {BACKENDS}, got {name!r}.")
     if name in _cache:
         return _cache[name]
+    if name == "cuda":
+        _refuse_incompatible_numpy()
     kernels = {k: getattr(m, k) for m in _REFERENCE_MODULES for k in KERNELS if hasattr(m, k)}
     overrides: tuple[str, ...] = ()
     xp, device = np, None
@@ -210,9 +212,22 @@ def _warn_if_host_arrays() -> None:
         warnings.warn(mode_note(), RuntimeWarning, stacklevel=3)
 
 
+def _refuse_incompatible_numpy() -> None:
+    """ImportError naming the versions when numba-cuda cannot compile with this NumPy."""
+    try:
+        from .numba_cuda import numpy_incompatibility
+    except ImportError:  # pragma: no cover - numba without cuda support
+        return
+    why = numpy_incompatibility()
+    if why is not None:
+        raise ImportError(why)
+
+
 def require_usable(name: str) -> None:
     """Raise ValueError, naming ``--backend`` and what to do, unless backend ``name`` can run
     here (``cuda``: a GPU or Numba's simulator; ``cupy``: a GPU and the cupy package)."""
+    if name == "cuda":
+        _refuse_incompatible_numpy()
     if name not in ("cuda", "cupy") or name in available_backends():
         return
     if name == "cuda":

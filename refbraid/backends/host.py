@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from .portable import namespace
+
 #: Copies made by :func:`to_host` since the start (``COUNTS["to_host"]``); tests read it.
 COUNTS: Counter = Counter()
 
@@ -67,7 +69,7 @@ def tree_to_host(tree: Any) -> Any:
 def all_finite(a: Any) -> bool:
     """True when every entry of ``a`` is finite: reduced where ``a`` lives, then one bool
     brought over through :func:`to_host` (an input check, not a per-element loop)."""
-    xp = a.__array_namespace__() if hasattr(a, "__array_namespace__") else np
+    xp = namespace(a)
     return bool(to_host(xp.all(xp.isfinite(a))))
 
 
@@ -75,7 +77,7 @@ def host_range(a: Any) -> tuple[int, int]:
     """(min, max) of a non-empty integer array as Python ints: reduced where ``a`` lives,
     then two scalars brought over through :func:`to_host` (a range check of token ids or
     labels copies two numbers, not the batch)."""
-    xp = a.__array_namespace__() if hasattr(a, "__array_namespace__") else np
+    xp = namespace(a)
     return int(to_host(xp.min(a))), int(to_host(xp.max(a)))
 
 
@@ -89,7 +91,7 @@ def first_non_finite(named: Iterable[tuple[str, Any]]) -> str | None:
     if not named:
         return None
     first = named[0][1]
-    xp = first.__array_namespace__() if hasattr(first, "__array_namespace__") else np
+    xp = namespace(first)
     flags = to_host(xp.stack([xp.all(xp.isfinite(a)) for _, a in named]))
     for (name, _), ok in zip(named, np.asarray(flags).tolist(), strict=True):
         if not ok:

@@ -57,6 +57,7 @@ Inputs the kernels do not cover (complex, integer) go to the reference function 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -103,6 +104,31 @@ def simulated() -> bool:
     return cuda is not None and bool(numba.config.ENABLE_CUDASIM)
 
 
+def numpy_incompatibility() -> str | None:
+    """Why numba-cuda cannot compile kernels with this NumPy, in one sentence naming both
+    versions, or None. Known case: numba-cuda up to at least 0.30.4 registers
+    ``numpy.row_stack``, which NumPy 2.5 removed, when it first compiles a kernel (an
+    AttributeError deep inside numba-cuda). Asked of the installed numba-cuda's source, so a
+    release without that line passes; the simulator never loads it."""
+    if cuda is None or simulated() or hasattr(np, "row_stack"):
+        return None
+    try:
+        from importlib.metadata import version
+        from importlib.util import find_spec
+
+        origin = find_spec("numba.cuda.np.arrayobj").origin
+        with open(origin, encoding="utf-8") as f:
+            if "np.row_stack" not in f.read():
+                return None
+        numba_cuda = version("numba-cuda")
+    except Exception:  # not the numba-cuda layout this check knows: nothing to say
+        return None
+    return (f"the cuda backend cannot compile kernels here: numba-cuda {numba_cuda} needs "
+            f"numpy.row_stack, which NumPy {np.__version__} no longer has; install "
+            f"numpy<2.5 (`pip install 'refbraid[cuda]'` pins it) or a numba-cuda release "
+            f"that supports NumPy {np.__version__}.")
+
+
 class _NoCuda:  # pragma: no cover - only without numba-cuda
     """Stands in for ``numba.cuda`` so that the kernels below still define (never launch)."""
 
@@ -113,6 +139,32 @@ class _NoCuda:  # pragma: no cover - only without numba-cuda
 
 #: ``numba.cuda.jit``, or a stand-in that only defines the kernels when numba-cuda is missing.
 cuda_jit = cuda.jit if cuda is not None else _NoCuda.jit
+
+
+def kernel_factory(make):
+    """Memoise ``make(*args) -> kernel`` for kernels whose shared arrays need compile-time
+    values (an element type, a tile size): one kernel per distinct ``args`` (hashable,
+    e.g. a dtype name and an int), built on first use. Each kernel remembers
+    ``made_by = (module, name, args)``, so that tests/test_cuda_compile.py can build the same
+    kernel in a process that compiles for real GPU targets."""
+    made: dict = {}
+
+    @functools.wraps(make)
+    def kernel(*args):
+        if args not in made:
+            made[args] = make(*args)
+            made[args].made_by = (make.__module__, make.__name__, args)
+        return made[args]
+
+    kernel.is_kernel_factory = True
+    return kernel
+
+
+def element_type(dtype):
+    """The Numba element type of a float32/float64 dtype (for shared arrays)."""
+    return numba.float32 if np.dtype(dtype) == np.float32 else numba.float64
+
+
 _act_dev = cuda_jit(device=True)(act_scalar)
 _act_adjoint_dev = cuda_jit(device=True)(act_adjoint_scalar)
 

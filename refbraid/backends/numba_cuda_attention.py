@@ -52,7 +52,7 @@ import math
 import numpy as np
 
 try:
-    from numba import cuda, float32, float64
+    from numba import cuda
 except ImportError as err:  # numba without CUDA support: the cuda backend keeps the reference
     # kernels here; get_backend skips an optional module that reports itself missing.
     raise ModuleNotFoundError(f"{__name__} needs numba.cuda: {err}", name=__name__) from err
@@ -73,7 +73,7 @@ from .numba_cpu_layernorm import (
     layernorm_param_col,
     layernorm_row,
 )
-from .numba_cuda import common_dtype, cuda_floats, size
+from .numba_cuda import common_dtype, cuda_floats, element_type, kernel_factory, size
 from .numba_cuda_memory import KernelCall, numpy_dtype
 
 OVERRIDES = (
@@ -164,15 +164,16 @@ def _bmm_simple_kernel(a, b, c):
         c[g, i, j] = acc
 
 
-def _make_bmm_tiled_kernel(dtype, tile: int):
-    """The tiled batched GEMM for one element type and tile edge (shared arrays need both at
-    compile time).
+@kernel_factory
+def bmm_tiled_kernel(dtype: str, tile: int):
+    """The tiled batched GEMM for one element type (a dtype name) and tile edge (shared arrays
+    need both at compile time).
 
     Block (tile, tile) computes c[g, row, col] for one output tile: for each K-tile, every
     thread loads one element of a and of b into shared memory, the block synchronises, and
     each thread accumulates its dot product over the tile; blockIdx.z walks the matrices g.
     """
-    elem = float32 if dtype == np.float32 else float64
+    elem = element_type(dtype)
     T = tile  # noqa: N806 - a compile-time constant of the kernel
 
     @cuda.jit
@@ -202,16 +203,6 @@ def _make_bmm_tiled_kernel(dtype, tile: int):
                 c[g, row, col] = acc
 
     return kernel
-
-
-_BMM_TILED: dict = {}
-
-
-def _bmm_tiled_kernel(dtype, tile: int):
-    key = (np.dtype(dtype), int(tile))
-    if key not in _BMM_TILED:
-        _BMM_TILED[key] = _make_bmm_tiled_kernel(*key)
-    return _BMM_TILED[key]
 
 
 def _grid_1d(n: int) -> tuple[int, int]:
@@ -252,7 +243,7 @@ def bmm(a, b):
     a_d, b_d, c = call.arg(a, dtype), call.arg(b, dtype), call.out((G, M, N), dtype)
     if min(M, N) >= TILE:
         grid = (math.ceil(N / TILE), math.ceil(M / TILE), min(G, MAX_GRID_Z))
-        _bmm_tiled_kernel(dtype, TILE)[grid, (TILE, TILE)](a_d, b_d, c.arg)
+        bmm_tiled_kernel(np.dtype(dtype).name, TILE)[grid, (TILE, TILE)](a_d, b_d, c.arg)
     else:
         blocks, threads = _grid_1d(G * M * N)
         _bmm_simple_kernel[blocks, threads](a_d, b_d, c.arg)

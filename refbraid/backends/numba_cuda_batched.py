@@ -37,7 +37,6 @@ Shape legend: k rows, B batch, C width; op(A) is A or Aᵀ per row.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from . import numba_cpu_batched
@@ -50,8 +49,10 @@ from .numba_cuda import (
     blocks,
     cuda,
     cuda_jit,
+    element_type,
+    kernel_factory,
 )
-from .numba_cuda_dense import SMALL_BLOCK, TILE
+from .numba_cuda_dense import SHARED_TILE, SMALL_BLOCK, TILE
 from .numba_cuda_memory import KernelCall, Output
 from .reference_batched import _dense_adjoint, _dense_forward
 
@@ -89,43 +90,51 @@ def _step_sizes(call: KernelCall, h, dtype):
 
 
 # ----------------------------------------------------------------------------- kernels
-@cuda_jit
-def _gemm_batched_kernel(A, B, C, trans_a, trans_b, bias, has_bias):
-    """C[j] = op(A[j]) op(B[j]) (+ bias[j]) for j = blockIdx.z: the tiled GEMM of
-    numba_cuda_dense._gemm_kernel on one row of the stack per grid layer."""
-    sA = cuda.shared.array((TILE, TILE + 1), numba.float64)
-    sB = cuda.shared.array((TILE, TILE + 1), numba.float64)
-    j = cuda.blockIdx.z
-    tx = cuda.threadIdx.x
-    ty = cuda.threadIdx.y
-    row0 = cuda.blockIdx.y * TILE
-    col0 = cuda.blockIdx.x * TILE
-    row = row0 + ty
-    col = col0 + tx
-    M, N = C.shape[1], C.shape[2]
-    K = A.shape[1] if trans_a else A.shape[2]
-    acc = 0.0
-    for t0 in range(0, K, TILE):
-        if trans_a:
-            k, i = t0 + ty, row0 + tx
-            sA[tx, ty] = A[j, k, i] if k < K and i < M else 0.0
-        else:
-            i, k = row, t0 + tx
-            sA[ty, tx] = A[j, i, k] if i < M and k < K else 0.0
-        if trans_b:
-            jj, k = col0 + ty, t0 + tx
-            sB[tx, ty] = B[j, jj, k] if jj < N and k < K else 0.0
-        else:
-            k, jj = t0 + ty, col
-            sB[ty, tx] = B[j, k, jj] if k < K and jj < N else 0.0
-        cuda.syncthreads()
-        for kk in range(TILE):
-            acc += sA[ty, kk] * sB[kk, tx]
-        cuda.syncthreads()
-    if row < M and col < N:
-        if has_bias:
-            acc += bias[j, col]
-        C[j, row, col] = acc
+@kernel_factory
+def gemm_batched_kernel(dtype: str):
+    """The batched tiled GEMM for ``dtype`` (a name), shared tiles of that type (one kernel
+    per dtype: a shared array's shape and type are compile-time constants)."""
+    elem = element_type(dtype)
+
+    @cuda_jit
+    def _gemm_batched_kernel(A, B, C, trans_a, trans_b, bias, has_bias):
+        """C[j] = op(A[j]) op(B[j]) (+ bias[j]) for j = blockIdx.z: the tiled GEMM of
+        numba_cuda_dense.gemm_kernel on one row of the stack per grid layer."""
+        sA = cuda.shared.array(SHARED_TILE, elem)
+        sB = cuda.shared.array(SHARED_TILE, elem)
+        j = cuda.blockIdx.z
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        row0 = cuda.blockIdx.y * TILE
+        col0 = cuda.blockIdx.x * TILE
+        row = row0 + ty
+        col = col0 + tx
+        M, N = C.shape[1], C.shape[2]
+        K = A.shape[1] if trans_a else A.shape[2]
+        acc = 0.0
+        for t0 in range(0, K, TILE):
+            if trans_a:
+                k, i = t0 + ty, row0 + tx
+                sA[tx, ty] = A[j, k, i] if k < K and i < M else 0.0
+            else:
+                i, k = row, t0 + tx
+                sA[ty, tx] = A[j, i, k] if i < M and k < K else 0.0
+            if trans_b:
+                jj, k = col0 + ty, t0 + tx
+                sB[tx, ty] = B[j, jj, k] if jj < N and k < K else 0.0
+            else:
+                k, jj = t0 + ty, col
+                sB[ty, tx] = B[j, k, jj] if k < K and jj < N else 0.0
+            cuda.syncthreads()
+            for kk in range(TILE):
+                acc += sA[ty, kk] * sB[kk, tx]
+            cuda.syncthreads()
+        if row < M and col < N:
+            if has_bias:
+                acc += bias[j, col]
+            C[j, row, col] = acc
+
+    return _gemm_batched_kernel
 
 
 @cuda_jit
@@ -198,7 +207,8 @@ def _gemm(call: KernelCall, A, B, trans_a: bool, trans_b: bool, k: int, M: int, 
                                                 bias is not None)
         return C
     grid = (blocks(N, TILE), blocks(M, TILE), k)
-    _gemm_batched_kernel[grid, (TILE, TILE)](A, B, C.arg, trans_a, trans_b, b, bias is not None)
+    gemm_batched_kernel(np.dtype(dtype).name)[grid, (TILE, TILE)](A, B, C.arg, trans_a, trans_b,
+                                                                  b, bias is not None)
     return C
 
 

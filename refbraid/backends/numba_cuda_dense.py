@@ -4,7 +4,7 @@ Every public function has the signature and semantics of the same-named function
 :mod:`refbraid.backends.reference`; device arrays in, device arrays out (host arrays in, NumPy
 arrays out), memory through :mod:`refbraid.backends.numba_cuda_memory`. Kernels::
 
-    _gemm_kernel         C = op(A) op(B) (+ bias[None, :])    TILE×TILE blocks, shared memory
+    gemm_kernel(dtype)   C = op(A) op(B) (+ bias[None, :])    TILE×TILE blocks, shared memory
     _gemm_small_kernel   the same, one thread per output      outputs smaller than one tile
     _column_sum_kernel   db[c] = Σ_n dz[n, c]                 one thread per column
 
@@ -15,9 +15,10 @@ The tiled GEMM: block (bx, by) owns the TILE×TILE tile of C at rows ``by·TILE�
 ``bx·TILE…``; for each TILE-wide slab of the inner dimension every thread loads one element
 of op(A) and one of op(B) into shared memory, the block synchronises, and each thread adds
 TILE products to its accumulator. Reductions are per output thread (no atomics), so results
-are deterministic. Accumulators and shared tiles are float64 for both dtypes (exact for
-float64, more accurate for float32, slower on GPUs with weak float64); outputs keep the
-input dtype.
+are deterministic. Shared tiles hold the input dtype (one kernel per dtype,
+:func:`gemm_kernel`: a float32 GEMM moves float32 tiles); the accumulator is float64 for both
+(exact for float64, more accurate for float32, slower on GPUs with weak float64); outputs
+keep the input dtype.
 
 Design (for a GPU course): tiling turns K global loads per output into K/TILE, as every value
 loaded into shared memory is used TILE times. Loads are coalesced for both layouts: when an
@@ -31,58 +32,78 @@ and tensor cores, which is where cuBLAS (the ``cupy`` backend's ``@``) gets its 
 
 from __future__ import annotations
 
-import numba
+import numpy as np
 
 from . import reference
 from .numba_cpu_dense import check_linear_args
-from .numba_cuda import THREADS, blocks, common_dtype, cuda, cuda_floats, cuda_jit
+from .numba_cuda import (
+    THREADS,
+    blocks,
+    common_dtype,
+    cuda,
+    cuda_floats,
+    cuda_jit,
+    element_type,
+    kernel_factory,
+)
 from .numba_cuda_memory import KernelCall, Output
 
 OVERRIDES = ("matmul", "linear", "linear_adjoint") if cuda is not None else ()
 
 TILE = 16  # side of the shared-memory tiles of the GEMM (TILE×TILE threads per block)
+#: Shape of a shared tile, padded by one column; a module constant, so the compiler sees a
+#: constant shape (``(TILE, TILE + 1)`` written inside a kernel is typed as a run-time tuple).
+SHARED_TILE = (TILE, TILE + 1)
 SMALL_BLOCK = 8  # block side of the per-element GEMM used for outputs smaller than a tile
 
 
 # ----------------------------------------------------------------------------- kernels
-@cuda_jit
-def _gemm_kernel(A, B, C, trans_a, trans_b, bias, has_bias):
-    """C = op(A) op(B) (+ bias[None, :]),  op(A): (M, K), op(B): (K, N), C: (M, N)."""
-    sA = cuda.shared.array((TILE, TILE + 1), numba.float64)  # +1: no bank conflicts when
-    sB = cuda.shared.array((TILE, TILE + 1), numba.float64)  # a column is written
-    tx = cuda.threadIdx.x
-    ty = cuda.threadIdx.y
-    row0 = cuda.blockIdx.y * TILE
-    col0 = cuda.blockIdx.x * TILE
-    row = row0 + ty
-    col = col0 + tx
-    M, N = C.shape
-    K = A.shape[0] if trans_a else A.shape[1]
-    acc = 0.0
-    for t0 in range(0, K, TILE):
-        # sA[i, k] = op(A)[row0 + i, t0 + k], sB[k, j] = op(B)[t0 + k, col0 + j]. Threads
-        # next to each other in x read neighbouring addresses of the stored (row-major)
-        # matrix, whether op is the identity or the transpose: coalesced loads.
-        if trans_a:  # A is (K, M): thread (ty, tx) reads A[t0 + ty, row0 + tx]
-            k, i = t0 + ty, row0 + tx
-            sA[tx, ty] = A[k, i] if k < K and i < M else 0.0
-        else:  # A is (M, K): thread (ty, tx) reads A[row0 + ty, t0 + tx]
-            i, k = row, t0 + tx
-            sA[ty, tx] = A[i, k] if i < M and k < K else 0.0
-        if trans_b:  # B is (N, K): thread (ty, tx) reads B[col0 + ty, t0 + tx]
-            j, k = col0 + ty, t0 + tx
-            sB[tx, ty] = B[j, k] if j < N and k < K else 0.0
-        else:  # B is (K, N): thread (ty, tx) reads B[t0 + ty, col0 + tx]
-            k, j = t0 + ty, col
-            sB[ty, tx] = B[k, j] if k < K and j < N else 0.0
-        cuda.syncthreads()
-        for kk in range(TILE):
-            acc += sA[ty, kk] * sB[kk, tx]
-        cuda.syncthreads()
-    if row < M and col < N:
-        if has_bias:
-            acc += bias[col]
-        C[row, col] = acc
+@kernel_factory
+def gemm_kernel(dtype: str):
+    """The tiled GEMM for ``dtype`` (a name: "float32", "float64"), its shared tiles of that
+    type (a shared array's shape and type are compile-time constants)."""
+    elem = element_type(dtype)
+
+    @cuda_jit
+    def _gemm_kernel(A, B, C, trans_a, trans_b, bias, has_bias):
+        """C = op(A) op(B) (+ bias[None, :]),  op(A): (M, K), op(B): (K, N), C: (M, N)."""
+        sA = cuda.shared.array(SHARED_TILE, elem)  # TILE + 1 columns: no bank conflicts
+        sB = cuda.shared.array(SHARED_TILE, elem)  # when a column is written
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        row0 = cuda.blockIdx.y * TILE
+        col0 = cuda.blockIdx.x * TILE
+        row = row0 + ty
+        col = col0 + tx
+        M, N = C.shape
+        K = A.shape[0] if trans_a else A.shape[1]
+        acc = 0.0
+        for t0 in range(0, K, TILE):
+            # sA[i, k] = op(A)[row0 + i, t0 + k], sB[k, j] = op(B)[t0 + k, col0 + j]. Threads
+            # next to each other in x read neighbouring addresses of the stored (row-major)
+            # matrix, whether op is the identity or the transpose: coalesced loads.
+            if trans_a:  # A is (K, M): thread (ty, tx) reads A[t0 + ty, row0 + tx]
+                k, i = t0 + ty, row0 + tx
+                sA[tx, ty] = A[k, i] if k < K and i < M else 0.0
+            else:  # A is (M, K): thread (ty, tx) reads A[row0 + ty, t0 + tx]
+                i, k = row, t0 + tx
+                sA[ty, tx] = A[i, k] if i < M and k < K else 0.0
+            if trans_b:  # B is (N, K): thread (ty, tx) reads B[col0 + ty, t0 + tx]
+                j, k = col0 + ty, t0 + tx
+                sB[tx, ty] = B[j, k] if j < N and k < K else 0.0
+            else:  # B is (K, N): thread (ty, tx) reads B[t0 + ty, col0 + tx]
+                k, j = t0 + ty, col
+                sB[ty, tx] = B[k, j] if k < K and j < N else 0.0
+            cuda.syncthreads()
+            for kk in range(TILE):
+                acc += sA[ty, kk] * sB[kk, tx]
+            cuda.syncthreads()
+        if row < M and col < N:
+            if has_bias:
+                acc += bias[col]
+            C[row, col] = acc
+
+    return _gemm_kernel
 
 
 @cuda_jit
@@ -131,7 +152,8 @@ def _gemm(call: KernelCall, A, B, trans_a: bool, trans_b: bool, M: int, N: int, 
         _gemm_small_kernel[grid, block](A, B, C.arg, trans_a, trans_b, b, bias is not None)
         return C
     grid = (blocks(N, TILE), blocks(M, TILE))
-    _gemm_kernel[grid, (TILE, TILE)](A, B, C.arg, trans_a, trans_b, b, bias is not None)
+    gemm_kernel(np.dtype(dtype).name)[grid, (TILE, TILE)](A, B, C.arg, trans_a, trans_b, b,
+                                                          bias is not None)
     return C
 
 

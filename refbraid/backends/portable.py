@@ -14,23 +14,40 @@ say each once, so a kernel line reads the same on every backend:
   fresh copy (a broadcast view becomes a writable array either way);
 * :func:`copy_of` — a copy that shares no memory, made where the array lives;
 * :func:`namespace` — the array's namespace (NumPy for host values).
+
+Which library an array belongs to is asked of `array-api-compat
+<https://data-apis.org/array-api-compat/>`_ and nowhere else: it knows NumPy, CuPy (whose
+arrays have no ``__array_namespace__``), PyTorch and every library that has that method
+(array-api-strict). NumPy and CuPy answer with their own modules (both carry the
+standard's functions in their main namespace: NumPy since 2.0, CuPy since 13), PyTorch with
+array-api-compat's wrapper of ``torch``.
 """
 
 from __future__ import annotations
 
+import array_api_compat
 import numpy as np
+from array_api_compat import is_cupy_array, is_numpy_array
 
 
-def namespace(a):
-    """The array namespace ``a`` computes in: its ``__array_namespace__()``, NumPy for host
-    values (Python scalars, NumPy arrays of a NumPy without the array API)."""
-    get = getattr(a, "__array_namespace__", None)
-    return get() if get is not None else np
+def namespace(*arrays):
+    """The array namespace the arrays compute in (``numpy``, ``cupy``, array-api-compat's
+    ``torch``, or an array's ``__array_namespace__()``); NumPy when every argument is a host
+    value (a Python scalar, None, a list) or one object no array library claims (a Numba
+    device array). Arrays of two libraries are a TypeError."""
+    xs = [a for a in arrays if not isinstance(a, (int, float, complex, type(None)))]
+    if not xs:
+        return np
+    if all(is_numpy_array(a) or is_cupy_array(a) for a in xs):
+        return array_api_compat.array_namespace(*xs, use_compat=False)
+    if len(xs) == 1 and not array_api_compat.is_array_api_obj(xs[0]):
+        return np
+    return array_api_compat.array_namespace(*xs)
 
 
 def _current_device_library(a) -> bool:
     """True for NumPy and CuPy arrays: creation functions already use their device."""
-    return isinstance(a, np.ndarray) or type(a).__module__.startswith("cupy")
+    return is_numpy_array(a) or is_cupy_array(a)
 
 
 def indexes_with_integer_arrays(a) -> bool:
@@ -96,6 +113,6 @@ def copy_of(a):
     or a NumPy array: a NumPy array)."""
     if isinstance(a, (np.ndarray, np.generic)) or not hasattr(a, "shape"):
         return np.array(a, copy=True)
-    if type(a).__module__.startswith("cupy"):
+    if is_cupy_array(a):
         return a.copy()
     return namespace(a).asarray(a, copy=True)

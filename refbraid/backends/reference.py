@@ -1,7 +1,7 @@
 """The NumPy reference kernels: the contract every backend implements.
 
 Every function here is written against the array-API namespace of its inputs
-(``x.__array_namespace__()``), so the same code runs on NumPy arrays (the ``numpy``
+(:func:`refbraid.backends.portable.namespace`), so the same code runs on NumPy arrays (the ``numpy``
 backend) and on CuPy arrays (the ``cupy`` backend). Only the standard's functions are used
 (``xp.sum(x)``, not ``x.sum()``; no ``np.pad`` or ``einsum``), and new arrays are made on
 the device of the inputs (:mod:`refbraid.backends.portable`): the tests run these kernels on
@@ -24,20 +24,9 @@ import numpy as np
 
 from .dtypes import dtype_kind
 from .portable import arange_on, zeros_on
+from .portable import namespace as array_namespace  # the one lookup (array-api-compat)
 
 ACTIVATIONS = ("tanh", "relu", "gelu", "identity")
-
-
-def array_namespace(*arrays):
-    """The array module (numpy or cupy) the arrays belong to."""
-    for a in arrays:
-        if hasattr(a, "__array_namespace__"):
-            return a.__array_namespace__()
-        if type(a).__module__.startswith("cupy"):  # CuPy < 14 has no __array_namespace__
-            import cupy  # pragma: no cover - needs a GPU
-
-            return cupy  # pragma: no cover
-    return np
 
 
 def _erf(xp, z):

@@ -74,10 +74,15 @@ def erf(z):
     """erf on the stand-in device, as CuPy brings its own (``cupyx.scipy.special.erf``): the
     array API standard has none. It computes on the stand-in's own storage with Python's
     ``math.erf`` — the device's special-function library, not a host conversion."""
+    data = z._array  # the device's storage (array-api-strict keeps a NumPy array)
+    return xp.asarray(erf_values(data), device=z.device)
+
+
+def erf_values(data):
+    """erf of a NumPy array, element by element with Python's ``math.erf`` (a stand-in
+    device's special-function kernel)."""
     import math
 
     import numpy as np
 
-    data = z._array  # the device's storage (array-api-strict keeps a NumPy array)
-    values = np.vectorize(math.erf, otypes=[data.dtype])(data) if data.size else data.copy()
-    return xp.asarray(values, device=z.device)
+    return np.vectorize(math.erf, otypes=[data.dtype])(data) if data.size else data.copy()

@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
+from ..backends.portable import copy_of
 from .trace import active_recorder, payload_bytes
 
 #: Seconds a simulated rank waits for a neighbour or a collective before giving up.
@@ -71,8 +72,8 @@ def exchange_ghost(comm: Comm, last: Any) -> Any | None:
 
     A copy travels: the sender relaxes its level arrays in place afterwards."""
     if comm.size > 1:
-        last = last.__array_namespace__().asarray(last, copy=True) \
-            if hasattr(last, "__array_namespace__") else last
+        last = copy_of(last) if hasattr(last, "shape") else last  # CuPy too (no
+        # __array_namespace__): the copy is made where the array lives
     comm.send_next(last)
     return comm.recv_prev()
 

@@ -1,5 +1,6 @@
 """MGRIT solves, the layer-parallel gradient, the sequence models, the optimizers and a short
-training loop on the strict device stand-in, each against the same computation on NumPy.
+training loop on the device stand-ins (strict, CuPy-like), each against the same computation
+on NumPy.
 
 Oracle: the NumPy run in the same test (same seeds, same settings): solutions, residual
 records, gradients and trained parameters agree to round-off, and every array the solver or
@@ -11,7 +12,6 @@ import pytest
 
 from refbraid.backends import get_backend
 from refbraid.backends.host import COUNTS, to_host
-from refbraid.backends.strict_device import DEVICE
 from refbraid.layer_parallel import LayerParallelSettings, layer_parallel_gradient
 from refbraid.mgrit import MGRITSettings, Problem, solve
 from refbraid.network import init_params, to_backend
@@ -22,12 +22,14 @@ from refbraid.training.optim import make_optimizer
 from refbraid.training.run import setup
 from refbraid.training.trainer import fit, select_gradient
 
+from .devices import on_device
+
 NUMPY = get_backend("numpy")
 TWO_CYCLES = LayerParallelSettings.with_iterations(2, 2, levels=2, cfactor=2, min_coarse=1)
 
 
 def _close(got, want, rtol=1e-12, what=""):
-    assert got.device == DEVICE, what
+    assert on_device(got), what
     np.testing.assert_allclose(to_host(got), want, rtol=rtol, atol=1e-14, err_msg=what)
 
 
@@ -52,9 +54,9 @@ def _ode(bk, direction="forward", n_steps=17):
     MGRITSettings(levels=2, cfactor=2, abs_tol=None, max_iter=2, min_coarse=1,
                   final_fc_relax=True),
 ], ids=["V-FCF", "F-cycle-FMG", "final-FC"])
-def test_mgrit_solve_and_record_equal_numpy(strict, direction, settings):
+def test_mgrit_solve_and_record_equal_numpy(standin, direction, settings):
     want = solve(_ode(NUMPY, direction), settings)
-    got = solve(_ode(strict, direction), settings)
+    got = solve(_ode(standin, direction), settings)
     _close(got.solution, want.solution, what="solution")
     assert got.status == want.status and got.iterations == want.iterations
     np.testing.assert_allclose(got.norms, want.norms, rtol=1e-11, atol=1e-300)
@@ -65,7 +67,7 @@ def test_mgrit_solve_and_record_equal_numpy(strict, direction, settings):
 
 
 @pytest.mark.parametrize("model", ["resnet", "conv"])
-def test_layer_parallel_gradient_equals_numpy(strict, model):
+def test_layer_parallel_gradient_equals_numpy(standin, model):
     shape = (2,) if model == "resnet" else (1, 4, 4)
     net = build_network(model, shape, 3, 4, 3, 1.0)
     params = init_params(net, 0)
@@ -73,7 +75,8 @@ def test_layer_parallel_gradient_equals_numpy(strict, model):
     x, y = rng.standard_normal((3, *shape)), np.array([0, 2, 1])
     loss, grads, info = layer_parallel_gradient(net, params, x, y, TWO_CYCLES)
     dloss, dgrads, dinfo = layer_parallel_gradient(
-        net, to_backend(params, strict), strict.asarray(x), strict.asarray(y), TWO_CYCLES, strict)
+        net, to_backend(params, standin), standin.asarray(x), standin.asarray(y), TWO_CYCLES,
+        standin)
     assert abs(dloss - loss) <= 1e-13 * abs(loss)
     for k in grads:
         _close(dgrads[k], grads[k], 1e-11, k)
@@ -94,7 +97,7 @@ def _sequence_case(name, rng):
 
 
 @pytest.mark.parametrize("name", ["gru", "transformer", "seq2seq"])
-def test_sequence_model_gradients_equal_numpy(strict, name):
+def test_sequence_model_gradients_equal_numpy(standin, name):
     rng = np.random.default_rng(4)
     m, x, y = _sequence_case(name, rng)
     params = m.init_params(rng)
@@ -102,37 +105,37 @@ def test_sequence_model_gradients_equal_numpy(strict, name):
     for method in ("backprop", "layer_parallel_gradient"):
         args = (settings,) if method != "backprop" else ()
         loss, grads, _ = getattr(m, method)(params, x, y, *args, NUMPY)
-        dloss, dgrads, _ = getattr(m, method)(to_backend(params, strict), strict.asarray(x),
-                                              strict.asarray(y), *args, strict)
+        dloss, dgrads, _ = getattr(m, method)(to_backend(params, standin), standin.asarray(x),
+                                              standin.asarray(y), *args, standin)
         assert abs(dloss - loss) <= 1e-12 * abs(loss), method
         for k in grads:
             _close(dgrads[k], grads[k], 1e-10, f"{method} {k}")
 
 
 @pytest.mark.parametrize("name", ["sgd", "adam"])
-def test_optimizers_equal_numpy(strict, name):
+def test_optimizers_equal_numpy(standin, name):
     rng = np.random.default_rng(5)
     params = {"W": rng.standard_normal((3, 4)), "b": rng.standard_normal(4)}
     grads = [{k: rng.standard_normal(v.shape) for k, v in params.items()} for _ in range(3)]
     kw = {"momentum": 0.9} if name == "sgd" else {}
-    host, dev = dict(params), to_backend(params, strict)
+    host, dev = dict(params), to_backend(params, standin)
     opt_host, opt_dev = make_optimizer(name, 0.1, **kw), make_optimizer(name, 0.1, **kw)
     for g in grads:
         opt_host.step(host, g)
-        opt_dev.step(dev, to_backend(g, strict))
+        opt_dev.step(dev, to_backend(g, standin))
     for k in params:
         _close(dev[k], host[k], 1e-13, k)
     state = opt_dev.state_dict()  # host copies, through to_host (checkpoints need them)
     assert all(isinstance(v, np.ndarray) for v in state.values())
 
 
-def test_short_training_run_with_checkpoints_equals_numpy(strict, tmp_path):
+def test_short_training_run_with_checkpoints_equals_numpy(standin, tmp_path):
     """Two epochs of layer-parallel Adam on tiny Peaks: evaluation, log, checkpoints and the
     loss curve all take host values through to_host; the parameters equal NumPy's."""
     cfg = TrainConfig(data="peaks", samples=40, layers=4, width=4, epochs=2, batch_size=8,
                       levels=2, cfactor=2, quiet=True)
     results = {}
-    for bk in (NUMPY, strict):
+    for bk in (NUMPY, standin):
         net, data, state, _ = setup(cfg)
         state.params = to_backend(state.params, bk)
         _, gradient = select_gradient(cfg, net, bk)
@@ -140,10 +143,10 @@ def test_short_training_run_with_checkpoints_equals_numpy(strict, tmp_path):
         results[bk.name] = fit(net, state, data, gradient, epochs=2, batch_size=8, bk=bk,
                                out_dir=tmp_path / bk.name, checkpoint_every=1, quiet=True)
         copies = COUNTS["to_host"] - before
-    ref, dev = results["numpy"].state, results["strict"].state
-    assert (tmp_path / "strict" / "checkpoint.npz").is_file()
+    ref, dev = results["numpy"].state, results[standin.name].state
+    assert (tmp_path / standin.name / "checkpoint.npz").is_file()
     for k, v in ref.params.items():
         _close(dev.params[k], v, 1e-10, k)
     assert dev.history[-1]["train_loss"] == pytest.approx(ref.history[-1]["train_loss"],
                                                           rel=1e-12)
-    assert copies > 0  # the strict run's host values all came through the one door
+    assert copies > 0  # the stand-in run's host values all came through the one door

@@ -1,0 +1,152 @@
+"""Every Numba CUDA kernel of the ``cuda`` backend compiles for real GPUs — compute
+capability 7.5, 8.0 and 9.0 — for every signature the backends launch it with.
+
+Numba's CUDA simulator runs a kernel as Python, so a kernel the compiler refuses (a shared
+array whose shape is not a compile-time constant, a type the simulator never checks) passes
+every simulated test and fails on the first GPU. Here the simulator only *records*: the
+verification catalogue in float64 and float32, the two small networks, the tiled bmm and the
+batched dense step run on the ``cuda`` backend while every launch's kernel and argument
+types are written down (argument layouts as the GPU path passes them: C-contiguous). A
+second process without the simulator then compiles each (kernel, signature) to PTX for each
+target with ``numba.cuda.compile_ptx`` and NVIDIA's NVVM from PyPI (``numba-cuda[cu13]``;
+no GPU, no driver). tests/cuda_compile/compile_targets.py is that process.
+
+Without NVVM the test skips, unless ``REFBRAID_REQUIRE_NVVM=1`` (CI) makes that a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import pickle
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from refbraid import backends
+
+TARGETS = ("7.5", "8.0", "9.0")
+WORKER = Path(__file__).parent / "cuda_compile" / "compile_targets.py"
+
+numba = pytest.importorskip("numba")
+if not numba.config.ENABLE_CUDASIM:
+    pytest.skip("records launches in Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1); on a GPU "
+                "the kernels are compiled by running them", allow_module_level=True)
+pytest.importorskip("numba.cuda")
+
+from numba.cuda.simulator import kernel as sim_kernel  # noqa: E402
+from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray  # noqa: E402
+
+
+def cuda_modules() -> list:
+    """refbraid.backends.numba_cuda* (every module of the ``cuda`` backend's kernels)."""
+    return [importlib.import_module(f"refbraid.backends.{m.name}")
+            for m in pkgutil.iter_modules(backends.__path__) if m.name.startswith("numba_cuda")]
+
+
+def defined_kernels() -> set[tuple[str, str]]:
+    """(module, name) of every kernel and kernel factory the cuda modules define."""
+    found = set()
+    for mod in cuda_modules():
+        for name, obj in vars(mod).items():
+            if getattr(obj, "__module__", None) != mod.__name__:
+                continue  # imported from elsewhere: counted where it is defined
+            if isinstance(obj, sim_kernel.FakeCUDAKernel) and not obj._device:
+                found.add((mod.__name__, name))
+            elif getattr(obj, "is_kernel_factory", False):
+                found.add((mod.__name__, name))
+    return found
+
+
+def _numba_type(arg):
+    a = arg._ary if isinstance(arg, FakeCUDAArray) else arg
+    t = numba.typeof(a)
+    if isinstance(t, numba.types.Array):  # the GPU path passes C-contiguous arrays
+        t = t.copy(layout="C", readonly=False)
+    return t
+
+
+@contextlib.contextmanager
+def recorded_launches():
+    """Within the block every simulated kernel launch adds (module, name, made_by, argtypes)
+    to the yielded set."""
+    seen: set = set()
+    original = sim_kernel.FakeCUDAKernel.__call__
+
+    def call(self, *args):
+        if not self._device and not sim_kernel._kernel_context:
+            made_by = getattr(self, "made_by", None)
+            seen.add((self.fn.__module__, self.fn.__name__, made_by,
+                      tuple(_numba_type(a) for a in args)))
+        return original(self, *args)
+
+    sim_kernel.FakeCUDAKernel.__call__ = call
+    try:
+        yield seen
+    finally:
+        sim_kernel.FakeCUDAKernel.__call__ = original
+
+
+def run_workload() -> None:
+    """What the backends launch: the catalogue in both dtypes, the networks, the tiled bmm
+    and the batched dense step (tiled and per-element GEMMs) in both dtypes."""
+    from refbraid.verify.checks import check_network
+    from refbraid.verify.suite import catalog, check_entry, default_networks
+
+    for dtype in (np.float64, np.float32):
+        for name, layer in catalog():
+            check_entry(name, layer, "cuda", dtype)
+    for name, net in default_networks():
+        check_network(net, "cuda", np.float64, name=name)
+    bk, rng = backends.get_backend("cuda"), np.random.default_rng(0)
+    for dtype in (np.float64, np.float32):
+        bk.bmm(bk.asarray(rng.standard_normal((1, 16, 2)), dtype),
+               bk.asarray(rng.standard_normal((1, 2, 16)), dtype))
+        for B, C in ((16, 16), (2, 3)):  # host arrays: the batched kernels' mode
+            Y, W = rng.standard_normal((2, B, C)).astype(dtype), \
+                rng.standard_normal((2, C, C)).astype(dtype)
+            b, h = rng.standard_normal((2, C)).astype(dtype), np.full(2, 0.5)
+            Y_next, Z = bk.dense_step_batched(Y, W, b, h, "tanh")
+            bk.dense_step_batched_adjoint(Y, Z, Y_next, W, h, "tanh")
+
+
+def _launched(records) -> set[tuple[str, str]]:
+    out = set()
+    for module, name, made_by, _ in records:
+        out.add((made_by[0], made_by[1]) if made_by else (module, name))
+    return out
+
+
+@pytest.fixture(scope="module")
+def records():
+    with recorded_launches() as seen:
+        run_workload()
+    return sorted(seen, key=repr)
+
+
+def test_the_workload_launches_every_kernel_of_the_cuda_backend(records):
+    missing = defined_kernels() - _launched(records)
+    assert not missing, f"kernels never launched by run_workload (add them): {sorted(missing)}"
+    dtypes = {t.dtype.name for *_, sig in records for t in sig if hasattr(t, "dtype")}
+    assert {"float32", "float64"} <= dtypes
+
+
+def test_every_kernel_compiles_for_real_gpu_targets(records, tmp_path):
+    path = tmp_path / "records.pkl"
+    path.write_bytes(pickle.dumps(records))
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
+    runs = {cc: subprocess.Popen([sys.executable, str(WORKER), str(path), cc], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for cc in TARGETS}  # one process per target (compile_targets.py says why)
+    out = {cc: run.communicate(timeout=900)[0] for cc, run in runs.items()}
+    codes = {cc: run.returncode for cc, run in runs.items()}
+    if set(codes.values()) == {3} and os.environ.get("REFBRAID_REQUIRE_NVVM") != "1":
+        pytest.skip(f"NVVM is not installed (pip install 'numba-cuda[cu13]'): {out[TARGETS[0]]}")
+    for cc in TARGETS:
+        assert codes[cc] == 0, f"cc {cc}:\n{out[cc]}"
+        assert f"compiled {len(records)}/{len(records)} " in out[cc], out[cc]
