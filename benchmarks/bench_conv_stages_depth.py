@@ -35,8 +35,7 @@ import numpy as np
 from refbraid.backends import get_backend
 from refbraid.training.config import TrainConfig
 from refbraid.training.evaluate import evaluate
-from refbraid.training.gradients import layer_parallel_settings, mgrit_gradient
-from refbraid.training.mgopt_step import mgopt_gradient
+from refbraid.training.gradients import layer_parallel_settings, mgrit_gradient, select_gradient
 from refbraid.training.models import as_network_input
 from refbraid.training.multilevel import coarser_network, prolong_weights
 from refbraid.training.run import setup
@@ -101,7 +100,7 @@ def train(method, args, seed):
         if shallow.running:
             model.running = prolong_weights(shallow.running, model.n_layers, kind)
     if method.startswith("mgopt"):
-        gradient = mgopt_gradient(config, model, get_backend("numpy"))
+        gradient = select_gradient(config, model, get_backend("numpy"))[1]
     else:
         gradient = mgrit_gradient(model, settings, bk)
     while run.reached is None and run.epochs < args.max_epochs:

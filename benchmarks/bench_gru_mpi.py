@@ -4,13 +4,13 @@
 
 Runs itself under ``mpiexec -n P`` (``python -m mpi4py``, one thread per rank) and prints:
 
-1. GRU gradient (:class:`refbraid.training.distributed_gru.SequenceParallelGRU`), L positions,
+1. GRU gradient (:class:`refbraid.distributed.gru.SequenceParallelGRU`), L positions,
    hidden H, batch B, 2 levels, cfactor 4, 2 forward / 1 adjoint cycles: median seconds per
    gradient (the slowest rank's), with P sequence ranks (D = 1) and with D = P data-parallel
    groups; beside it, whether the gradient equals the one-process
    ``GRUModel.layer_parallel_gradient`` bit for bit, and the largest relative difference.
    For reference, BPTT (``GRUModel.backprop``) in the same run.
-2. ``--bias-control`` over MPI (:mod:`refbraid.training.bias_control_mpi`), a dense ResNet:
+2. ``--bias-control`` over MPI (:mod:`refbraid.distributed.bias_control`), a dense ResNet:
    median seconds of a plain layer-parallel step and of a step that also measures bias and
    noise (gathers on rank 0, M + 1 backprops there, one broadcast), and of a step after the
    switch to serial backprop.
@@ -50,10 +50,10 @@ def _median_slowest(world, fn, repeat: int) -> float:
 
 
 def _gru_worker(spec: dict) -> None:
+    from refbraid.distributed.gru import sequence_parallel_gradient
     from refbraid.layer_parallel import LayerParallelSettings
     from refbraid.parallel.mpi import MPIComm
     from refbraid.sequence.gru_model import GRUModel
-    from refbraid.training.distributed_gru import sequence_parallel_gradient
 
     world = MPIComm.world()
     L, H, B = spec["L"], spec["H"], spec["B"]
@@ -80,8 +80,8 @@ def _gru_worker(spec: dict) -> None:
 def _bias_worker(spec: dict) -> None:
     from refbraid.parallel.mpi import MPIComm
     from refbraid.training.config import TrainConfig
+    from refbraid.training.gradients import mpi_gradient
     from refbraid.training.models import as_network_input
-    from refbraid.training.mpi_gradients import mpi_gradient
     from refbraid.training.run import setup
     from refbraid.training.trainer import layer_parallel_settings
 

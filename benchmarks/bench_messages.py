@@ -189,15 +189,15 @@ def time_step(world, case: dict, steps: int) -> dict:
     from bench_mpi import _data, _network
 
     from refbraid.backends import get_backend
+    from refbraid.distributed.network import distributed_gradient
+    from refbraid.distributed.sharded import ShardedTrainer
     from refbraid.layer_parallel import (
         LayerParallelSettings,
         layer_parallel_gradient,
         relative_gradient_error,
     )
     from refbraid.network import init_params
-    from refbraid.training.distributed import distributed_gradient
     from refbraid.training.optim import make_optimizer
-    from refbraid.training.sharded import ShardedTrainer
 
     net = _network(case)
     params = init_params(net, 0, np.dtype("float64"))

@@ -14,7 +14,7 @@ layer-parallel runs (:func:`named_settings`).
 
 Dense ResNets (``resnet`` model, width C, batch B, N = 64 … 1024 layers). One training step:
 sequential backprop + Adam (``serial``) against the sharded layer-parallel step
-(:class:`refbraid.training.distributed.ShardedTrainer`: MGRIT forward and adjoint solves with
+(:class:`refbraid.distributed.network.ShardedTrainer`: MGRIT forward and adjoint solves with
 TorchBraid's settings — 3 levels, cfactor 4, 2 forward / 1 backward iterations — gradient
 rows, local Adam) on 1 rank and on P ranks; and data parallelism over the same P ranks (D = P
 groups, one MGRIT level: sequential substitution per group, gradients summed).
@@ -167,11 +167,11 @@ def worker(spec: dict) -> None:
     from mpi4py import MPI
 
     from refbraid.backends import get_backend
+    from refbraid.distributed.network import distributed_gradient
+    from refbraid.distributed.sharded import ShardedTrainer
     from refbraid.layer_parallel import LayerParallelSettings
     from refbraid.network import backprop, init_params
-    from refbraid.training.distributed import distributed_gradient
     from refbraid.training.optim import make_optimizer
-    from refbraid.training.sharded import ShardedTrainer
 
     prepare_worker()
     world = MPI.COMM_WORLD

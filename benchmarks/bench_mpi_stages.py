@@ -10,7 +10,7 @@ conv) → N/2 steps on 4×4 → classifier, optionally with batch norm. MGRIT: 3
 FCF, one forward and one adjoint cycle (the model's defaults).
 
 Per (P, D, case): the median over ``--repeat`` calls (after a warm-up) of the slowest rank's
-time for one gradient (:class:`~refbraid.training.distributed_stages.
+time for one gradient (:class:`~refbraid.distributed.stages.
 StagedDistributedGradient`: both solves, the cache/state exchanges, the gradient sum, the BN
 statistics); the same gradient in one process (``ConvStagesModel.layer_parallel_gradient``,
 measured in the P = 1 run); and ``max |g − g_1|`` against the single-process gradient on
@@ -50,9 +50,9 @@ def _case(spec: dict, transition: str, bn: bool, x, y, world) -> None:
     from bench_mpi import _median_step as _median
     from mpi4py import MPI
 
+    from refbraid.distributed.stages import staged_distributed_gradient
     from refbraid.parallel.mpi import MPIComm
     from refbraid.stages.model import ConvStagesModel
-    from refbraid.training.distributed_stages import staged_distributed_gradient
 
     def model():
         return ConvStagesModel((1, 8, 8), 10, spec["layers"], spec["width"], 1.0, "tanh", bn,

@@ -7,7 +7,7 @@ One network and batch: the ``conv`` model (Conv2d(1→C) lift, N conv ODE steps,
 classifier) on random H×W images, batch B, float64, NumPy kernels; depth runs TorchBraid's
 MGRIT settings (3 levels, cfactor 4, 2 forward / 1 adjoint cycles), data and space alone run
 the exact sequential solve. One training step = gradient + Adam on replicated parameters
-(:func:`refbraid.training.space_depth.space_depth_gradient` for every split, so the same code
+(:func:`refbraid.distributed.space.space_depth_gradient` for every split, so the same code
 runs each combination). Timings: median of ``--repeat`` steps after a warm-up, the slowest rank's.
 
 Tables:
@@ -67,9 +67,9 @@ def worker(spec: dict) -> None:
     """Under mpiexec -n P: time every split with D·S·Q = P; rank 0 prints one JSON per split."""
     from mpi4py import MPI
 
+    from refbraid.distributed.space import space_depth_gradient
     from refbraid.errors import CollectiveError
     from refbraid.training.optim import make_optimizer
-    from refbraid.training.space_depth import space_depth_gradient
 
     world = MPI.COMM_WORLD
     P = world.Get_size()

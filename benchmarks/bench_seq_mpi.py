@@ -5,7 +5,7 @@ on P = 1..4 ranks (layer parallelism, and layer × data at P = 4), against one p
 
 Runs itself under ``mpiexec -n P`` (``python -m mpi4py``, one thread per rank) for every P and
 prints one table per model: the median over ``--repeat`` calls (after one warm-up) of the
-slowest rank's time for ``gradient.sharded`` (:mod:`refbraid.training.distributed_seq`), the
+slowest rank's time for ``gradient.sharded`` (:mod:`refbraid.distributed.chained`), the
 largest per-rank count of step applications (``rank_phi_calls``, the work on the critical
 rank) and the total (``phi_calls``), and whether the loss and the gathered gradient equal the
 single-process ``model.layer_parallel_gradient`` bit for bit (layer parallelism) or how far
@@ -54,8 +54,8 @@ def worker(spec: dict) -> None:
     """One P: every model, every split; rank 0 prints a JSON line per row."""
     from mpi4py import MPI
 
+    from refbraid.distributed.chained import sequence_distributed_gradient
     from refbraid.layer_parallel import relative_gradient_error
-    from refbraid.training.distributed_seq import sequence_distributed_gradient
     from refbraid.training.models import as_network_input
     from refbraid.training.run import setup
     from refbraid.training.trainer import layer_parallel_settings

@@ -85,10 +85,10 @@ def worker(spec: dict) -> None:
     from mpi4py import MPI
 
     from refbraid.backends import get_backend
+    from refbraid.distributed.network import distributed_gradient
+    from refbraid.distributed.sharded import ShardedTrainer
     from refbraid.network import backprop, init_params
-    from refbraid.training.distributed import distributed_gradient
     from refbraid.training.optim import make_optimizer
-    from refbraid.training.sharded import ShardedTrainer
 
     _malloc(spec["malloc"])
     world = MPI.COMM_WORLD

@@ -12,7 +12,7 @@ levels, cfactor 4, 2 forward / 1 adjoint iterations), one training step (gradien
               beside it the serial step work N·(c_f + c_bg) (unit costs of one forward and one
               fine adjoint step, measured in that run) and the rest (opening, closing, loss,
               Adam);
-* 2 ranks     :class:`~refbraid.training.sharded.ShardedTrainer` on the distributed gradient
+* 2 ranks     :class:`~refbraid.distributed.sharded.ShardedTrainer` on the distributed gradient
               under ``mpiexec -n 2``, median of ``--repeat`` (a step's time: the slowest
               rank's), then ``--traced`` steps with the execution trace on
               (:mod:`refbraid.parallel.trace`), of which the one with the median wall time is
@@ -120,11 +120,11 @@ def worker(spec: dict) -> None:
     from phase_split import phase_split, timed_solves
 
     from refbraid.backends import get_backend
+    from refbraid.distributed.network import distributed_gradient
+    from refbraid.distributed.sharded import ShardedTrainer
     from refbraid.network import backprop
     from refbraid.parallel.trace import Recorder, recording
-    from refbraid.training.distributed import distributed_gradient
     from refbraid.training.optim import make_optimizer
-    from refbraid.training.sharded import ShardedTrainer
 
     prepare_worker()
     world = MPI.COMM_WORLD

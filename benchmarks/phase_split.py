@@ -12,7 +12,7 @@ part of it no traced event covers (its share of the Python gap):
     optimizer          Adam on this rank's shard
 
 The solve windows come from :func:`timed_solves`, which wraps the ``solve`` that
-:mod:`refbraid.training.distributed` calls (benchmark instrumentation; nothing in the package
+:mod:`refbraid.distributed.network` calls (benchmark instrumentation; nothing in the package
 changes). The untraced parts add up to the Python gap exactly.
 """
 
@@ -30,7 +30,7 @@ PHASES = ("before fwd solve", "fwd solve", "between solves", "bwd solve", "after
 def timed_solves(origin: float) -> Iterator[list[tuple[float, float]]]:
     """Within the block, every MGRIT solve the distributed gradient runs appends its window
     ``(t0, t1)`` (seconds since ``origin``) to the yielded list."""
-    from refbraid.training import distributed
+    from refbraid.distributed import network as distributed
 
     windows: list[tuple[float, float]] = []
     inner = distributed.solve

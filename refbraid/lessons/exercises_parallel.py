@@ -3,7 +3,7 @@
 
 Oracles: ``refbraid.parallel.layout.partition`` (the block layout MPI runs use),
 ``refbraid.scaling.predict.ring_allreduce`` (the model ``refbraid scale`` predicts with) and
-``refbraid.training.daso.stale_merge`` (what ``refbraid train --dp-groups`` applies).
+``refbraid.distributed.daso.stale_merge`` (what ``refbraid train --dp-groups`` applies).
 """
 
 from __future__ import annotations

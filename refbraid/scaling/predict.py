@@ -224,7 +224,7 @@ def _lp_virtual(machine: Machine, ranks: int, scale: float):
 
 def extra_on(machine: Machine, ranks: int) -> float:
     """``extra`` on ``ranks`` layer ranks: ``extra · max_q n_q / N`` with n_q the layers rank q
-    owns (:class:`~refbraid.training.ownership.BlockPlan`); 0-safe; the whole on one rank."""
+    owns (:class:`~refbraid.distributed.ownership.BlockPlan`); 0-safe; the whole on one rank."""
     if ranks <= 1 or machine.extra == 0.0:
         return machine.extra
     try:

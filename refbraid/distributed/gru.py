@@ -4,7 +4,7 @@ Same mathematics as :meth:`refbraid.sequence.gru_model.GRUModel.layer_parallel_g
 (same propagators :class:`~refbraid.sequence.gru_model.GRUForward` and
 :class:`~refbraid.sequence.gru_model.GRUAdjoint`, same solves); only the ownership changes.
 Rank q of a group of Q owns the positions (states h[k]) of its forward block [b_q, b_{q+1}),
-blocks starting at coarsest-grid points (:class:`~refbraid.training.ownership.BlockPlan`)::
+blocks starting at coarsest-grid points (:class:`~refbraid.distributed.ownership.BlockPlan`)::
 
     forward   h[0] = 0 on every rank; MGRIT forward solve over the Q ranks
               logits = closing(h[L]), loss, λ[L] = closing'ᵀ ∂L/∂logits     on the last rank
@@ -18,7 +18,7 @@ blocks starting at coarsest-grid points (:class:`~refbraid.training.ownership.Bl
               (a tree reduction would not be); the last rank broadcasts Σ and ∂L/∂closing.
 
 The GRU's weights are the same at every position, so every rank holds all parameters
-(replicated, like :meth:`refbraid.training.distributed.DistributedGradient.__call__`): the
+(replicated, like :meth:`refbraid.distributed.network.DistributedGradient.__call__`): the
 optimizer takes the same step everywhere and world rank 0 evaluates and checkpoints in the
 single-process format, so checkpoints resume across modes. The shard hooks the trainer asks for
 (``localize``, ``gather_params``, ``gather_optimizer``) are trivial here: they only make world
@@ -50,8 +50,8 @@ from ..parallel.mpi import Topology, split_world
 from ..parallel.ops import Broadcast, RowExchange
 from ..sequence.gru_model import CELL_WEIGHTS, GRUAdjoint, GRUModel
 from ..sequence.losses import cross_entropy
-from .distributed import _pack, _unpack, shard_sizes, solve_stats
-from .mpi_common import host_backend
+from .engine import host_backend
+from .network import _pack, _unpack, shard_sizes, solve_stats
 from .ownership import BlockPlan, Rows
 
 

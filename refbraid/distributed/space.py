@@ -4,7 +4,7 @@ XBraid's spatial communicator: P = D·Q·S ranks, world rank r = (g·Q + q)·S +
 
     data group g   (D)  a contiguous shard of every batch, weighted B_g / B
     layer rank q   (Q)  one block of layers in both MGRIT solves (as
-                        :class:`~refbraid.training.distributed.DistributedGradient`)
+                        :class:`~refbraid.distributed.network.DistributedGradient`)
     space rank s   (S)  rows [o_s, o_{s+1}) of every feature map: each Φ and Ψ step is the
                         halo-exchanged conv step of :mod:`refbraid.space.layers`
 
@@ -33,7 +33,7 @@ from ..mgrit import Problem, solve
 from ..network import Network, check_batch, group
 from ..parallel.mpi import MPIComm, Topology, mpi_module
 from ..space import RowSplit, SpatialClassifier, SpatialConvLift, SpatialConvStep
-from .distributed import DistributedGradient, shard_sizes, solve_stats
+from .network import DistributedGradient, shard_sizes, solve_stats
 from .ownership import Rows
 
 

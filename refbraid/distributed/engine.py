@@ -3,7 +3,7 @@
 * :func:`host_backend` — the backend of an MPI gradient that handles host (NumPy) arrays
   only (the staged, GRU, chained/tied sequence and DASO gradients): a backend whose namespace
   keeps arrays on a device is refused, naming ``bk`` and what is device-resident. The plain
-  layer-parallel networks (:class:`~refbraid.training.distributed.DistributedGradient`)
+  layer-parallel networks (:class:`~refbraid.distributed.network.DistributedGradient`)
   train on device arrays;
 * :func:`gather_shards` — the full arrays on one rank from data-parallel group 0's owned
   shards, row-stacked parameters (``steps.*``) concatenated in layer order;

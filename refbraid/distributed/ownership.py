@@ -3,7 +3,7 @@
 Rank q owns the layers (θ_n, y[n]) of its forward block [b_q, b_{q+1}); blocks start at
 coarsest-grid points. :class:`BlockPlan` derives, for the forward and the adjoint solve, the
 ghost weights and states each rank must fetch and the gradient rows it must send home (see
-:mod:`refbraid.training.distributed` for the mathematics).
+:mod:`refbraid.distributed.network` for the mathematics).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ solves, same per-layer gradient formula); only the communicator and the ownershi
               taken by the owner of λ[a] in the solve's last relaxation; rows go home
               ∂L/∂θ_open = opening'ᵀ λ[0]  on layer rank 0
 
-Ownership (:class:`~refbraid.training.ownership.BlockPlan`). Rank q owns the layers
+Ownership (:class:`~refbraid.distributed.ownership.BlockPlan`). Rank q owns the layers
 (weights θ_n, states y[n]) of its forward block [b_q, b_{q+1}); the blocks start at
 coarsest-grid points. What it needs from others travels through
 :class:`refbraid.parallel.ops.RowExchange` (linear operators with adjoints):
@@ -44,11 +44,11 @@ Parameter holding, two modes (documented honestly):
   (bit-identical on every rank); the unchanged trainer then takes the same optimizer step on
   every rank. Simple, but each rank stores everything and the sum moves the whole gradient.
 * sharded (:meth:`DistributedGradient.sharded`,
-  :class:`~refbraid.training.sharded.ShardedTrainer`): each rank holds only its rows of
+  :class:`~refbraid.distributed.sharded.ShardedTrainer`): each rank holds only its rows of
   ``steps.*`` (plus opening on layer rank 0, closing on the last), fetches ghost weights each
   step, and its optimizer updates only its shard; gradients are summed only over its block's
   data-parallel group; checkpoints gather the shards to world rank 0 (``refbraid train``).
-Chained blocks and tied weights (encoder–decoder, tied GPT): refbraid.training.distributed_seq.
+Chained blocks and tied weights (encoder–decoder, tied GPT): refbraid.distributed.chained.
 
 Both give the serial gradient (layer_parallel_gradient on the full batch) to round-off
 (tests/mpi/test_distributed.py: ≤ 1e-12). Shapes: N layers, P ranks, D groups, Q = P/D
@@ -77,7 +77,7 @@ from ..parallel.mpi import Topology, split_world
 from ..parallel.ops import Broadcast, RowExchange
 from ..sequence.block_gradient import block_backprop
 from ..sequence.losses import IGNORE, cross_entropy
-from .mpi_common import gather_shards, place_rows, replicated_rows
+from .engine import gather_shards, place_rows, replicated_rows
 from .ownership import BlockPlan, Rows
 
 

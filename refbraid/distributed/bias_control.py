@@ -1,7 +1,7 @@
 """``--bias-control`` under ``mpiexec``: the controller of :mod:`.bias_control` over ranks.
 
-The training gradient is the distributed one (:class:`~refbraid.training.sharded.ShardedGradient`
-for the layer-parallel models, :class:`~refbraid.training.distributed_gru.SequenceParallelGRU`
+The training gradient is the distributed one (:class:`~refbraid.distributed.sharded.ShardedGradient`
+for the layer-parallel models, :class:`~refbraid.distributed.gru.SequenceParallelGRU`
 for the GRUs). Every ``every`` steps the controller needs, on the step's batch, the exact
 gradient g and the micro-batch gradients g_i (bias = ‖g_LP − g‖, noise from the g_i). Here
 they are computed **serially on gathered data**, on world rank 0::
@@ -36,8 +36,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .bias_control import ControlledGradient, bias_and_noise
-
 
 def _quiet(*args, **kwargs) -> None:
     return None
@@ -55,7 +53,7 @@ class MPIControlledGradient:
 
     __name__ = "layer-parallel-mpi-bias-control"
 
-    def __init__(self, core: ControlledGradient, build: Callable[[Any], Any], world):
+    def __init__(self, core, build: Callable[[Any], Any], world):
         self.core, self.build, self.world = core, build, world
         self.inner = build(core.settings)
         if not self.is_root:
@@ -129,8 +127,7 @@ class MPIControlledGradient:
             full_params, full_grads = self._full(params), self._full(grads)
             m = None
             if self.is_root:
-                m = bias_and_noise(core.backprop, full_params, x, labels, full_grads,
-                                   core.control.micro, core.bk)
+                m = core.measure(full_params, x, labels, full_grads)
             stats.update(core.take_measurement(self.world.bcast(m), stats))
         if core.settings != before:  # more MGRIT cycles: every rank rebuilds together
             self.inner = self.build(core.settings)

@@ -3,9 +3,9 @@ under ``mpiexec``, with batch norm, pooling or strided transitions and spatial c
 
 Same mathematics as the single-process :func:`refbraid.stages.staged_layer_parallel_gradient`
 (same staged steps Φ, packed states, stage-wise cold start, MGRIT solves); the ownership of
-:class:`~refbraid.training.ownership.BlockPlan` over the N fine steps (ODE steps and
+:class:`~refbraid.distributed.ownership.BlockPlan` over the N fine steps (ODE steps and
 transitions alike) and the communicator are those of
-:mod:`refbraid.training.distributed`::
+:mod:`refbraid.distributed.network`::
 
     forward   y[0] = opening(x) on layer rank 0, broadcast; MGRIT forward solve: rank q
               holds y[i] for i in [b_q, b_{q+1}) and makes every fine step a → a+1 into its
@@ -35,13 +35,13 @@ list into its model's running statistics (``model.record_batch_stats``): every r
 then holds the running statistics one process would have, which is what evaluation and
 checkpoints read. With data parallelism (D > 1) the D groups take contiguous batch shards
 with weights B_g/B; a BN layer then normalises with the statistics of the FULL batch
-(synchronised batch norm, :mod:`refbraid.training.sync_batchnorm`: one sum over the data
+(synchronised batch norm, :mod:`refbraid.distributed.sync_batchnorm`: one sum over the data
 communicator inside every training-mode BN forward and adjoint), and the final sweep's
 statistics are combined over the groups before the update. The gradient and the running
 statistics then match one process to round-off (not bit for bit: the sums are regrouped).
 
 Parameters are replicated: every rank holds all parameters and takes the same optimizer step
-on the same assembled gradient (the replicated mode of :mod:`refbraid.training.distributed`;
+on the same assembled gradient (the replicated mode of :mod:`refbraid.distributed.network`;
 the owned-shard mode of the ResNets is not built for staged networks). World rank 0 alone
 evaluates and writes checkpoints (the trainer's hooks below), so a checkpoint is the
 single-process format and resumes in one process and vice versa.
@@ -70,8 +70,8 @@ from ..stages.layer_parallel import StagedAdjoint, StagedForward, stage_guesses
 from ..stages.network import StagedNetwork, accumulate
 from ..stages.network import forward as staged_forward
 from ..stages.packing import PackedTransfer, Packing
-from .distributed import _pack, _unpack, shard_sizes, solve_stats
-from .mpi_common import host_backend
+from .engine import host_backend
+from .network import _pack, _unpack, shard_sizes, solve_stats
 from .ownership import BlockPlan
 from .sync_batchnorm import combined_batch_stats, synchronised_backend
 

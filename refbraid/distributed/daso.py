@@ -51,8 +51,8 @@ from ..errors import CollectiveError
 from ..network import Network, Params
 from ..parallel.hierarchy import NodeSplit, ring_bytes_per_rank, split_nodes
 from ..parallel.mpi import split_world, sum_to_all
-from .distributed import DistributedGradient, _pack, _unpack, shard_sizes
-from .mpi_common import host_backend
+from .engine import host_backend
+from .network import DistributedGradient, _pack, _unpack, shard_sizes
 
 PHASES = ("warm-up", "cycling", "cool-down")
 
