@@ -1,4 +1,5 @@
-"""``--bias-control`` under ``mpiexec``: the controller of :mod:`.bias_control` over ranks.
+"""``--bias-control`` under ``mpiexec``: the controller of
+:mod:`refbraid.training.bias_control` over ranks (training owns the rule; this is its MPI).
 
 The training gradient is the distributed one (:class:`~refbraid.distributed.sharded.ShardedGradient`
 for the layer-parallel models, :class:`~refbraid.distributed.gru.SequenceParallelGRU`
@@ -7,7 +8,7 @@ gradient g and the micro-batch gradients g_i (bias = ‖g_LP − g‖, noise fro
 they are computed **serially on gathered data**, on world rank 0::
 
     θ, g_LP  gathered on world rank 0              (collective: the shards' rows stacked)
-    m = bias_and_noise(backprop, θ, x, y, g_LP)    on rank 0 only: M + 1 sequential backprops
+    m = core.measure(θ, x, y, g_LP)                on rank 0 only: M + 1 sequential backprops
     m  broadcast from rank 0                       every rank now holds the same numbers
     every rank applies the same rule to m          (ControlledGradient.take_measurement)
 

@@ -1,5 +1,5 @@
 """The sequence models whose parameters are not one block's, over MPI: the tied GPT and the
-two encoder–decoders (issue 13, part A). Same mathematics as in one process
+two encoder–decoders. Same mathematics as in one process
 (:mod:`refbraid.sequence.gpt_model`, :mod:`refbraid.sequence.seq2seq_model`); the blocks
 are distributed by :class:`~refbraid.distributed.network.DistributedGradient` (layer rank q
 owns the layers of its block; data-parallel groups take batch shards), and what ties the
@@ -50,7 +50,7 @@ from ..network import Params
 from ..parallel.mpi import split_world
 from ..parallel.ops import Broadcast, RowExchange
 from .engine import gather_shards, host_backend, place_rows, replicated_rows, steps_key
-from .network import DistributedGradient, _pack, _unpack
+from .network import DistributedGradient
 from .ownership import Rows
 
 TIE_KEY, HEAD_KEY = "opening.W", "closing.W"
@@ -176,7 +176,7 @@ class Seq2SeqGradient:
         grads = {k: np.zeros_like(v) for k, v in params.items()}
         for name, part in zip(BLOCKS, (enc_part, dec_part), strict=True):
             place_rows(grads, _prefixed(part, name))
-        return loss, _unpack(self.topo.world.sum_to_all(_pack(grads)), grads), stats
+        return loss, self.enc.sum_world(grads), stats
 
     def sharded(self, shard: Params, x, labels):
         """Sharded mode: ghosts fetched per block, rows sent home, groups summed."""

@@ -14,7 +14,8 @@ to write a checkpoint, in the single-process format, atomically. Two ways to dri
 * :class:`ShardedGradient` — the trainer's gradient callable ``(shard, x, labels)`` with the
   hooks :func:`refbraid.training.trainer.fit` asks for (``localize``, ``gather_params``,
   ``gather_optimizer``, ``share``): ``refbraid train`` under ``mpiexec`` uses it;
-* :class:`ShardedTrainer` — a stand-alone step/gather/save object for your own loop.
+* :class:`ShardedTrainer` — a stand-alone step/gather object for your own loop (its
+  ``gather_state`` is what :func:`refbraid.training.checkpoint.save_checkpoint` writes).
 
 Shape legend: N layers, Q layer ranks, [b_q, b_{q+1}) the layer block of rank q.
 """
