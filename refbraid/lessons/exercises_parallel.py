@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..distributed.daso import stale_merge
 from ..parallel.layout import partition
 from ..scaling.predict import ring_allreduce
-from ..training.daso import stale_merge
 from .checking import Verdict, Wrong, as_array, call, compare, run_check
 
 # ----------------------------------------------------------------------------- lesson 06

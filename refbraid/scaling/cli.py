@@ -85,10 +85,10 @@ def _check_ranks(name: str, value: int) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Calibrate, predict, print the table, write the figures; returns 0."""
+    from ..distributed.ownership import BlockPlan
     from ..parallel.costs import StepCosts
     from ..parallel.plots import plot_timeline
     from ..training.gradients import layer_parallel_settings
-    from ..training.ownership import BlockPlan
     from .plots import plot_scaling
     from .predict import as_json, calibrate, format_table, predict, serial_time
     from .virtual_step import simulate_gradient_schedule

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from ..backends import Backend, get_backend
+from ..distributed.ownership import BlockPlan
 from ..layer_parallel import (
     CachingForward,
     CapturingAdjoint,
@@ -53,7 +54,6 @@ from ..layer_parallel import (
 from ..mgrit import Problem, solve
 from ..network import Network, Params, check_inputs, group
 from ..parallel.virtual import CostModel, VirtualComm, VirtualRun, simulate
-from ..training.ownership import BlockPlan
 from .schedule import cost_only_problem, replay_settings, state_sizeof
 
 

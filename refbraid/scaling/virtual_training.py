@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends import Backend
+from ..distributed.network import DistributedGradient
 from ..layer_parallel import LayerParallelSettings, as_settings
 from ..network import Network, Params
 from ..parallel.virtual import CostModel, VirtualComm, VirtualRun, simulate, virtual_topology
-from ..training.distributed import DistributedGradient
 
 
 @dataclass(frozen=True, eq=False)

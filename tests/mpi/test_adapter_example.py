@@ -3,10 +3,10 @@ ResNet's distributed gradient against sequential backprop under the same loss.
 
 Launched like every file here (``mpiexec -n N python -m mpi4py -m pytest tests/mpi``,
 N = 1..4). Seven layers split unevenly over 2–4 layer ranks (at 4 ranks one computes no
-gradient row); every data-parallel split D of the world, 7 samples (uneven shards). Oracle: :func:`refbraid.sequence.block_gradient.block_backprop`
-on the full batch; with one MGRIT level the solves are sequential substitutions, so the
-gradients agree to round-off (≤ 1e-12 relative), and with MGRIT iterations to the fixed
-point of the solves they agree to the solver tolerance.
+gradient row); every data-parallel split D of the world, 7 samples (uneven shards). Oracle:
+:func:`refbraid.sequence.block_gradient.block_backprop` on the full batch. With one MGRIT
+level the solves are sequential substitutions, so the gradients agree to round-off (≤ 1e-12
+relative); with MGRIT iterated to the solves' fixed point, to the solver's tolerance.
 """
 
 import re

@@ -17,7 +17,8 @@ from refbraid.distributed.daso import (
     initial_rate,
     stale_merge,
 )
-from refbraid.distributed.network import DistributedGradient, shard_sizes
+from refbraid.distributed.engine import shard_sizes
+from refbraid.distributed.network import DistributedGradient
 from refbraid.layer_parallel import LayerParallelSettings
 from refbraid.network import backprop, init_params
 from refbraid.parallel.mpi import split_world
