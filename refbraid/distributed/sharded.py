@@ -30,7 +30,7 @@ import numpy as np
 from ..network import Params
 from .network import DistributedGradient
 
-#: what a sharded gradient offers (DistributedGradient, or distributed_seq's chained blocks)
+#: what a sharded gradient offers (DistributedGradient, or chained.py's encoder–decoder)
 SHARDED_INTERFACE = ("sharded", "shard", "gather", "logits", "topo", "is_root")
 
 
