@@ -26,11 +26,11 @@ from test_device_training import SETTINGS, CudaCopies, _batches, _net  # noqa: E
 
 from refbraid.backends import get_backend  # noqa: E402
 from refbraid.backends.host import COUNTS  # noqa: E402
+from refbraid.distributed.network import distributed_gradient  # noqa: E402
+from refbraid.distributed.sharded import ShardedTrainer  # noqa: E402
 from refbraid.network import init_params, to_backend  # noqa: E402
 from refbraid.parallel.device_messages import refuse_pickled_device_arrays  # noqa: E402
-from refbraid.training.distributed import distributed_gradient  # noqa: E402
 from refbraid.training.optim import make_optimizer  # noqa: E402
-from refbraid.training.sharded import ShardedTrainer  # noqa: E402
 
 
 def rank_row() -> tuple[int, str]:

@@ -89,9 +89,9 @@ def sharded_step(net, params, x, y, bk, world):
     """The layer-parallel training step as ``mpiexec -n P refbraid train`` runs it: the
     sharded distributed gradient + Adam on this rank's shard (ShardedTrainer)."""
     from refbraid.layer_parallel import LayerParallelSettings
-    from refbraid.training.distributed import distributed_gradient
+    from refbraid.distributed.network import distributed_gradient
     from refbraid.training.optim import make_optimizer
-    from refbraid.training.sharded import ShardedTrainer
+    from refbraid.distributed.sharded import ShardedTrainer
 
     grad = distributed_gradient(net, LayerParallelSettings(), bk, world=world)
     trainer = ShardedTrainer(grad, params, make_optimizer("adam", 1e-4))

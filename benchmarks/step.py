@@ -21,7 +21,7 @@ now: header + raw bytes; the model's t_msg).
 Cases ``resnet N=…`` (width 32, batch 64, N = 64 … 1024) and ``conv N=…`` (TorchBraid's MNIST
 network: Conv2d(1→4)+ReLU, N steps ``x + h·ReLU(Conv2d(4→4, 3×3)(x))``, Linear(4·28·28 → 10),
 batch 50, numba): one training step, sequential backprop + Adam (``serial``) against the
-sharded layer-parallel step (:class:`~refbraid.training.sharded.ShardedTrainer`: MGRIT
+sharded layer-parallel step (:class:`~refbraid.distributed.sharded.ShardedTrainer`: MGRIT
 solves, gradient rows, local Adam) on 1 and on P ranks, and (dense) data parallelism over the
 same P ranks (D = P groups, sequential substitution per group, gradients summed); the conv
 network also against PyTorch serial (1 thread; forward, backward, Adam) in float64 and float32.
@@ -200,9 +200,9 @@ def worker(spec: dict) -> None:
 
     from refbraid.layer_parallel import LayerParallelSettings
     from refbraid.network import backprop
-    from refbraid.training.distributed import distributed_gradient
+    from refbraid.distributed.network import distributed_gradient
     from refbraid.training.optim import make_optimizer
-    from refbraid.training.sharded import ShardedTrainer
+    from refbraid.distributed.sharded import ShardedTrainer
 
     prepare_worker()
     world = MPI.COMM_WORLD

@@ -34,12 +34,12 @@ import time
 import numpy as np
 from matplotlib.figure import Figure
 
+from refbraid.distributed.ownership import BlockPlan
 from refbraid.layer_parallel import LayerParallelSettings
 from refbraid.lessons import show, small
 from refbraid.network import backprop, init_params
 from refbraid.parallel.launch import run_mpi
 from refbraid.training.models import build_network
-from refbraid.training.ownership import BlockPlan
 
 SMALL = small()
 
@@ -74,7 +74,7 @@ DEMO = """
 import json, statistics, sys, time
 import numpy as np
 from refbraid.network import init_params
-from refbraid.training.distributed import distributed_gradient
+from refbraid.distributed.network import distributed_gradient
 from refbraid.layer_parallel import layer_parallel_gradient, relative_gradient_error
 from refbraid.training.models import build_network
 

@@ -29,9 +29,10 @@ from refbraid.layer_parallel import ForwardPropagator, LayerParallelSettings
 from refbraid.lessons import show, small
 from refbraid.mgrit import Problem, solve
 from refbraid.network import group, init_params
+from refbraid.parallel.comm import run_traced
 from refbraid.parallel.costs import StepCosts
 from refbraid.parallel.plots import plot_timeline
-from refbraid.parallel.trace import STEP, run_traced
+from refbraid.parallel.trace import STEP
 from refbraid.scaling.plots import plot_scaling
 from refbraid.scaling.predict import DEFAULT_ALPHA, DEFAULT_BETA, calibrate, predict, serial_time
 from refbraid.scaling.schedule import simulate_solve

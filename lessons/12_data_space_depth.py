@@ -29,6 +29,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from refbraid.backends import get_backend
+from refbraid.distributed.daso import DasoSchedule, SyncRate, next_rate
 from refbraid.layer_parallel import LayerParallelSettings
 from refbraid.lessons import show, small
 from refbraid.network import init_params
@@ -36,7 +37,6 @@ from refbraid.parallel.costs import StepCosts
 from refbraid.parallel.launch import run_mpi
 from refbraid.scaling.parallelisms import Cluster, all_splits, daso_step, plain_dp_step
 from refbraid.scaling.predict import DEFAULT_ALPHA, DEFAULT_BETA, calibrate_network
-from refbraid.training.daso import DasoSchedule, SyncRate, next_rate
 from refbraid.training.models import build_network
 from refbraid.training.optim import make_optimizer
 
@@ -61,7 +61,7 @@ from refbraid.parallel.ops import adjoint_mismatch, relative_error
 from refbraid.layer_parallel import LayerParallelSettings, layer_parallel_gradient
 from refbraid.network import backprop, init_params
 from refbraid.space import RowSplit, SpatialHalo, SpatialNetwork
-from refbraid.training.space_depth import space_depth_gradient
+from refbraid.distributed.space import space_depth_gradient
 from refbraid.training.models import build_network
 
 world = MPIComm.world()
@@ -267,7 +267,7 @@ exercises.check_halo_adjoint(halo_adjoint)
 # has moved on. Heat's rule weighs the local model as 2w stale copies:
 # `θ ← (2w·θ_now + Σ_h θ_h) / (G + 2w)`. Write `stale_merge(theta_now, sent_sum, n_nodes,
 # wait)`; what does it give for w = 0 (blocking), and why does a larger w trust the local
-# model more? The check compares with `refbraid.training.daso.stale_merge`, the merge that
+# model more? The check compares with `refbraid.distributed.daso.stale_merge`, the merge that
 # `refbraid train --dp-groups` applies.
 
 # %%

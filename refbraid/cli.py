@@ -6,80 +6,34 @@ returning the process exit code).
 
 Errors. Whatever goes wrong, the user reads ONE line on stderr, ``refbraid COMMAND: ...``,
 and the process exits with a code that says what kind of thing happened (:data:`EXIT_CODES`);
-:func:`explain` is the one place that turns an exception into that line. The line carries the
-exception's notes (e.g. what a stopped training run kept on disk). ``--debug`` (or the
-environment variable ``REFBRAID_DEBUG=1``) shows the Python traceback instead.
+:func:`refbraid.exits.explain` is the one place that turns an exception into that line. The
+line carries the exception's notes (e.g. what a stopped training run kept on disk).
+``--debug`` (or the environment variable ``REFBRAID_DEBUG=1``) shows the Python traceback
+instead.
 """
 
 from __future__ import annotations
 
 import argparse
-import errno
-import os
 import sys
 
 from . import __version__
-from .errors import CollectiveError, notes
+from .errors import CollectiveError
+from .exits import (  # noqa: F401  (the exit codes: part of the command line's interface)
+    DEBUG_ENV,
+    EXIT_CODES,
+    EXIT_DIVERGED,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    debug_requested,
+    explain,
+)
 from .runtime import pin_allocator
-
-EXIT_ERROR = 1  # the run failed for a reason outside its input: disk, memory, a bug
-EXIT_USAGE = 2  # bad input (argparse exits with 2 too)
-EXIT_DIVERGED = 3  # training diverged (log.json status "diverged")
-EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT; log.json status "interrupted")
-EXIT_CODES = {"error": EXIT_ERROR, "usage": EXIT_USAGE, "diverged": EXIT_DIVERGED,
-              "interrupted": EXIT_INTERRUPTED}
-
-DEBUG_ENV = "REFBRAID_DEBUG"
 
 #: commands whose step times should not depend on the process's allocation history: they pin
 #: glibc malloc's thresholds first (refbraid/runtime.py; REFBRAID_PIN_ALLOCATOR=0 opts out)
 PINNED_COMMANDS = ("train", "scale")
-
-_DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
-_NO_PERMISSION = {errno.EACCES, errno.EPERM, errno.EROFS}
-
-
-def _os_error(err: OSError) -> str:
-    where = f" writing {err.filename}" if err.filename else ""
-    if err.errno in _DISK_FULL:
-        return f"no space left on the device{where}"
-    if err.errno == errno.EFBIG:
-        return (f"file too large{where} (a file-size limit of this file system or shell, see "
-                f"`ulimit -f`)")
-    if err.errno in _NO_PERMISSION:
-        return f"permission denied{where}"
-    return f"{err.strerror or type(err).__name__}{where}"
-
-
-def explain(err: BaseException) -> tuple[str, int]:
-    """(one line for the user, exit code) for an exception that ended a command."""
-    from .training.divergence import TrainingDiverged
-
-    if isinstance(err, KeyboardInterrupt):
-        text, code = "interrupted (Ctrl-C).", EXIT_INTERRUPTED
-    elif isinstance(err, TrainingDiverged):
-        text, code = f"diverged: {err}", EXIT_DIVERGED
-    elif isinstance(err, MemoryError):
-        detail = f" ({err})" if str(err) else ""
-        text, code = (f"out of memory{detail}: the arrays of this run do not fit in this "
-                      f"machine's memory; lower `--samples`, `--width`, `--layers` or "
-                      f"`--batch-size`."), EXIT_ERROR
-    elif isinstance(err, (ValueError, TypeError, ImportError, FileNotFoundError)):
-        text, code = f"error: {err}", EXIT_USAGE
-    elif isinstance(err, OSError):
-        text, code = f"error: {_os_error(err)}.", EXIT_ERROR
-    else:
-        text, code = (f"internal error: {type(err).__name__}: {err} — a bug in refbraid; rerun "
-                      f"with --debug (or {DEBUG_ENV}=1) for the traceback and report it."), \
-            EXIT_ERROR
-    return " ".join([text, *notes(err)]), code
-
-
-def debug_requested(args: argparse.Namespace | None = None) -> bool:
-    """True with ``--debug`` or ``REFBRAID_DEBUG`` set to anything but "", "0" or "false"."""
-    env = os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
-    return env or bool(getattr(args, "debug", False))
-
 
 def build_parser() -> argparse.ArgumentParser:
     from . import verify

@@ -63,9 +63,9 @@ def test_one_virtual_rank_charges_the_measured_gradient():
 def test_extra_is_charged_by_the_busiest_ranks_share_of_layers():
     from dataclasses import replace
 
+    from refbraid.distributed.ownership import BlockPlan
     from refbraid.parallel.costs import StepCosts
     from refbraid.scaling.predict import Machine, extra_on
-    from refbraid.training.ownership import BlockPlan
 
     settings = LayerParallelSettings()
     m = Machine(StepCosts(1.0), 0.0, 0.0, {64: 1.0}, 0.0, 8, 8, (1, 0), 64, 64, settings)

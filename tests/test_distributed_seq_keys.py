@@ -1,9 +1,9 @@
-"""The key bookkeeping of refbraid.training.distributed_seq (no MPI): an encoder–decoder's
+"""The key bookkeeping of refbraid.distributed.chained (no MPI): an encoder–decoder's
 parameters and optimizer state split into blocks and back, and which keys are layer rows."""
 
 import numpy as np
 
-from refbraid.training.distributed_seq import _block, _is_rows, _prefixed, _split_key
+from refbraid.distributed.chained import _block, _is_rows, _prefixed, _split_key
 
 
 def test_keys_split_into_blocks_and_back():

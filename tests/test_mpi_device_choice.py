@@ -1,4 +1,4 @@
-"""Which MPI runs keep their arrays on the device (refbraid.training.mpi_gradients.mpi_backend).
+"""Which MPI runs keep their arrays on the device (refbraid.training.gradients.mpi_backend).
 
 Under ``mpiexec`` the plain layer-parallel networks train on the backend's device arrays
 (tests/mpi/test_device_training.py proves it); the other MPI gradients handle host arrays
@@ -13,12 +13,12 @@ import pytest
 pytest.importorskip("array_api_strict")
 
 from refbraid.backends import get_backend
+from refbraid.distributed.engine import host_backend
 from refbraid.errors import CollectiveError
 from refbraid.sequence import GRUModel
 from refbraid.training.config import TrainConfig
+from refbraid.training.gradients import device_resident_mpi, mpi_backend
 from refbraid.training.models import build_network
-from refbraid.training.mpi_common import host_backend
-from refbraid.training.mpi_gradients import device_resident_mpi, mpi_backend
 
 
 def _resnet():
@@ -33,7 +33,7 @@ def test_the_plain_networks_keep_the_device_backend():
     untied = build_network("gpt-untied", (5,), 7, 8, 4, 1.0, "tanh", tokens)
     tied = build_network("gpt", (5,), 7, 8, 4, 1.0, "tanh", tokens)
     assert device_resident_mpi(TrainConfig(model="gpt-untied"), untied)  # its mpi_network
-    assert not device_resident_mpi(TrainConfig(model="gpt"), tied)  # distributed_seq: host
+    assert not device_resident_mpi(TrainConfig(model="gpt"), tied)  # distributed.chained: host
 
 
 @pytest.mark.parametrize("config, net", [

@@ -186,7 +186,7 @@ def test_bad_nested_flags_name_the_flag(flags, match, capsys, tmp_path):
 
 # ----------------------------------------------------------------------------- CLI: MG/Opt
 def test_mgopt_step_through_sgd_is_one_mgopt_cycle():
-    from refbraid.training.mgopt_step import mgopt_gradient
+    from refbraid.training.gradients import select_gradient
     from refbraid.training.optim import make_optimizer
     from refbraid.training.run import setup
 
@@ -194,7 +194,7 @@ def test_mgopt_step_through_sgd_is_one_mgopt_cycle():
                             lr=0.2, layers=16)
     net, data, state, bk = setup(config)
     x, y = data.x_train[:32], data.y_train[:32]
-    gradient = mgopt_gradient(config, net, bk)
+    gradient = select_gradient(config, net, bk)[1]
     # 16, 8 and 4 layers all fit 2 MGRIT levels with cfactor 4: layer-parallel everywhere
     mg = MGOpt.build(net, lambda n: mgrit_gradient(n, _settings_of(config)),
                      MGOptSettings(3, 2, 0.2))

@@ -124,14 +124,14 @@ def _config(**kw):
 
 
 def test_mgopt_step_updates_the_running_statistics_once_from_the_fine_gradient():
-    from refbraid.training.mgopt_step import mgopt_gradient
+    from refbraid.training.gradients import select_gradient
     from refbraid.training.run import setup
 
     config = _config(mgopt_levels=2, optimizer="sgd", momentum=0.0, lr=0.1)
     model, data, state, bk = setup(config)
     twin, *_ = setup(config)
     x, y = data.x_train[:20], data.y_train[:20]
-    gradient = mgopt_gradient(config, model, bk)
+    gradient = select_gradient(config, model, bk)[1]
     loss, d, stats = gradient(state.params, x, y)
     assert model.updates == 1 and stats["gradient_calls"] >= 5
     fine = mgrit_gradient(twin, _lp_settings(config), get_backend("numpy"))

@@ -1,4 +1,4 @@
-"""The synchronised batch-norm kernels (refbraid.training.sync_batchnorm) on one group: the
+"""The synchronised batch-norm kernels (refbraid.distributed.sync_batchnorm) on one group: the
 backend's own kernels to round-off, and their adjoint passes the dot-product test. (Over D > 1
 groups they are checked against one process in tests/mpi/test_stages_mpi.py.)"""
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from refbraid.backends import get_backend
+from refbraid.distributed.sync_batchnorm import combined_batch_stats, synchronised_backend
 from refbraid.layers.batchnorm import BatchStats
-from refbraid.training.sync_batchnorm import combined_batch_stats, synchronised_backend
 
 
 class OneGroup:

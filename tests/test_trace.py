@@ -15,6 +15,7 @@ import pytest
 from refbraid.mgrit import MGRITSettings, solve
 from refbraid.mgrit.problems import LinearODE, nonlinear_ode
 from refbraid.parallel import SerialComm, run_ranks
+from refbraid.parallel.comm import run_traced
 from refbraid.parallel.plots import plot_timeline
 from refbraid.parallel.trace import (
     RECV,
@@ -28,7 +29,6 @@ from refbraid.parallel.trace import (
     path_breakdown,
     payload_bytes,
     recording,
-    run_traced,
     traced,
 )
 

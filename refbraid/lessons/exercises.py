@@ -24,7 +24,7 @@ lesson  check                                     oracle
 10      :func:`check_restrict_average_transpose`  dot-product test + spatial.restrict_adjoint
 11      :func:`check_bias_noise_ratio`            refbraid.training.bias_control.bias_and_noise
 12      :func:`check_halo_adjoint`                dot-product test + SpatialHalo on simulated ranks
-12      :func:`check_stale_merge`                 refbraid.training.daso.stale_merge
+12      :func:`check_stale_merge`                 refbraid.distributed.daso.stale_merge
 13      :func:`check_gradient_errors`             refbraid.interop.compare.gradient_errors
 13      :func:`check_xbraid_report`               refbraid.interop.xbraid.xbraid_stats
 ======  ========================================  =================================================

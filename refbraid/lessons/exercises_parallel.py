@@ -3,7 +3,7 @@
 
 Oracles: ``refbraid.parallel.layout.partition`` (the block layout MPI runs use),
 ``refbraid.scaling.predict.ring_allreduce`` (the model ``refbraid scale`` predicts with) and
-``refbraid.training.daso.stale_merge`` (what ``refbraid train --dp-groups`` applies).
+``refbraid.distributed.daso.stale_merge`` (what ``refbraid train --dp-groups`` applies).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..distributed.daso import stale_merge
 from ..parallel.layout import partition
 from ..scaling.predict import ring_allreduce
-from ..training.daso import stale_merge
 from .checking import Verdict, Wrong, as_array, call, compare, run_check
 
 # ----------------------------------------------------------------------------- lesson 06

@@ -27,9 +27,9 @@ plots.py       the timeline figure (imported on demand: matplotlib)
 =============  ===================================================================
 """
 
-from .comm import Comm, SerialComm, ThreadComm, exchange_ghost, pipeline, run_ranks
+from .comm import Comm, SerialComm, ThreadComm, exchange_ghost, pipeline, run_ranks, run_traced
 from .layout import Layout, check_layout, partition
-from .trace import Recorder, Trace, critical_path, recording, run_traced
+from .trace import Recorder, Trace, critical_path, recording
 from .virtual import StepCosts, VirtualComm, VirtualRun, simulate
 
 __all__ = [

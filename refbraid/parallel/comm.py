@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from ..backends.portable import copy_of
-from .trace import active_recorder, payload_bytes
+from .trace import Trace, active_recorder, payload_bytes, traced
 
 #: Seconds a simulated rank waits for a neighbour or a collective before giving up.
 THREAD_TIMEOUT = 120.0
@@ -252,3 +252,10 @@ def run_ranks(size: int, fn: Callable[[ThreadComm], Any]) -> list[Any]:
     if first is not None:
         raise first
     return results
+
+
+def run_traced(size: int, fn: Callable[[Any], Any]) -> tuple[list[Any], Trace]:
+    """:func:`run_ranks` with every rank traced on one time axis:
+    returns (results in rank order, merged trace) with measured (wall-clock) times."""
+    out = run_ranks(size, traced(fn, time.perf_counter()))
+    return [o[0] for o in out], Trace.merge(o[1] for o in out)

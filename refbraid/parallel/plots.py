@@ -10,7 +10,7 @@ plot_timeline  one row per rank over time: step applications coloured by level
                drawn on top in red
 =============  ==================================================================
 
-Works for measured traces (:func:`refbraid.parallel.trace.run_traced`) and virtual ones
+Works for measured traces (:func:`refbraid.parallel.comm.run_traced`) and virtual ones
 (:func:`refbraid.parallel.virtual.simulate`). Touching boxes of one kind on one rank are
 merged before drawing, so traces of 10⁵ events draw in a second.
 

@@ -238,15 +238,6 @@ def traced(fn: Callable[[Any], Any], origin: float | None = None) -> Callable[[A
     return body
 
 
-def run_traced(size: int, fn: Callable[[Any], Any]) -> tuple[list[Any], Trace]:
-    """:func:`~refbraid.parallel.comm.run_ranks` with every rank traced on one time axis:
-    returns (results in rank order, merged trace) with measured (wall-clock) times."""
-    from .comm import run_ranks  # comm imports this module: import at call time
-
-    out = run_ranks(size, traced(fn, time.perf_counter()))
-    return [o[0] for o in out], Trace.merge(o[1] for o in out)
-
-
 # ----------------------------------------------------------------------------- the trace
 @dataclass(frozen=True)
 class Trace:

@@ -215,7 +215,7 @@ def virtual_topology(comm: VirtualComm, data_parallel: int = 1):
     :func:`refbraid.parallel.mpi.split_world` splits an MPI world: world rank w is in group
     g = w // Q at layer rank q = w % Q (Q = P / D); the layer communicator reduces norms over
     the whole of ``comm``. Returns a :class:`~refbraid.parallel.mpi.Topology` of
-    :class:`VirtualComm` s, which :class:`~refbraid.training.distributed.DistributedGradient`
+    :class:`VirtualComm` s, which :class:`~refbraid.distributed.network.DistributedGradient`
     takes as it takes the MPI one. No messages: every rank computes the same split."""
     from .mpi import Topology, check_split
 

@@ -108,7 +108,7 @@ def _paragraphs(*texts: str) -> str:
 
 def explain_table(machine, rows) -> str:
     """What the scaling table's columns mean, and why a column is blank where it is."""
-    from ..training.ownership import BlockPlan
+    from ..distributed.ownership import BlockPlan
 
     texts = [
         "LP: layer-parallel MGRIT on P layer ranks (at P = 1 its extra cycles make it slower "
@@ -161,10 +161,10 @@ def _check_ranks(name: str, value: int) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Calibrate, predict, print the table, write the figures; returns 0."""
+    from ..distributed.ownership import BlockPlan
     from ..parallel.costs import StepCosts
     from ..parallel.plots import plot_timeline
     from ..training.gradients import layer_parallel_settings
-    from ..training.ownership import BlockPlan
     from .plots import plot_scaling
     from .predict import as_json, calibrate, format_table, predict, serial_time
     from .virtual_step import simulate_gradient_schedule

@@ -38,9 +38,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..distributed.ownership import BlockPlan
 from ..parallel.costs import StepCosts
 from ..parallel.trace import SEND, STEP
-from ..training.ownership import BlockPlan
 from .predict import Machine, extra_on, ring_allreduce
 from .virtual_step import simulate_gradient_schedule
 

@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from ..distributed.ownership import BlockPlan
 from ..layer_parallel import LayerParallelSettings, layer_parallel_gradient
 from ..network import Network, backprop
 from ..parallel.costs import StepCosts
@@ -55,7 +56,6 @@ from ..training.config import TrainConfig
 from ..training.gradients import layer_parallel_settings
 from ..training.models import as_network_input
 from ..training.optim import make_optimizer
-from ..training.ownership import BlockPlan
 from ..training.run import setup
 from .calibration import measure_session
 from .calibration import step_costs as step_costs_of
@@ -224,7 +224,7 @@ def _lp_virtual(machine: Machine, ranks: int, scale: float):
 
 def extra_on(machine: Machine, ranks: int) -> float:
     """``extra`` on ``ranks`` layer ranks: ``extra · max_q n_q / N`` with n_q the layers rank q
-    owns (:class:`~refbraid.training.ownership.BlockPlan`); 0-safe; the whole on one rank."""
+    owns (:class:`~refbraid.distributed.ownership.BlockPlan`); 0-safe; the whole on one rank."""
     if ranks <= 1 or machine.extra == 0.0:
         return machine.extra
     try:

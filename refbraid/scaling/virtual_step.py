@@ -2,7 +2,7 @@
 
 Every virtual rank runs the same program, the layer-parallel gradient of
 :mod:`refbraid.layer_parallel` with the network's layers split over the ranks as in
-:mod:`refbraid.training.distributed` (:class:`~refbraid.training.ownership.BlockPlan`: the
+:mod:`refbraid.distributed.network` (:class:`~refbraid.distributed.ownership.BlockPlan`: the
 same forward and adjoint layouts), parameters replicated on every rank::
 
     y[0] = opening(x)                      every rank (replicated; not charged)
@@ -31,7 +31,7 @@ Step costs (``costs(level, direction)``) are what the simulation charges per ste
 application: a fine adjoint step reuses the forward cache, a coarse one recomputes the
 forward pass, so e.g. ``StepCosts(forward=t, backward=(t_adj, t + t_adj))``.
 
-Where it sits: above :mod:`refbraid.layer_parallel` and :mod:`refbraid.training.ownership`
+Where it sits: above :mod:`refbraid.layer_parallel` and :mod:`refbraid.distributed.ownership`
 (it uses networks) and :mod:`refbraid.parallel.virtual` (the clocks); nothing below imports it.
 
 Shape legend: N layers, P ranks, B batch, S state shape.
@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from ..backends import Backend, get_backend
+from ..distributed.ownership import BlockPlan
 from ..layer_parallel import (
     CachingForward,
     CapturingAdjoint,
@@ -53,7 +54,6 @@ from ..layer_parallel import (
 from ..mgrit import Problem, solve
 from ..network import Network, Params, check_inputs, group
 from ..parallel.virtual import CostModel, VirtualComm, VirtualRun, simulate
-from ..training.ownership import BlockPlan
 from .schedule import cost_only_problem, replay_settings, state_sizeof
 
 

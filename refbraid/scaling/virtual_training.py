@@ -2,7 +2,7 @@
 
 :mod:`refbraid.scaling.virtual_step` re-enacts the two MGRIT solves of a layer-parallel
 gradient. This module runs the distributed gradient itself,
-:class:`~refbraid.training.distributed.DistributedGradient` (what ``mpiexec -n P refbraid
+:class:`~refbraid.distributed.network.DistributedGradient` (what ``mpiexec -n P refbraid
 train`` runs), unchanged, on P virtual ranks (:func:`refbraid.parallel.virtual.simulate`)
 split into D data-parallel groups of Q = P / D layer ranks
 (:func:`~refbraid.parallel.virtual.virtual_topology`, as
@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends import Backend
+from ..distributed.network import DistributedGradient
 from ..layer_parallel import LayerParallelSettings, as_settings
 from ..network import Network, Params
 from ..parallel.virtual import CostModel, VirtualComm, VirtualRun, simulate, virtual_topology
-from ..training.distributed import DistributedGradient
 
 
 @dataclass(frozen=True, eq=False)

@@ -100,7 +100,7 @@ class GPTModel(LayeredModel):
     def mpi_network(self) -> Network | None:
         """The Network the MPI gradient distributes: the model's parameters are its own
         (None with a tied head, whose one matrix is used on the first and the last rank:
-        refbraid.training.distributed_seq distributes that model)."""
+        refbraid.distributed.chained distributes that model)."""
         return None if self.tied else self.net
 
     @property

@@ -11,10 +11,12 @@ module             job
 =================  ==============================================================
 models.py          model name + data shape → Network (resnet, conv) or sequence model
 optim.py           SGD (momentum) and Adam, in place on the flat params dict
-distributed.py     the layer-parallel gradient over MPI ranks (and data parallelism)
-ownership.py       which rank owns which layers, ghosts and gradient rows (bookkeeping)
-sharded.py         owned parameter shards: optimizer steps local to each rank
 gradients.py       the one place that picks a gradient: backprop, MGRIT, MPI
+                   (the MPI gradients themselves: :mod:`refbraid.distributed`)
+bias_control.py    ``--bias-control``: the rule that sets MGRIT's iterations from measurements
+multilevel.py      MG/Opt in depth; ``mgopt_step.py`` its training step, ``nested.py``
+                   nested initialisation from shallower networks
+buffers.py         model buffers (batch norm's running statistics) kept and restored
 trainer.py         mini-batch loop with a pluggable ``gradient(params, x, y)``
 evaluate.py        loss and accuracy over a data set; per-epoch means of solver stats
 divergence.py      the rules that stop a diverging run (NaN/inf, a loss that blew up)

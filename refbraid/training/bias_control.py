@@ -41,7 +41,7 @@ statistics), so the micro-batch gradients g_i are gradients of micro-batch-norma
 and ``noise`` is an estimate of the spread of the gradient under resampling of the batch, not
 of an exact batch mean: the ratio stays a heuristic signal there.
 
-Under ``mpiexec`` the same rule runs in :mod:`refbraid.training.bias_control_mpi` (the
+Under ``mpiexec`` the same rule runs in :mod:`refbraid.distributed.bias_control` (the
 measurement on world rank 0 from gathered parameters, every rank deciding on its numbers).
 
 Where this differs from the paper: the stored sources here give the paper's abstract only
@@ -182,10 +182,14 @@ class ControlledGradient:
         if due and self.control.signal == "residual":  # the proxy: no serial pass
             self.check_residual(stats)
         elif due:
-            m = bias_and_noise(self.backprop, params, x, labels, grads, self.control.micro,
-                               self.bk)
-            stats.update(self.take_measurement(m, stats))
+            stats.update(self.take_measurement(self.measure(params, x, labels, grads), stats))
         return loss, grads, stats
+
+    def measure(self, params, x, labels, grads) -> dict[str, Any]:
+        """:func:`bias_and_noise` of the layer-parallel ``grads`` on this batch (M + 1
+        sequential backprops)."""
+        return bias_and_noise(self.backprop, params, x, labels, grads, self.control.micro,
+                              self.bk)
 
     def due(self) -> bool:
         """Whether this call (``calls`` counts it already) measures or checks the proxy."""

@@ -167,7 +167,7 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Build the config from the flags, train, print a short summary; returns 0."""
-    from ..cli import debug_requested, explain
+    from ..exits import debug_requested, explain
     from ..parallel.faults import abort_on_error
     from ..parallel.mpi import is_world_root
     from .run import train

@@ -178,7 +178,7 @@ class TrainConfig:
     check_gradient_every: int = 0  # steps between comparisons with sequential backprop
     data_parallel: int = 1  # under mpiexec -n P: D groups of P/D layer-parallel ranks
     spatial_levels: str | None = None  # e.g. "1,2": coarse levels on half-size feature maps
-    dp_groups: int = 1  # DASO: the D data-parallel ranks form G nodes (training/daso.py)
+    dp_groups: int = 1  # DASO: the D data-parallel ranks form G nodes (distributed/daso.py)
     global_sync_every: int = 1  # DASO: nodes average parameters every k batches (1: plain DP)
     space_parallel: int = 1  # S ranks split every feature map by rows (conv; refbraid/space)
     # gradient-bias control (refbraid.training.bias_control)
@@ -247,7 +247,7 @@ class TrainConfig:
         _folder(self, "resume", "a checkpoint file or a run folder")
         self._check_relax(relax_given)
         self._check_spatial()
-        check_depth_options(self)  # conv-stages, nested init, MG/Opt (config_depth.py)
+        check_depth_options(self, _choice, _positive_int)  # conv-stages, nested init, MG/Opt
         if self.data == "mnist" and not self.data_dir:
             raise ValueError("`--data-dir` is required with `--data mnist` (a folder holding "
                              "train-images-idx3-ubyte and train-labels-idx1-ubyte, or .gz).")

@@ -5,28 +5,18 @@ model: ``--batch-norm``, ``--transition`` (conv-stages), ``--nested-init``, ``--
 from __future__ import annotations
 
 
-def check_depth_options(config) -> None:
-    """All checks of this module, in flag order (called by ``TrainConfig.__post_init__``)."""
-    check_stage_options(config)
-    check_nested(config)
-    check_mgopt(config)
+def check_depth_options(config, choice, positive_int) -> None:
+    """All checks of this module, in flag order (called by ``TrainConfig.__post_init__``),
+    with config.py's field checks ``choice(name, value, choices)`` and ``positive_int(config,
+    name, allow_zero)`` (passed in: config.py imports this module, not the reverse)."""
+    check_stage_options(config, choice)
+    check_nested(config, choice, positive_int)
+    check_mgopt(config, positive_int)
 
 
-def _choice(name: str, value, choices) -> None:
-    from .config import _choice as choice  # config.py imports this module: import late
-
-    choice(name, value, choices)
-
-
-def _positive_int(config, name: str, allow_zero: bool = False) -> None:
-    from .config import _positive_int as positive_int
-
-    positive_int(config, name, allow_zero)
-
-
-def check_stage_options(config) -> None:
+def check_stage_options(config, choice) -> None:
     """``--batch-norm`` and ``--transition`` shape the conv-stages model only."""
-    _choice("transition", config.transition, ("pool", "strided"))
+    choice("transition", config.transition, ("pool", "strided"))
     if config.model != "conv-stages" and (config.batch_norm or config.transition != "pool"):
         flag = "--batch-norm" if config.batch_norm else "--transition"
         raise ValueError(f"`{flag}` applies to `--model conv-stages` only, got "
@@ -46,11 +36,11 @@ def _check_depth_divides(config, flag: str, halvings: int) -> None:
                          f"the layers must be divisible by {need}.")
 
 
-def check_nested(config) -> None:
+def check_nested(config, choice, positive_int) -> None:
     """``--nested-init K``: resnet/conv/conv-stages, N divisible by 2^K, no resume."""
-    _positive_int(config, "nested_init", allow_zero=True)
-    _positive_int(config, "nested_epochs")
-    _choice("nested_interp", config.nested_interp, ("constant", "linear"))
+    positive_int(config, "nested_init", allow_zero=True)
+    positive_int(config, "nested_epochs")
+    choice("nested_interp", config.nested_interp, ("constant", "linear"))
     if not config.nested_init:
         return
     if config.model not in DEPTH_MODELS:
@@ -62,10 +52,10 @@ def check_nested(config) -> None:
                          "be combined with `--resume`.")
 
 
-def check_mgopt(config) -> None:
+def check_mgopt(config, positive_int) -> None:
     """``--mgopt-levels L``: resnet/conv/conv-stages, N divisible by 2^(L-1), SGD without
     momentum."""
-    _positive_int(config, "mgopt_levels", allow_zero=True)
+    positive_int(config, "mgopt_levels", allow_zero=True)
     if not config.mgopt_levels:
         return
     if config.mgopt_levels < 2:

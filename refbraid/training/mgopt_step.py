@@ -22,7 +22,9 @@ further fine evaluations (smoothing, line search) run with the statistics kept
 
 from __future__ import annotations
 
-from ..backends import Backend
+from collections.abc import Callable
+from typing import Any
+
 from ..network import Network
 from .buffers import buffers_kept
 from .config import TrainConfig
@@ -31,34 +33,28 @@ from .multilevel import MGOpt, MGOptSettings
 MGOPT_FACTOR = 2  # layers per coarse layer between MG/Opt levels
 
 
-def depth_gradient(config: TrainConfig, net: Network, bk: Backend):
-    """(name, gradient) for ``net`` with the run's settings; sequential backprop where the
-    MGRIT hierarchy does not fit its depth."""
-    from .gradients import select_gradient, sequential_gradient
-
-    try:
-        return select_gradient(config, net, bk, multilevel=False)
-    except ValueError:
-        return "sequential", sequential_gradient(net, bk)
-
-
-def mgopt_gradient(config: TrainConfig, net: Network, bk: Backend):
-    """The MG/Opt step as a gradient function (module docstring); stats: gradient calls and
-    the line-search factor β of the cycle."""
+def check_mgopt(config: TrainConfig, net) -> None:
+    """ValueError unless ``--mgopt-levels`` fits this model and run (one process)."""
     from ..parallel.mpi import world_size
-    from .gradients import select_gradient
 
     if not isinstance(net, Network) and not hasattr(net, "net"):
         raise ValueError(f"`--mgopt-levels` needs model resnet, conv or conv-stages, got "
                          f"`--model {config.model}`.")
     if config.data_parallel > 1 or world_size() > 1:
         raise ValueError("`--mgopt-levels` runs in one process (not under mpiexec).")
+
+
+def mgopt_gradient(config: TrainConfig, net, fine: tuple[str, Callable],
+                   coarse: Callable[[Any], Callable]):
+    """The MG/Opt step as a gradient function (module docstring); stats: gradient calls and
+    the line-search factor β of the cycle. ``fine`` is the run's (name, gradient) at full
+    depth, ``coarse(n)`` the gradient of a shallower network ``n``
+    (:func:`refbraid.training.gradients.select_gradient` builds both)."""
+    check_mgopt(config, net)
     settings = MGOptSettings(levels=config.mgopt_levels, factor=MGOPT_FACTOR, lr=config.lr,
                              interpolation=config.nested_interp)
-    fine_name, fine = select_gradient(config, net, bk, multilevel=False)  # errors if unfit
-    mg = MGOpt.build(net, lambda n: fine if n is net else depth_gradient(config, n, bk)[1],
-                     settings)
-
+    fine_name, fine = fine
+    mg = MGOpt.build(net, lambda n: fine if n is net else coarse(n), settings)
     def gradient(params, x, labels):
         loss = fine(params, x, labels)[0]  # with BN: this step's running-statistics update
         with buffers_kept(net):

@@ -32,8 +32,7 @@ from ..data import Dataset
 from ..network import Network, to_backend
 from .buffers import has_buffers
 from .config import TrainConfig
-from .gradients import select_gradient
-from .mgopt_step import depth_gradient
+from .gradients import depth_gradient, select_gradient
 from .models import initial_params
 from .multilevel import coarser_network, prolong_weights
 from .optim import make_optimizer

@@ -28,9 +28,8 @@ from .atomic import save_figure, write_json
 from .buffers import restore_buffers
 from .checkpoint import check_params_match, load_checkpoint
 from .config import TrainConfig
-from .gradients import GradientFn, layer_parallel_settings, select_gradient
+from .gradients import GradientFn, layer_parallel_settings, mpi_backend, select_gradient
 from .models import as_network_input, build_network, initial_params
-from .mpi_gradients import mpi_backend
 from .optim import Optimizer, make_optimizer
 from .run_folder import RunFolder, claim_run_folder
 from .tracing import TracedGradient, write_trace

@@ -16,7 +16,7 @@ reports solver statistics in ``stats``; the loop averages them per epoch without
 they mean).
 
 Sharded gradients (``refbraid train`` under ``mpiexec``,
-:class:`~refbraid.training.sharded.ShardedGradient`) bring optional hooks: ``localize(state)``
+:class:`~refbraid.distributed.sharded.ShardedGradient`) bring optional hooks: ``localize(state)``
 turns the state into this rank's shard before the first epoch (the loop step above then runs
 on the shard), ``gather_params`` / ``gather_optimizer`` collect the full parameters and
 optimizer state on world rank 0 once per epoch, where they are evaluated and checkpointed, and
@@ -270,7 +270,7 @@ def fit(net: Network, state: TrainState, data: Dataset, gradient: GradientFn, *,
     try:
         for epoch in range(state.epoch + 1, epochs + 1):
             t0 = time.perf_counter()
-            if hasattr(gradient, "begin_epoch"):  # epoch hooks: DASO (training/daso.py)
+            if hasattr(gradient, "begin_epoch"):  # epoch hooks: DASO (distributed/daso.py)
                 gradient.begin_epoch(epoch)
             train_loss, per_step, epoch_first = train_epoch(
                 state, gradient, x_train, data.y_train, batch_size, bk, epoch,

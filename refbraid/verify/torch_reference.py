@@ -48,7 +48,7 @@ from .checks import example_input, run_adjoint, run_forward
 from .ops import LayerOp, SoftmaxCrossEntropyLayer, StepOp
 from .result import CheckResult, compare_arrays, result, tolerance
 from .torch_sequence import SEQUENCE_EQUIVALENTS
-from .torch_spatial import SPATIAL_EQUIVALENTS
+from .torch_spatial import SPATIAL_EQUIVALENTS, activation_module
 
 DTYPE = torch.float64
 PERTURB = 0.3  # size of the random perturbation added to layer.init's weights
@@ -63,15 +63,6 @@ def register(kind: type):
         TORCH_EQUIVALENTS[kind] = builder
         return builder
     return wrap
-
-
-def activation_module(act: str) -> nn.Module:
-    """The torch module of a refbraid activation name."""
-    modules = {"tanh": nn.Tanh, "relu": nn.ReLU, "identity": nn.Identity,
-               "gelu": lambda: nn.GELU(approximate="none")}
-    if act not in modules:
-        raise ValueError(f"`activation` {act!r} has no torch equivalent ({sorted(modules)}).")
-    return modules[act]()
 
 
 class EulerStep(nn.Module):

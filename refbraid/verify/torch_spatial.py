@@ -84,22 +84,26 @@ class _ZeroChannels(nn.Module):
         return nn.functional.pad(x, self.pad)
 
 
-def _act(name: str) -> nn.Module:
-    from .torch_reference import activation_module
-
-    return activation_module(name)
+def activation_module(act: str) -> nn.Module:
+    """The torch module of a refbraid activation name."""
+    modules = {"tanh": nn.Tanh, "relu": nn.ReLU, "identity": nn.Identity,
+               "gelu": lambda: nn.GELU(approximate="none")}
+    if act not in modules:
+        raise ValueError(f"`activation` {act!r} has no torch equivalent ({sorted(modules)}).")
+    return modules[act]()
 
 
 @_register(Conv3dStep)
 def _conv3d_step(layer: Conv3dStep, h: float):
     inner = _conv(3, layer.channels, layer.channels, 3, padding=1)
-    return _Euler(inner, _act(layer.activation), h), {"W": inner.weight, "b": inner.bias}
+    act = activation_module(layer.activation)
+    return _Euler(inner, act, h), {"W": inner.weight, "b": inner.bias}
 
 
 @_register(Conv3dLift)
 def _conv3d_lift(layer: Conv3dLift, h: float):
     inner = _conv(3, layer.in_channels, layer.channels, 3, padding=1)
-    module = nn.Sequential(inner, _act(layer.activation))
+    module = nn.Sequential(inner, activation_module(layer.activation))
     return module, {"W": inner.weight, "b": inner.bias}
 
 
@@ -114,7 +118,7 @@ def _conv_bn_step(layer: ConvBNStep, h: float):
     s = len(layer.spatial)
     conv = _conv(s, layer.channels, layer.channels, 3, padding=1, bias=False)
     bn = _bn(s, layer.channels, layer.eps, layer.mode)
-    module = _Euler(nn.Sequential(conv, bn), _act(layer.activation), h)
+    module = _Euler(nn.Sequential(conv, bn), activation_module(layer.activation), h)
     return module, {"W": conv.weight, **_bn_params(bn, layer.mode)}
 
 
@@ -129,7 +133,7 @@ def _pool(layer: Pool, h: float):
 def _strided_conv(layer: StridedConv, h: float):
     inner = _conv(len(layer.spatial), layer.in_channels, layer.out_channels, 3, stride=2,
                   padding=1)
-    module = nn.Sequential(inner, _act(layer.activation))
+    module = nn.Sequential(inner, activation_module(layer.activation))
     return module, {"W": inner.weight, "b": inner.bias}
 
 

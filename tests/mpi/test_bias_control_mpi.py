@@ -4,7 +4,7 @@ same trained parameters as the controller in one process.
 Launched like every file here (``mpiexec -n N python -m mpi4py -m pytest tests/mpi``, N = 1..4).
 The exact and micro-batch gradients are computed serially on world rank 0 from gathered
 parameters, the numbers broadcast, and every rank applies the rule to them
-(refbraid/training/bias_control_mpi.py). With pure layer parallelism everything is
+(refbraid/distributed/bias_control.py). With pure layer parallelism everything is
 bit-identical to one process (the bias and noise, the decisions, the parameters; the MGRIT
 residual norms logged beside them sum squares over ranks, so they differ by round-off); with
 data parallelism the gradients differ by round-off, so the numbers do too, and the threshold
@@ -19,8 +19,7 @@ import pytest
 from refbraid.layer_parallel import relative_gradient_error
 from refbraid.network import Network
 from refbraid.training.config import TrainConfig
-from refbraid.training.gradients import controlled_gradient
-from refbraid.training.mpi_gradients import mpi_gradient
+from refbraid.training.gradients import controlled_gradient, mpi_gradient
 from refbraid.training.run import setup
 from refbraid.training.trainer import fit, layer_parallel_settings
 

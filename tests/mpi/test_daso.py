@@ -1,4 +1,4 @@
-"""DASO (refbraid/training/daso.py) under mpiexec, against plain data parallelism and against a
+"""DASO (refbraid/distributed/daso.py) under mpiexec, against plain data parallelism and against a
 one-process simulation of the same schedule.
 
 * k = 1, every node count G dividing the world: the parameters after several Adam steps are
@@ -11,16 +11,17 @@ one-process simulation of the same schedule.
 import numpy as np
 import pytest
 
-from refbraid.layer_parallel import LayerParallelSettings
-from refbraid.network import backprop, init_params
-from refbraid.parallel.mpi import split_world
-from refbraid.training.daso import (
+from refbraid.distributed.daso import (
     DasoGradient,
     DasoSchedule,
     initial_rate,
     stale_merge,
 )
-from refbraid.training.distributed import DistributedGradient, shard_sizes
+from refbraid.distributed.engine import shard_sizes
+from refbraid.distributed.network import DistributedGradient
+from refbraid.layer_parallel import LayerParallelSettings
+from refbraid.network import backprop, init_params
+from refbraid.parallel.mpi import split_world
 from refbraid.training.models import build_network
 from refbraid.training.optim import make_optimizer
 

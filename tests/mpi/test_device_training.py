@@ -1,7 +1,7 @@
 """Layer-parallel training over MPI on device arrays: the strict stand-in, then the CUDA simulator.
 
-The sharded trainer (:class:`~refbraid.training.sharded.ShardedTrainer`, and ``fit`` with
-:class:`~refbraid.training.sharded.ShardedGradient`, what ``refbraid train`` runs under
+The sharded trainer (:class:`~refbraid.distributed.sharded.ShardedTrainer`, and ``fit`` with
+:class:`~refbraid.distributed.sharded.ShardedGradient`, what ``refbraid train`` runs under
 ``mpiexec``) on the ``strict`` backend: its arrays are array-api-strict arrays on a
 non-default device, which refuse every implicit host conversion
 (``forbid_host_conversions``) and, here, any trip through MPI's pickle
@@ -28,16 +28,16 @@ pytest.importorskip("array_api_strict")
 from refbraid.backends import get_backend
 from refbraid.backends.host import COUNTS, to_host
 from refbraid.backends.strict_device import DEVICE, forbid_host_conversions
+from refbraid.distributed.network import distributed_gradient
+from refbraid.distributed.sharded import ShardedGradient, ShardedTrainer
 from refbraid.layer_parallel import LayerParallelSettings
 from refbraid.network import init_params, to_backend
 from refbraid.parallel.device_messages import refuse_pickled_device_arrays
 from refbraid.sequence.losses import IGNORE
 from refbraid.training.config import TrainConfig
-from refbraid.training.distributed import distributed_gradient
 from refbraid.training.models import build_network
 from refbraid.training.optim import make_optimizer
 from refbraid.training.run import setup
-from refbraid.training.sharded import ShardedGradient, ShardedTrainer
 from refbraid.training.trainer import fit
 
 STRICT, NUMPY = get_backend("strict"), get_backend("numpy")

@@ -10,6 +10,8 @@ every rank, before any work).
 import numpy as np
 import pytest
 
+from refbraid.distributed.network import DistributedGradient, distributed_gradient
+from refbraid.distributed.sharded import ShardedTrainer
 from refbraid.layer_parallel import (
     LayerParallelSettings,
     layer_parallel_gradient,
@@ -18,11 +20,9 @@ from refbraid.layer_parallel import (
 from refbraid.mgrit import MGRITSettings
 from refbraid.network import backprop, init_params
 from refbraid.parallel.mpi import split_world
-from refbraid.training.checkpoint import load_checkpoint
-from refbraid.training.distributed import DistributedGradient, distributed_gradient
+from refbraid.training.checkpoint import load_checkpoint, save_checkpoint
 from refbraid.training.models import build_network
 from refbraid.training.optim import make_optimizer
-from refbraid.training.sharded import ShardedTrainer
 
 TOL = 1e-12
 
@@ -154,9 +154,12 @@ def test_sharded_checkpoint_is_gathered_and_written_by_one_rank(world, shared_tm
     trainer = ShardedTrainer(distributed_gradient(net), params, make_optimizer("adam", 1e-3))
     x, y = _batch(net)
     trainer.step(x, y)
-    path = trainer.save_checkpoint(shared_tmp / "checkpoint.npz", epoch=1,
-                                   rng=np.random.default_rng(0), config={}, history=[])
-    assert (path is not None) == (world.rank == 0)
+    full, optimizer = trainer.gather_state()
+    assert (full is not None) == (optimizer is not None) == (world.rank == 0)
+    if full is not None:  # world rank 0 writes
+        save_checkpoint(shared_tmp / "checkpoint.npz", epoch=1, params=full,
+                        optimizer=optimizer, rng=np.random.default_rng(0), config={},
+                        history=[])
     world.barrier()
     ckpt = load_checkpoint(shared_tmp / "checkpoint.npz")
     mine = trainer.shard

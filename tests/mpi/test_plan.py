@@ -7,10 +7,10 @@ each block's owner would compute; the plan's row lists must cover exactly those.
 import numpy as np
 import pytest
 
+from refbraid.distributed.engine import shard_sizes
+from refbraid.distributed.ownership import BlockPlan, Rows
 from refbraid.layer_parallel import LayerParallelSettings
 from refbraid.mgrit import MGRITSettings, Problem, solve
-from refbraid.training.distributed import shard_sizes
-from refbraid.training.ownership import BlockPlan, Rows
 
 CASES = [
     (64, LayerParallelSettings(), 4),

@@ -12,13 +12,13 @@ process, including the autoregressive decoder's token-by-token evaluation on ran
 import numpy as np
 import pytest
 
+from refbraid.distributed.chained import sequence_distributed_gradient
+from refbraid.distributed.sharded import ShardedGradient
 from refbraid.layer_parallel import relative_gradient_error
 from refbraid.training.config import TrainConfig
-from refbraid.training.distributed_seq import sequence_distributed_gradient
 from refbraid.training.gradients import mgrit_gradient
 from refbraid.training.models import as_network_input
 from refbraid.training.run import setup
-from refbraid.training.sharded import ShardedGradient
 from refbraid.training.trainer import fit, layer_parallel_settings
 
 TINY = dict(width=8, samples=48, levels=2, cfactor=2, epochs=1, batch_size=12, seed=5,

@@ -11,13 +11,13 @@ with data parallelism; a sharded ``fit`` against ``fit`` in one process.
 import numpy as np
 import pytest
 
+from refbraid.distributed.network import distributed_gradient
+from refbraid.distributed.sharded import ShardedGradient
 from refbraid.layer_parallel import relative_gradient_error
 from refbraid.training.config import TrainConfig
-from refbraid.training.distributed import distributed_gradient
 from refbraid.training.gradients import mgrit_gradient
 from refbraid.training.models import as_network_input
 from refbraid.training.run import setup
-from refbraid.training.sharded import ShardedGradient
 from refbraid.training.trainer import fit, layer_parallel_settings
 
 CASES = {

@@ -1,4 +1,4 @@
-"""Data × space × depth (refbraid/training/space_depth.py) against one process, every split
+"""Data × space × depth (refbraid/distributed/space.py) against one process, every split
 that divides.
 
 For the world size this runs under (1..4) and every D, S with D·S | P (Q = P/(D·S) layer
@@ -9,11 +9,11 @@ MGRIT settings, and with one MGRIT level sequential backprop, to round-off (≤ 
 import numpy as np
 import pytest
 
+from refbraid.distributed.space import space_depth_gradient
 from refbraid.errors import CollectiveError
 from refbraid.layer_parallel import LayerParallelSettings, layer_parallel_gradient
 from refbraid.network import backprop, init_params
 from refbraid.training.models import build_network
-from refbraid.training.space_depth import space_depth_gradient
 
 TOL = 1e-12
 SETTINGS = {"exact": LayerParallelSettings.exact(),

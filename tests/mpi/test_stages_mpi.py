@@ -14,14 +14,14 @@ matches to round-off, with BN through synchronised (full-batch) statistics.
 import numpy as np
 import pytest
 
+from refbraid.distributed.stages import (
+    StagedDistributedGradient,
+    staged_distributed_gradient,
+)
 from refbraid.layer_parallel import LayerParallelSettings, relative_gradient_error
 from refbraid.mgrit import MGRITSettings
 from refbraid.mgrit.transfer import SpatialCoarsening
 from refbraid.stages.model import ConvStagesModel
-from refbraid.training.distributed_stages import (
-    StagedDistributedGradient,
-    staged_distributed_gradient,
-)
 from refbraid.training.optim import make_optimizer
 
 TOL = 1e-12

@@ -2,7 +2,7 @@
 
 The distributed gradient plugs into :func:`refbraid.training.trainer.fit` in both parameter
 modes: replicated (``gradient(params, x, labels) -> (loss, grads, stats)`` plus
-``gradient.logits``) and owned shards (:class:`~refbraid.training.sharded.ShardedGradient`,
+``gradient.logits``) and owned shards (:class:`~refbraid.distributed.sharded.ShardedGradient`,
 what ``refbraid train`` uses: its hooks shard the state, gather it on rank 0 for evaluation
 and checkpoints). Every rank runs the same batches, only world rank 0 prints and writes files.
 Oracle: the same ``fit`` in this process with the single-process layer-parallel gradient.
@@ -13,12 +13,12 @@ import io
 import numpy as np
 import pytest
 
+from refbraid.distributed.network import distributed_gradient
+from refbraid.distributed.sharded import ShardedGradient
 from refbraid.layer_parallel import relative_gradient_error
 from refbraid.training.checkpoint import load_checkpoint
 from refbraid.training.config import TrainConfig
-from refbraid.training.distributed import distributed_gradient
 from refbraid.training.run import setup
-from refbraid.training.sharded import ShardedGradient
 from refbraid.training.trainer import fit, layer_parallel_settings, mgrit_gradient
 
 

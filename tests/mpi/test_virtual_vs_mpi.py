@@ -10,10 +10,10 @@ dense and conv networks, 40 coarsest intervals: uneven blocks for P = 3).
 import numpy as np
 import pytest
 
+from refbraid.distributed.network import distributed_gradient
 from refbraid.layer_parallel import LayerParallelSettings
 from refbraid.network import init_params
 from refbraid.scaling.virtual_training import simulate_distributed_gradient
-from refbraid.training.distributed import distributed_gradient
 from refbraid.training.models import build_network
 
 SETTINGS = LayerParallelSettings.with_iterations(2, 1, levels=2, cfactor=4)

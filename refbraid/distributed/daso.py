@@ -51,8 +51,8 @@ from ..errors import CollectiveError
 from ..network import Network, Params
 from ..parallel.hierarchy import NodeSplit, ring_bytes_per_rank, split_nodes
 from ..parallel.mpi import split_world, sum_to_all
-from .distributed import DistributedGradient, _pack, _unpack, shard_sizes
-from .mpi_common import host_backend
+from .engine import host_backend, pack, shard_sizes, unpack
+from .network import DistributedGradient
 
 PHASES = ("warm-up", "cycling", "cool-down")
 
@@ -261,14 +261,14 @@ class DasoGradient:
     def _sum_over_nodes(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Σ_h θ_h over the G nodes, the same bits on every rank: summed among the local-rank-0
         ranks (one per node), then broadcast inside each node."""
-        flat = _pack(arrays)
+        flat = pack(arrays)
         total = sum_to_all(self.nodes.across.mpi, flat) if self.nodes.local_rank == 0 else None
         total = self.nodes.node.bcast(total, root=0)
         L, G = self.nodes.ranks_per_node, self.nodes.n_nodes
         self.bytes_sent["inter"] += ring_bytes_per_rank(flat.nbytes, G) / L
         self.bytes_sent["intra"] += flat.nbytes * (L - 1) / L
         self.counts["global_averages"] += 1
-        return _unpack(total, arrays)
+        return unpack(total, arrays)
 
     def _merge(self, params: dict[str, np.ndarray], sent: dict[str, np.ndarray],
                wait: int) -> None:

@@ -3,7 +3,7 @@
 Rank q owns the layers (θ_n, y[n]) of its forward block [b_q, b_{q+1}); blocks start at
 coarsest-grid points. :class:`BlockPlan` derives, for the forward and the adjoint solve, the
 ghost weights and states each rank must fetch and the gradient rows it must send home (see
-:mod:`refbraid.training.distributed` for the mathematics).
+:mod:`refbraid.distributed.network` for the mathematics).
 """
 
 from __future__ import annotations
@@ -140,11 +140,15 @@ def _span(a: np.ndarray) -> str:
 
 
 class Rows(dict):
-    """``{global row index: array}``; a missing row names the rank and what it holds."""
+    """``{global row index: array}``; a missing row names the rank and what it holds.
+    ``rows[i, ...]`` reads row i as a propagator reads a stacked trajectory."""
 
     def __init__(self, name: str, rank: int, rows: dict[int, Any]):
         super().__init__(rows)
         self.name, self.rank = name, rank
+
+    def __getitem__(self, key):
+        return dict.__getitem__(self, int(key[0] if isinstance(key, tuple) else key))
 
     def __missing__(self, key):
         raise KeyError(f"rank {self.rank} holds no row {key!r} of {self.name} "

@@ -1,13 +1,14 @@
-"""``--bias-control`` under ``mpiexec``: the controller of :mod:`.bias_control` over ranks.
+"""``--bias-control`` under ``mpiexec``: the controller of
+:mod:`refbraid.training.bias_control` over ranks (training owns the rule; this is its MPI).
 
-The training gradient is the distributed one (:class:`~refbraid.training.sharded.ShardedGradient`
-for the layer-parallel models, :class:`~refbraid.training.distributed_gru.SequenceParallelGRU`
+The training gradient is the distributed one (:class:`~refbraid.distributed.sharded.ShardedGradient`
+for the layer-parallel models, :class:`~refbraid.distributed.gru.SequenceParallelGRU`
 for the GRUs). Every ``every`` steps the controller needs, on the step's batch, the exact
 gradient g and the micro-batch gradients g_i (bias = ‖g_LP − g‖, noise from the g_i). Here
 they are computed **serially on gathered data**, on world rank 0::
 
     θ, g_LP  gathered on world rank 0              (collective: the shards' rows stacked)
-    m = bias_and_noise(backprop, θ, x, y, g_LP)    on rank 0 only: M + 1 sequential backprops
+    m = core.measure(θ, x, y, g_LP)                on rank 0 only: M + 1 sequential backprops
     m  broadcast from rank 0                       every rank now holds the same numbers
     every rank applies the same rule to m          (ControlledGradient.take_measurement)
 
@@ -36,8 +37,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .bias_control import ControlledGradient, bias_and_noise
-
 
 def _quiet(*args, **kwargs) -> None:
     return None
@@ -55,7 +54,7 @@ class MPIControlledGradient:
 
     __name__ = "layer-parallel-mpi-bias-control"
 
-    def __init__(self, core: ControlledGradient, build: Callable[[Any], Any], world):
+    def __init__(self, core, build: Callable[[Any], Any], world):
         self.core, self.build, self.world = core, build, world
         self.inner = build(core.settings)
         if not self.is_root:
@@ -129,8 +128,7 @@ class MPIControlledGradient:
             full_params, full_grads = self._full(params), self._full(grads)
             m = None
             if self.is_root:
-                m = bias_and_noise(core.backprop, full_params, x, labels, full_grads,
-                                   core.control.micro, core.bk)
+                m = core.measure(full_params, x, labels, full_grads)
             stats.update(core.take_measurement(self.world.bcast(m), stats))
         if core.settings != before:  # more MGRIT cycles: every rank rebuilds together
             self.inner = self.build(core.settings)

@@ -14,7 +14,8 @@ to write a checkpoint, in the single-process format, atomically. Two ways to dri
 * :class:`ShardedGradient` — the trainer's gradient callable ``(shard, x, labels)`` with the
   hooks :func:`refbraid.training.trainer.fit` asks for (``localize``, ``gather_params``,
   ``gather_optimizer``, ``share``): ``refbraid train`` under ``mpiexec`` uses it;
-* :class:`ShardedTrainer` — a stand-alone step/gather/save object for your own loop.
+* :class:`ShardedTrainer` — a stand-alone step/gather object for your own loop (its
+  ``gather_state`` is what :func:`refbraid.training.checkpoint.save_checkpoint` writes).
 
 Shape legend: N layers, Q layer ranks, [b_q, b_{q+1}) the layer block of rank q.
 """
@@ -22,16 +23,14 @@ Shape legend: N layers, Q layer ranks, [b_q, b_{q+1}) the layer block of rank q.
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..network import Params
-from .distributed import DistributedGradient
-from .optim import Optimizer
+from .network import DistributedGradient
 
-#: what a sharded gradient offers (DistributedGradient, or distributed_seq's chained blocks)
+#: what a sharded gradient offers (DistributedGradient, or chained.py's encoder–decoder)
 SHARDED_INTERFACE = ("sharded", "shard", "gather", "logits", "topo", "is_root")
 
 
@@ -43,14 +42,18 @@ def _check_gradient(gradient) -> DistributedGradient:
     return gradient
 
 
-def _check_optimizer(optimizer) -> Optimizer:
-    if not isinstance(optimizer, Optimizer):
-        raise TypeError(f"`optimizer` must be a refbraid Optimizer, got "
-                        f"{type(optimizer).__name__}.")
+#: what an optimizer offers (refbraid.training.optim's SGD and Adam)
+OPTIMIZER_INTERFACE = ("step", "state_dict", "load_state_dict")
+
+
+def _check_optimizer(optimizer):
+    if not all(callable(getattr(optimizer, a, None)) for a in OPTIMIZER_INTERFACE):
+        raise TypeError(f"`optimizer` must be a refbraid Optimizer (offering "
+                        f"{', '.join(OPTIMIZER_INTERFACE)}), got {type(optimizer).__name__}.")
     return optimizer
 
 
-def shard_optimizer(gradient: DistributedGradient, optimizer: Optimizer, shard: Params) -> None:
+def shard_optimizer(gradient: DistributedGradient, optimizer, shard: Params) -> None:
     """Restrict ``optimizer``'s state (of the full parameters, or fresh) to this rank's
     ``shard``, in place: the step counter and the buffer entries of the owned parameters."""
     state = optimizer.state_dict()  # host copies (through the host door)
@@ -58,8 +61,8 @@ def shard_optimizer(gradient: DistributedGradient, optimizer: Optimizer, shard: 
     optimizer.load_state_dict({"step": state["step"], **local}, shard, device_asarray(gradient))
 
 
-def gather_optimizer(gradient: DistributedGradient, optimizer: Optimizer, params: Params | None,
-                     root: int = 0) -> Optimizer | None:
+def gather_optimizer(gradient: DistributedGradient, optimizer, params: Params | None,
+                     root: int = 0):
     """On world rank ``root``: a copy of ``optimizer`` holding the state of the whole network
     (``params`` = the gathered full parameters there); None elsewhere. Collective."""
     state = gradient.gather(optimizer.state_dict(), root)
@@ -114,8 +117,8 @@ class ShardedGradient:
         """The full parameters on world rank ``root`` (None elsewhere). Collective."""
         return self.gradient.gather(shard, root)
 
-    def gather_optimizer(self, optimizer: Optimizer, params: Params | None,
-                         root: int = 0) -> Optimizer | None:
+    def gather_optimizer(self, optimizer, params: Params | None,
+                         root: int = 0):
         """See :func:`gather_optimizer`. Collective."""
         return gather_optimizer(self.gradient, optimizer, params, root)
 
@@ -132,7 +135,7 @@ class ShardedTrainer:
     ``optimizer`` may hold the state of the full ``params`` (e.g. resumed): it is sharded too.
     """
 
-    def __init__(self, gradient: DistributedGradient, params: Params, optimizer: Optimizer):
+    def __init__(self, gradient: DistributedGradient, params: Params, optimizer):
         self.gradient = _check_gradient(gradient)
         self.optimizer = _check_optimizer(optimizer)
         self.shard = gradient.shard(params)
@@ -152,17 +155,9 @@ class ShardedTrainer:
         """The optimizer state of the whole network on ``root`` (``step`` and buffers)."""
         return self.gradient.gather(self.optimizer.state_dict(), root)
 
-    def save_checkpoint(self, path: str | Path, *, epoch: int, rng: np.random.Generator,
-                        config: dict[str, Any], history: list[dict[str, Any]],
-                        root: int = 0, buffers: dict[str, Any] | None = None) -> Path | None:
-        """Gather shards and optimizer state; world rank ``root`` writes the checkpoint
-        atomically (:func:`refbraid.training.checkpoint.save_checkpoint`) with ``buffers``
-        (root's model buffers, :func:`refbraid.training.buffers.model_buffers`). Collective."""
-        from .checkpoint import save_checkpoint
-
+    def gather_state(self, root: int = 0) -> tuple[Params | None, Any]:
+        """(full parameters, optimizer of the whole network) on world rank ``root``, (None,
+        None) elsewhere: what a checkpoint holds
+        (:func:`refbraid.training.checkpoint.save_checkpoint` writes them). Collective."""
         params = self.gather_params(root)
-        full_opt = gather_optimizer(self.gradient, self.optimizer, params, root)
-        if params is None:
-            return None
-        return save_checkpoint(path, epoch=epoch, params=params, optimizer=full_opt, rng=rng,
-                               config=config, history=history, buffers=buffers)
+        return params, gather_optimizer(self.gradient, self.optimizer, params, root)

@@ -1,7 +1,7 @@
 """The sequence models whose parameters are not one block's, over MPI: the tied GPT and the
 two encoder–decoders. Same mathematics as in one process
 (:mod:`refbraid.sequence.gpt_model`, :mod:`refbraid.sequence.seq2seq_model`); the blocks
-are distributed by :class:`~refbraid.training.distributed.DistributedGradient` (layer rank q
+are distributed by :class:`~refbraid.distributed.network.DistributedGradient` (layer rank q
 owns the layers of its block; data-parallel groups take batch shards), and what ties the
 blocks together travels through the adjoint-tested operators of :mod:`refbraid.parallel.ops`.
 
@@ -49,8 +49,8 @@ from ..layer_parallel import LayerParallelSettings
 from ..network import Params
 from ..parallel.mpi import split_world
 from ..parallel.ops import Broadcast, RowExchange
-from .distributed import DistributedGradient, _pack, _unpack
-from .mpi_common import gather_shards, host_backend, place_rows, replicated_rows, steps_key
+from .engine import gather_shards, host_backend, place_rows, replicated_rows, steps_key
+from .network import DistributedGradient
 from .ownership import Rows
 
 TIE_KEY, HEAD_KEY = "opening.W", "closing.W"
@@ -129,7 +129,7 @@ def _combined_stats(enc: dict[str, float], dec: dict[str, float]) -> dict[str, f
 class Seq2SeqGradient:
     """An encoder–decoder's gradient over MPI (module docstring); the interface of
     :class:`DistributedGradient` (``__call__``, ``sharded``, ``shard``, ``gather``,
-    ``logits``, ``topo``, ``is_root``), so :class:`~refbraid.training.sharded.ShardedGradient`
+    ``logits``, ``topo``, ``is_root``), so :class:`~refbraid.distributed.sharded.ShardedGradient`
     drives it. Construction is collective."""
 
     __name__ = "layer-parallel-mpi"
@@ -176,7 +176,7 @@ class Seq2SeqGradient:
         grads = {k: np.zeros_like(v) for k, v in params.items()}
         for name, part in zip(BLOCKS, (enc_part, dec_part), strict=True):
             place_rows(grads, _prefixed(part, name))
-        return loss, _unpack(self.topo.world.sum_to_all(_pack(grads)), grads), stats
+        return loss, self.enc.sum_world(grads), stats
 
     def sharded(self, shard: Params, x, labels):
         """Sharded mode: ghosts fetched per block, rows sent home, groups summed."""
@@ -247,7 +247,7 @@ def sequence_distributed_gradient(model, settings: LayerParallelSettings | None 
                                   bk: Backend | str = "numpy", data_parallel: int = 1,
                                   world=None):
     """The MPI gradient of a tied GPT or an encoder–decoder (None for other models); like
-    :func:`~refbraid.training.distributed.distributed_gradient`, collective."""
+    :func:`~refbraid.distributed.network.distributed_gradient`, collective."""
     from ..sequence.gpt_model import GPTModel
     from ..sequence.seq2seq_model import Seq2SeqModel
 

@@ -4,7 +4,7 @@ XBraid's spatial communicator: P = D·Q·S ranks, world rank r = (g·Q + q)·S +
 
     data group g   (D)  a contiguous shard of every batch, weighted B_g / B
     layer rank q   (Q)  one block of layers in both MGRIT solves (as
-                        :class:`~refbraid.training.distributed.DistributedGradient`)
+                        :class:`~refbraid.distributed.network.DistributedGradient`)
     space rank s   (S)  rows [o_s, o_{s+1}) of every feature map: each Φ and Ψ step is the
                         halo-exchanged conv step of :mod:`refbraid.space.layers`
 
@@ -23,18 +23,15 @@ Shape legend: N layers, B batch, x_p (B_g, C_in, n_s, W) the rows of space rank 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from ..errors import CollectiveError
-from ..layer_parallel import CachingForward, CapturingAdjoint, LayerParallelSettings
+from ..layer_parallel import LayerParallelSettings
 from ..layers.conv import ConvLift, ConvStep
-from ..mgrit import Problem, solve
-from ..network import Network, check_batch, group
+from ..network import Network
 from ..parallel.mpi import MPIComm, Topology, mpi_module
 from ..space import RowSplit, SpatialClassifier, SpatialConvLift, SpatialConvStep
-from .distributed import DistributedGradient, shard_sizes, solve_stats
-from .ownership import Rows
+from .network import DistributedGradient
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,7 +87,9 @@ class _SplitSteps:
 
 
 class SpaceDepthGradient(DistributedGradient):
-    """:class:`DistributedGradient` with every feature map split over the space ranks.
+    """:class:`~refbraid.distributed.network.DistributedGradient` with every feature map split
+    over the space ranks: the same engine and chain, with the split steps, opening and
+    closing of :mod:`refbraid.space` and this rank's rows of every sample.
 
     ``gradient(params, x, labels)`` (replicated): every rank passes the same full batch and
     gets the full loss and gradient. Construction is collective.
@@ -107,62 +106,19 @@ class SpaceDepthGradient(DistributedGradient):
         super().__init__(net, split.topo, settings, bk)
         self.space, self.split = split.space, split.split
         self.sequential = False  # the split steps always run (a 1-level solve is sequential)
+        self.copies = self.topo.n_groups * self.space.size  # every space rank makes each step
         self.view = _SplitSteps(SpatialConvStep(net.step, self.space), net.h, net.n_layers)
         self.opening = SpatialConvLift(net.opening, self.space)
         self.closing = SpatialClassifier(net.closing, self.space, self.split)
+        self.transfers, self.restriction = (None, None), "average"  # rows split, not coarsened
+
+    def local(self, xs):
+        """This space rank's rows of every sample."""
+        return self.split.local(xs, self.space.rank)  # B_g, C_in, n_s, W
 
     def sharded(self, shard, x, labels):
         raise NotImplementedError("space parallelism trains with replicated parameters "
                                   "(call the gradient); sharded mode is not built yet.")
-
-    def _gradient(self, rows: dict[str, Rows], params, x, labels):
-        net, bk, plan, layer = self.net, self.bk, self.plan, self.topo.layer
-        check_batch(net, x, labels)
-        t_start = time.perf_counter()
-        sizes = shard_sizes(x.shape[0], self.topo.n_groups)
-        lo = sum(sizes[: self.topo.group])
-        xs, ys = x[lo : lo + sizes[self.topo.group]], labels[lo : lo + sizes[self.topo.group]]
-        weight = sizes[self.topo.group] / x.shape[0]
-        xs = self.split.local(xs, self.space.rank)  # B_g, C_in, n_s, W
-        N, part = net.n_layers, {}
-        y0 = open_cache = None
-        if self.q == 0:
-            y0, open_cache = self.opening.forward(group(params, "opening"), xs, bk)
-        y0 = self.bcast_y0.forward(y0)
-        forward = CachingForward(self.view, rows, bk)
-        fwd = solve(Problem(forward, y0, N), self.settings.forward, comm=layer,
-                    layout=plan.forward_layout)
-        states = dict(zip((int(i) for i in fwd.fine_indices), fwd.solution, strict=True))
-        lam_N, loss_part = None, 0.0
-        if self.q == self.last:
-            closing = group(params, "closing")
-            logits, close_cache = self.closing.forward(closing, states[N], bk)
-            dlogits = None
-            if self.space.rank == 0:
-                loss, probs = bk.softmax_cross_entropy(logits, ys)
-                dlogits = bk.softmax_cross_entropy_adjoint(probs, ys, weight)
-                loss_part = weight * float(loss)
-            lam_N, dclose = self.closing.adjoint(closing, close_cache, dlogits, bk)
-            part.update({f"closing.{k}": v for k, v in dclose.items()})
-        lam_N = self.bcast_lam.forward(lam_N)
-        states.update(self.states_x.forward({i: states[i] for i in self.y_owned}))
-        adjoint = CapturingAdjoint(self.view, rows, Rows("y", self.q, states), forward.caches,
-                                   bk)
-        bwd = solve(Problem(adjoint, lam_N, N, direction="backward"), self.settings.backward,
-                    comm=layer, layout=plan.backward_layout)
-        for k in adjoint.grads[int(self.grad_rows[0])]:
-            part[f"steps.{k}"] = {int(a): adjoint.grads[int(a)][k] for a in self.grad_rows}
-        if self.q == 0:
-            lam0 = bwd.solution[list(bwd.fine_indices).index(0)]
-            _, dopen = self.opening.adjoint(group(params, "opening"), open_cache, lam0, bk)
-            part.update({f"opening.{k}": v for k, v in dopen.items()})
-        self.last_solves = {"forward": fwd, "backward": bwd, **adjoint.counts}
-        world = self.topo.world
-        loss_total = world.allreduce_sum(loss_part)
-        stats = solve_stats(fwd, bwd, world, copies=self.topo.n_groups * self.space.size)
-        self.last_timings = {"fwd_s": fwd.solve_seconds, "bwd_s": bwd.solve_seconds,
-                             "gradient_s": time.perf_counter() - t_start}
-        return loss_total, part, stats
 
 
 def space_depth_gradient(net: Network, settings: LayerParallelSettings | None = None,
