@@ -88,10 +88,10 @@ SETTINGS_CASE = {"full": (128, 50), "quick": (128, 50), "tiny": (32, 2)}  # conv
 def sharded_step(net, params, x, y, bk, world):
     """The layer-parallel training step as ``mpiexec -n P refbraid train`` runs it: the
     sharded distributed gradient + Adam on this rank's shard (ShardedTrainer)."""
-    from refbraid.layer_parallel import LayerParallelSettings
     from refbraid.distributed.network import distributed_gradient
-    from refbraid.training.optim import make_optimizer
     from refbraid.distributed.sharded import ShardedTrainer
+    from refbraid.layer_parallel import LayerParallelSettings
+    from refbraid.training.optim import make_optimizer
 
     grad = distributed_gradient(net, LayerParallelSettings(), bk, world=world)
     trainer = ShardedTrainer(grad, params, make_optimizer("adam", 1e-4))

@@ -198,11 +198,11 @@ def worker(spec: dict) -> None:
     """Under mpiexec: times every case on this world, rank 0 emits one record per case."""
     from mpi4py import MPI
 
+    from refbraid.distributed.network import distributed_gradient
+    from refbraid.distributed.sharded import ShardedTrainer
     from refbraid.layer_parallel import LayerParallelSettings
     from refbraid.network import backprop
-    from refbraid.distributed.network import distributed_gradient
     from refbraid.training.optim import make_optimizer
-    from refbraid.distributed.sharded import ShardedTrainer
 
     prepare_worker()
     world = MPI.COMM_WORLD
