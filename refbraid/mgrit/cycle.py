@@ -168,6 +168,11 @@ class Cycler:
             return copy(block)
         return self.workspace.copy_into("u", ell, block)
 
+    def _nested_start(self, ell: int, c_rows):
+        """Level ``ell``'s iterate on the way down of nested iteration (no spatial transfer):
+        the injected C-rows of the level above."""
+        return self._level_copy(ell, c_rows)
+
     def _propagate_c(self, s: LevelState):
         ghost = exchange_ghost(self.comm, s.u[-1, ...])
         return self._propagate(s.u, s.g, s.points, s.c_pos, s.step, ghost, s.ghost_point)
@@ -283,7 +288,7 @@ class Cycler:
             # a copy of the rows, into the workspace's kept array when there is one)
             c_rows = rows_view(st[ell].u, st[ell].c_pos)
             st[ell + 1].u = (self.to_coarse(ell, c_rows) if spatial
-                             else self._level_copy(ell + 1, c_rows))
+                             else self._nested_start(ell + 1, c_rows))
         self.solve_coarsest()
         for ell in range(len(st) - 2, -1, -1):
             self.interpolate(ell + 1)
