@@ -32,6 +32,12 @@ Nested iteration (cold-start initial guesses)::
 
 ``vcycles = 0`` is the skipped first down-cycle (Parareal's coarse initial guess),
 ``vcycles = 1`` the FMG (full multigrid) initial guess.
+
+This module is the textbook cycle, step by step (``MGRITSettings(fused=False)``). The solver
+runs it by default with its bookkeeping fused into the sweeps (:mod:`.fused_cycle`: the
+residual formed by the sweep that produces it, restriction and FAS right-hand side in one
+pass, the correction applied by the next F-sweep): the same recursion and the same numbers
+bit for bit, fewer passes over whole blocks (docs/solver_fusion.md).
 """
 
 from __future__ import annotations
