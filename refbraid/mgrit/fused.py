@@ -32,10 +32,11 @@ the state's dtype — every step refbraid makes does. (A step returning another 
 its residual rounded to the state's dtype here, as the iterate is; the textbook keeps the
 promoted dtype.) tests/mgrit/test_fused.py compares the two paths bit for bit.
 
-NumPy arrays are written row by row in place (the step writes ``Φ`` straight into the row,
-``+ g`` and ``− u`` follow in place). Other arrays (the strict device stand-in, CUDA arrays
-in the simulator) get the same per-row arithmetic with new rows stacked at the end, the
-textbook's own operations in another order of rows.
+The functions take NumPy blocks (C-rows of a CPU state are what a cache holds): rows are
+written in place, the step writing ``Φ`` straight into its destination row, ``+ g`` and
+``− u`` following in place. On device arrays (CuPy, the ``cuda`` backend's arrays) the cycle
+keeps the textbook's block operations (fused_cycle.py): one launch per block operation
+there, where a loop over rows would be one per row.
 
 Shape legend: n points in the block, c C-points, S the state shape; ``c_pos`` positions of
 the C-points in the block (0, m, 2m, ...: a block starts with a C-point).
@@ -47,9 +48,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..backends.portable import empty_on
-from .arrays import namespace
-from .relax import StepFn, _write_row, copy
+from .relax import StepFn, _write_row
 
 
 class Correction(NamedTuple):
@@ -62,28 +61,18 @@ class Correction(NamedTuple):
     interpolate: Any = None
 
 
-def _is_numpy(*arrays) -> bool:
-    return all(isinstance(a, np.ndarray) for a in arrays if a is not None)
-
-
 def _correct_row(u, k: int, corr: Correction, j: int) -> None:
     """``u[k] += P(w[j] − v[j])`` (coarse.correct on one row: the same operations)."""
     d = corr.w[j, ...] - corr.v[j, ...]
     if corr.interpolate is not None:
         d = corr.interpolate(j, d)
-    if isinstance(u, np.ndarray):
-        row = u[k, ...]
-        row += d
-    else:
-        u[k, ...] = u[k, ...] + d
+    row = u[k, ...]
+    row += d
 
 
-def _phi_plus_g(u, prev, p0: int, p1: int, g_row, step: StepFn, out_row=None):
-    """``Φ(prev; p0 → p1) + g_row`` (g_row None: Φ), written into ``out_row`` (a NumPy row)
-    when given: the step writes Φ there if it takes ``out=``, ``+ g`` is added in place."""
-    if out_row is None:
-        val = step(prev, p0, p1)
-        return val if g_row is None else val + g_row
+def _phi_plus_g(prev, p0: int, p1: int, g_row, step: StepFn, out_row):
+    """``Φ(prev; p0 → p1) + g_row`` (g_row None: Φ) written into ``out_row``: the step writes
+    Φ there if it takes ``out=``, ``+ g`` is added in place (relax._write_row)."""
     val = step(prev, p0, p1, out=out_row) if getattr(step, "takes_out", False) \
         else step(prev, p0, p1)
     _write_row(out_row, val, g_row)
@@ -97,65 +86,47 @@ def sweep_residual(u, g_sweep, g_res, points, c_pos, step: StepFn,
 
     ``g_sweep``: the F-sweep's right-hand side (None: zero forcing); ``g_res``: the
     residual's (the level's g). Returns the residual (c, *S) with row 0 still to be written
-    by :func:`first_residual_row` (a NumPy block, or a list of rows with ``None`` first),
-    or None without ``residual``. Same values as relax.f_relax, then relax.c_residual at the
-    positions ``c_pos[1:]`` (coarse.correct before both when a correction is given)."""
+    by :func:`first_residual_row`, or None without ``residual``. Same values as
+    relax.f_relax, then relax.c_residual at the positions ``c_pos[1:]`` (coarse.correct
+    before both when a correction is given)."""
     n = u.shape[0]
     cs = np.asarray(c_pos).tolist()
     p = np.asarray(points).tolist()
-    numpy = _is_numpy(u, g_sweep, g_res)
-    r = None
-    if residual:
-        r = np.empty((len(cs), *u.shape[1:]), dtype=u.dtype) if numpy else [None]
+    r = np.empty((len(cs), *u.shape[1:]), dtype=u.dtype) if residual else None
     for j, c in enumerate(cs):
         if correction is not None:
             _correct_row(u, c, correction, j)
         if residual and j > 0:
             g_row = None if g_res is None else g_res[c, ...]
-            if numpy:
-                row = _phi_plus_g(u, u[c - 1, ...], p[c - 1], p[c], g_row, step, r[j, ...])
-                np.subtract(row, u[c, ...], out=row)
-            else:
-                r.append(_phi_plus_g(u, u[c - 1, ...], p[c - 1], p[c], g_row, step)
-                         - u[c, ...])
+            row = _phi_plus_g(u[c - 1, ...], p[c - 1], p[c], g_row, step, r[j, ...])
+            np.subtract(row, u[c, ...], out=row)
         stop = cs[j + 1] if j + 1 < len(cs) else n
         for k in range(c + 1, stop):
             g_row = None if g_sweep is None else g_sweep[k, ...]
-            if numpy:
-                _phi_plus_g(u, u[k - 1, ...], p[k - 1], p[k], g_row, step, u[k, ...])
-            else:
-                u[k, ...] = _phi_plus_g(u, u[k - 1, ...], p[k - 1], p[k], g_row, step)
+            _phi_plus_g(u[k - 1, ...], p[k - 1], p[k], g_row, step, u[k, ...])
     return r
 
 
-def _first_pu(u, g, points, step: StepFn, ghost, ghost_point, out_row=None):
-    """``(P u)[0]``: g[0] at the initial point (zeros without g), else ``Φ(ghost) + g[0]``."""
+def _first_pu(g, points, step: StepFn, ghost, ghost_point, out_row):
+    """``(P u)[0]`` written into ``out_row``: g[0] at the initial point (zeros without g),
+    else ``Φ(ghost) + g[0]`` (the ghost's step as relax.propagate_at makes it: no out=)."""
     p0 = int(points[0])
     g_row = None if g is None else g[0, ...]
     if p0 == 0:
-        val = g_row if g_row is not None else namespace(u).zeros_like(u[0, ...])
-        if out_row is None:
-            return val
-        out_row[...] = val
+        out_row[...] = 0 if g_row is None else g_row
         return out_row
     if ghost is None:
         raise ValueError(f"block starting at s={p0} needs a `ghost` value.")
-    if out_row is None:
-        return _phi_plus_g(u, ghost, int(ghost_point), p0, g_row, step)
-    # the ghost's step as relax.propagate_at makes it: no out= (a new array copied in)
     _write_row(out_row, step(ghost, int(ghost_point), p0), g_row)
     return out_row
 
 
 def first_residual_row(r, u, g, points, step: StepFn, ghost=None, ghost_point=None):
     """Row 0 of :func:`sweep_residual`'s residual, ``(P u)[0] − u[0]`` (the ghost has
-    arrived); returns the whole residual as one array (c, *S)."""
-    if isinstance(r, np.ndarray):
-        row = _first_pu(u, g, points, step, ghost, ghost_point, r[0, ...])
-        np.subtract(row, u[0, ...], out=row)
-        return r
-    r[0] = _first_pu(u, g, points, step, ghost, ghost_point) - u[0, ...]
-    return namespace(u).stack(r)
+    arrived); returns the whole residual (c, *S)."""
+    row = _first_pu(g, points, step, ghost, ghost_point, r[0, ...])
+    np.subtract(row, u[0, ...], out=row)
+    return r
 
 
 def c_relax_rows(u, g, points, c_pos, step: StepFn, ghost=None, ghost_point=None,
@@ -166,25 +137,19 @@ def c_relax_rows(u, g, points, c_pos, step: StepFn, ghost=None, ghost_point=None
     operations). Returns r (c, *S) or None."""
     cs = np.asarray(c_pos).tolist()
     p = np.asarray(points).tolist()
-    numpy = _is_numpy(u, g)
-    rows = []
-    scratch = np.empty(u.shape[1:], dtype=u.dtype) if numpy and residual else None
-    for c in cs:
-        g_row = None if g is None else g[c, ...]
-        out = (scratch if residual else u[c, ...]) if numpy else None
+    r = np.empty((len(cs), *u.shape[1:]), dtype=u.dtype) if residual else None
+    scratch = np.empty(u.shape[1:], dtype=u.dtype) if residual else None
+    for j, c in enumerate(cs):
+        out = scratch if residual else u[c, ...]  # (P u)[c]: straight into u[c] if it may
         if c == 0:
-            pu = _first_pu(u, g, points, step, ghost, ghost_point, out)
+            _first_pu(g, points, step, ghost, ghost_point, out)
         else:
-            pu = _phi_plus_g(u, u[c - 1, ...], p[c - 1], p[c], g_row, step, out)
+            _phi_plus_g(u[c - 1, ...], p[c - 1], p[c], None if g is None else g[c, ...],
+                        step, out)
         if residual:
-            rows.append(pu - u[c, ...])
-        if pu is not out:
-            u[c, ...] = pu
-        elif residual:
+            np.subtract(scratch, u[c, ...], out=r[j, ...])
             u[c, ...] = scratch
-    if not residual:
-        return None
-    return namespace(u).stack(rows)
+    return r
 
 
 def restrict_fas(v, r, points, step: StepFn, ghost=None, ghost_point=None,
@@ -195,30 +160,16 @@ def restrict_fas(v, r, points, step: StepFn, ghost=None, ghost_point=None,
 
     ``u_out``, ``g_out``: arrays to write into (a workspace's), else new ones. Returns
     ``(w, g_Δ)``; the same values as coarse.fas_rhs and a copy of v."""
-    n = v.shape[0]
     p = np.asarray(points).tolist()
-    if not _is_numpy(v, r):
-        xp = namespace(v)
-        if u_out is None:
-            w = copy(v)
-        else:
-            w = u_out
-            w[...] = v
-        rows = []
-        for j in range(n):
-            phi = _first_pu(v, None, points, step, ghost, ghost_point) if j == 0 \
-                else step(w[j - 1, ...], p[j - 1], p[j])
-            rows.append(r[j, ...] + (v[j, ...] - phi))
-        return w, xp.stack(rows)
     w = np.empty(v.shape, dtype=v.dtype) if u_out is None else u_out
-    g = empty_on(v, v.shape) if g_out is None else g_out
-    for j in range(n):
+    g = np.empty(v.shape, dtype=v.dtype) if g_out is None else g_out
+    for j in range(v.shape[0]):
         w[j, ...] = v[j, ...]
         row = g[j, ...]
         if j == 0:
-            _first_pu(v, None, points, step, ghost, ghost_point, row)
+            _first_pu(None, points, step, ghost, ghost_point, row)
         else:
-            _phi_plus_g(v, w[j - 1, ...], p[j - 1], p[j], None, step, row)
+            _phi_plus_g(w[j - 1, ...], p[j - 1], p[j], None, step, row)
         np.subtract(w[j, ...], row, out=row)
         np.add(r[j, ...], row, out=row)
     return w, g

@@ -15,20 +15,24 @@ replaces three of its steps by the fused functions of :mod:`refbraid.mgrit.fused
                    next F-sweep of level ℓ (always the next thing that touches level ℓ),
                    which applies it at each C-point just before stepping from it
 
-Batched sweeps (a problem with ``batched_step``) keep their one call per sweep; there the
-residual and the FAS right-hand side are formed in place (no temporary blocks) and the
-correction is applied as a block before the first sweep. Every value equals the textbook
-cycle's bit for bit (fused.py's docstring; tests/mgrit/test_fused.py).
+The row-by-row forms run on NumPy states with per-point sweeps (a CPU's cache holds rows).
+Batched sweeps (a problem with ``batched_step``) keep their one call per sweep, and device
+arrays (CuPy, the ``cuda`` backend's) the textbook's block operations, one launch each where
+a row loop would launch per row: there the residual and the FAS right-hand side are formed in
+place where NumPy allows, and the correction is applied as a block before the first sweep.
+Either way FCF forms only the residuals someone reads and nested iteration skips the copies
+it never reads. Every value equals the textbook cycle's bit for bit (fused.py's docstring;
+tests/mgrit/test_fused.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..backends.into import add_into
 from ..backends.portable import empty_on
 from ..parallel.comm import exchange_ghost
-from . import batched
-from .coarse import correct, fas_rhs
+from .coarse import correct
 from .cycle import Cycler, LevelState
 from .fused import (
     Correction,
@@ -55,6 +59,9 @@ class FusedCycler(Cycler):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._pending: dict[int, Correction] = {}  # level -> correction for its next F-sweep
+        # the row-by-row forms: NumPy states, per-point sweeps (else block operations)
+        self._rows = (not self.batched and bool(self.states)
+                      and isinstance(self.states[0].step.problem.u0, np.ndarray))
 
     # -- sweeps ----------------------------------------------------------------------------
     def _sweep(self, s: LevelState, residual: bool):
@@ -63,12 +70,12 @@ class FusedCycler(Cycler):
         ell = s.level.index
         g_sweep = None if (self._unforced0 and ell == 0) else s.g
         corr = self._pending.pop(ell, None)
-        if self.batched:
+        if not self._rows:
             if corr is not None:
                 spatial = s.step.problem.transfer is not None
                 s.u = correct(s.u, s.c_pos, corr.w, corr.v, inplace=True,
                               interpolate=(lambda d: self.to_fine(ell, d)) if spatial else None)
-            s.u = batched.f_relax(s.u, g_sweep, s.points, s.f_sweeps, s.step, inplace=True)
+            super()._f_relax(s)
             if not residual:
                 return None
             pu = self._propagate_c(s)  # a new block (Φ + g)
@@ -97,7 +104,7 @@ class FusedCycler(Cycler):
         for i in range(sweeps):
             want = first and i == 0
             ghost = exchange_ghost(self.comm, s.u[-1, ...])
-            if self.batched:
+            if not self._rows:
                 pu = self._propagate(s.u, s.g, s.points, s.c_pos, s.step, ghost, s.ghost_point)
                 if want:
                     r_first = pu - rows_view(s.u, s.c_pos)
@@ -120,24 +127,24 @@ class FusedCycler(Cycler):
 
     # -- the recursion ---------------------------------------------------------------------
     def _fas(self, ell: int, r, v, ghost_v):
-        """(w, g_{ℓ+1}): the coarse level's start (restrict_fas; batched: Φ_Δ in one call,
-        then ``v − Φ_Δ`` and ``+ R r`` into the right-hand side's own array)."""
+        """(w, g_{ℓ+1}): the coarse level's start (restrict_fas; as blocks: Φ_Δ of every
+        point, then ``v − Φ_Δ`` and ``+ R r``, into the right-hand side's own array where
+        NumPy allows: coarse.fas_rhs's operations without its temporaries)."""
         c, ws = self.states[ell + 1], self.workspace
         g_out = None if ws is None else ws.empty("g", ell + 1, v, v.shape)
         rr = self.to_coarse(ell, r)
-        if not self.batched:
+        if self._rows:
             u_out = None if ws is None else ws.empty("u", ell + 1, v, v.shape)
             return restrict_fas(v, rr, c.points, c.step, ghost_v, c.ghost_point, u_out, g_out)
         w = self._level_copy(ell + 1, v)
+        phi = self._propagate(v, None, c.points, range(len(c.points)), c.step, ghost_v,
+                              c.ghost_point)
         g = np.empty(v.shape, dtype=v.dtype) if g_out is None and isinstance(v, np.ndarray) \
             else g_out
-        phi = batched.propagate_at(v, None, c.points, range(len(c.points)), c.step, ghost_v,
-                                   c.ghost_point)
         if g is not None and _in_place_ok(g, v, phi, rr):
             np.subtract(v, phi, out=g)
             return w, np.add(rr, g, out=g)
-        return w, fas_rhs(rr, v, c.points, c.step, ghost_v, c.ghost_point,
-                          self._propagate, out=g_out)
+        return w, add_into(rr, v - phi, g_out)
 
     def coarse_correction(self, ell: int, r, kind: str) -> None:
         """FAS restriction to ℓ+1 and the coarse cycle(s) as in :meth:`Cycler.coarse_correction`;
