@@ -32,6 +32,12 @@ Nested iteration (cold-start initial guesses)::
 
 ``vcycles = 0`` is the skipped first down-cycle (Parareal's coarse initial guess),
 ``vcycles = 1`` the FMG (full multigrid) initial guess.
+
+This module is the textbook cycle, step by step (``MGRITSettings(fused=False)``). The solver
+runs it by default with its bookkeeping fused into the sweeps (:mod:`.fused_cycle`: the
+residual formed by the sweep that produces it, restriction and FAS right-hand side in one
+pass, the correction applied by the next F-sweep): the same recursion and the same numbers
+bit for bit, fewer passes over whole blocks (docs/solver_fusion.md).
 """
 
 from __future__ import annotations
@@ -168,6 +174,11 @@ class Cycler:
             return copy(block)
         return self.workspace.copy_into("u", ell, block)
 
+    def _nested_start(self, ell: int, c_rows):
+        """Level ``ell``'s iterate on the way down of nested iteration (no spatial transfer):
+        the injected C-rows of the level above."""
+        return self._level_copy(ell, c_rows)
+
     def _propagate_c(self, s: LevelState):
         ghost = exchange_ghost(self.comm, s.u[-1, ...])
         return self._propagate(s.u, s.g, s.points, s.c_pos, s.step, ghost, s.ghost_point)
@@ -283,7 +294,7 @@ class Cycler:
             # a copy of the rows, into the workspace's kept array when there is one)
             c_rows = rows_view(st[ell].u, st[ell].c_pos)
             st[ell + 1].u = (self.to_coarse(ell, c_rows) if spatial
-                             else self._level_copy(ell + 1, c_rows))
+                             else self._nested_start(ell + 1, c_rows))
         self.solve_coarsest()
         for ell in range(len(st) - 2, -1, -1):
             self.interpolate(ell + 1)

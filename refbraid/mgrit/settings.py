@@ -91,6 +91,11 @@ class MGRITSettings:
                     measurement every fine C-point is overwritten, ``u[c] ← Φ(u[c-1]) + g[c]``
                     (= ``u[c] + r[c]``, no extra step), so the returned C-points are those of
                     a final F- then C-relaxation instead of the coarse-corrected ones
+    fused           run the cycle with its bookkeeping fused into the sweeps (the C-point
+                    residual by the sweep that produces it, restriction and FAS right-hand
+                    side in one pass, the correction applied by the next F-sweep:
+                    :mod:`refbraid.mgrit.fused`); the same numbers bit for bit, fewer passes
+                    over whole states. False: the textbook cycle of cycle.py, step by step
 
     ``final_fc_relax`` is off by default: the returned iterate is then the one whose residual
     is the last reported norm (record.py), and refbraid's results do not change; TorchBraid
@@ -118,6 +123,7 @@ class MGRITSettings:
     on_divergence: str = "raise"
     max_growth: float = 1e8
     final_fc_relax: bool = False
+    fused: bool = True
 
     def __post_init__(self):
         if not _is_int(self.levels) or self.levels < 1:
@@ -139,7 +145,7 @@ class MGRITSettings:
         if self.cycle not in CYCLES:
             raise ValueError(f"`cycle` must be one of {CYCLES}, got {self.cycle!r}.")
         for name in ("skip_first_down", "fmg", "keep_iterates", "keep_residuals",
-                     "final_fc_relax"):
+                     "final_fc_relax", "fused"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"`{name}` must be a bool, got {getattr(self, name)!r}.")
         if self.skip_first_down and self.fmg:

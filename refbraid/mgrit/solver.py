@@ -44,6 +44,7 @@ from ..parallel.comm import SerialComm
 from ..parallel.layout import Layout, check_layout, partition
 from .arrays import namespace
 from .cycle import Cycler, build_states
+from .fused_cycle import FusedCycler
 from .grid import build_hierarchy
 from .problem import Problem, as_problem, from_fine_order, rhs_solver_order, stacked
 from .record import IterationRecord, LevelVisit, MGRITResult
@@ -266,7 +267,7 @@ def solve(
     states[0].u = _initial_iterate(problem, u_init, states[0].g, slice(lo, hi),
                                    _overwritten(problem, u_init, settings, len(hierarchy)),
                                    workspace)
-    cycler = Cycler(states, settings, scomm, workspace)
+    cycler = (FusedCycler if settings.fused else Cycler)(states, settings, scomm, workspace)
     start = _start(cycler, len(hierarchy), settings, warm=u_init is not None)
     setup = time.perf_counter() - t0
 

@@ -1,0 +1,177 @@
+"""The cycle of cycle.py with its bookkeeping fused into the sweeps (``MGRITSettings.fused``).
+
+:class:`FusedCycler` runs the same recursion as :class:`~refbraid.mgrit.cycle.Cycler` (its
+``cycle``, ``nested_iteration``, ``solve_coarsest`` and the norms are the textbook's) and
+replaces three of its steps by the fused functions of :mod:`refbraid.mgrit.fused`::
+
+    relax(ℓ):      F-sweep and the C-point residual in one pass (the residual of each C-point
+                   as soon as the interval before it is swept); on FCF levels C-relaxation
+                   writes Φ + g straight into u[C] (no block of (P u)[C]), and only the
+                   residuals someone reads are formed (the last one; the first on level 0,
+                   for the record's post-cycle norm)
+    coarse_correction(ℓ):
+                   w = v and g_{ℓ+1} = R r + A_{ℓ+1}(v) in one pass over the coarse rows;
+                   the correction u_ℓ[C] += P(w − v) is not applied here but handed to the
+                   next F-sweep of level ℓ (always the next thing that touches level ℓ),
+                   which applies it at each C-point just before stepping from it
+
+The row-by-row forms run on NumPy states with per-point sweeps (a CPU's cache holds rows).
+Batched sweeps (a problem with ``batched_step``) keep their one call per sweep, and device
+arrays (CuPy, the ``cuda`` backend's) the textbook's block operations, one launch each where
+a row loop would launch per row: there the residual and the FAS right-hand side are formed in
+place where NumPy allows, and the correction is applied as a block before the first sweep.
+Either way FCF forms only the residuals someone reads and nested iteration skips the copies
+it never reads. Every value equals the textbook cycle's bit for bit (fused.py's docstring;
+tests/mgrit/test_fused.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backends.into import add_into
+from ..backends.portable import empty_on
+from ..parallel.comm import exchange_ghost
+from .coarse import correct
+from .cycle import Cycler, LevelState
+from .fused import (
+    Correction,
+    c_relax_rows,
+    first_residual_row,
+    restrict_fas,
+    sweep_residual,
+)
+from .relax import c_relax, copy, rows_view
+
+
+def _in_place_ok(out, *others) -> bool:
+    """Whether ``out`` may receive an elementwise result of ``others``: NumPy arrays of one
+    dtype and shape, ``out`` a fresh array (owns its data) overlapping none of them."""
+    return (isinstance(out, np.ndarray) and out.flags.owndata
+            and all(isinstance(a, np.ndarray) and a.dtype == out.dtype
+                    and a.shape == out.shape and not np.may_share_memory(a, out)
+                    for a in others))
+
+
+class FusedCycler(Cycler):
+    """:class:`~refbraid.mgrit.cycle.Cycler` with fused bookkeeping (module docstring)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._pending: dict[int, Correction] = {}  # level -> correction for its next F-sweep
+        # the row-by-row forms: NumPy states, per-point sweeps (else block operations)
+        self._rows = (not self.batched and bool(self.states)
+                      and isinstance(self.states[0].step.problem.u0, np.ndarray))
+
+    # -- sweeps ----------------------------------------------------------------------------
+    def _sweep(self, s: LevelState, residual: bool):
+        """F-sweep on a level's block with its pending correction; with ``residual`` also the
+        C-point residual (the ghost exchanged once the block is swept). Returns r or None."""
+        ell = s.level.index
+        g_sweep = None if (self._unforced0 and ell == 0) else s.g
+        corr = self._pending.pop(ell, None)
+        if not self._rows:
+            if corr is not None:
+                spatial = s.step.problem.transfer is not None
+                s.u = correct(s.u, s.c_pos, corr.w, corr.v, inplace=True,
+                              interpolate=(lambda d: self.to_fine(ell, d)) if spatial else None)
+            super()._f_relax(s)
+            if not residual:
+                return None
+            pu = self._propagate_c(s)  # a new block (Φ + g)
+            uc = rows_view(s.u, s.c_pos)
+            return np.subtract(pu, uc, out=pu) if _in_place_ok(pu, uc) else pu - uc
+        r = sweep_residual(s.u, g_sweep, s.g, s.points, s.c_pos, s.step, corr, residual)
+        if not residual:
+            return None
+        ghost = exchange_ghost(self.comm, s.u[-1, ...])
+        return first_residual_row(r, s.u, s.g, s.points, s.step, ghost, s.ghost_point)
+
+    def _f_relax(self, s: LevelState) -> None:
+        self._sweep(s, residual=False)
+
+    def relax(self, ell: int, snapshot: bool = False, first: bool = True):
+        """As :meth:`Cycler.relax`; ``first=False`` skips the first residual of an FCF
+        relaxation (the cycle never reads it; the solver's level-0 record does)."""
+        s = self.states[ell]
+        sweeps = 0 if s.coarsest else self.settings.sweeps_on(ell)
+        if not sweeps:
+            r = self._sweep(s, residual=True)
+            return r, r, (s.u if snapshot else None)
+        self._sweep(s, residual=False)
+        u_first = copy(s.u) if snapshot else None
+        r = r_first = None
+        for i in range(sweeps):
+            want = first and i == 0
+            ghost = exchange_ghost(self.comm, s.u[-1, ...])
+            if not self._rows:
+                pu = self._propagate(s.u, s.g, s.points, s.c_pos, s.step, ghost, s.ghost_point)
+                if want:
+                    r_first = pu - rows_view(s.u, s.c_pos)
+                s.u = c_relax(s.u, pu, s.c_pos, inplace=True)
+            else:
+                rf = c_relax_rows(s.u, s.g, s.points, s.c_pos, s.step, ghost, s.ghost_point,
+                                  residual=want)
+                r_first = rf if want else r_first
+            r = self._sweep(s, residual=i == sweeps - 1)
+        return r, r_first, u_first
+
+    def _nested_start(self, ell: int, c_rows):
+        """An array of the injected rows' shape, values unset: without a spatial transfer
+        nested iteration overwrites every value of a coarse level before reading it (the
+        coarsest solve; above it, injection into the C-points, then the F-sweep), so the
+        textbook's copy down is never read."""
+        if self.workspace is not None:
+            return self.workspace.empty("u", ell, c_rows, c_rows.shape)
+        return empty_on(c_rows, c_rows.shape)
+
+    # -- the recursion ---------------------------------------------------------------------
+    def _fas(self, ell: int, r, v, ghost_v):
+        """(w, g_{ℓ+1}): the coarse level's start (restrict_fas; as blocks: Φ_Δ of every
+        point, then ``v − Φ_Δ`` and ``+ R r``, into the right-hand side's own array where
+        NumPy allows: coarse.fas_rhs's operations without its temporaries)."""
+        c, ws = self.states[ell + 1], self.workspace
+        g_out = None if ws is None else ws.empty("g", ell + 1, v, v.shape)
+        rr = self.to_coarse(ell, r)
+        if self._rows:
+            u_out = None if ws is None else ws.empty("u", ell + 1, v, v.shape)
+            return restrict_fas(v, rr, c.points, c.step, ghost_v, c.ghost_point, u_out, g_out)
+        w = self._level_copy(ell + 1, v)
+        phi = self._propagate(v, None, c.points, range(len(c.points)), c.step, ghost_v,
+                              c.ghost_point)
+        g = np.empty(v.shape, dtype=v.dtype) if g_out is None and isinstance(v, np.ndarray) \
+            else g_out
+        if g is not None and _in_place_ok(g, v, phi, rr):
+            np.subtract(v, phi, out=g)
+            return w, np.add(rr, g, out=g)
+        return w, add_into(rr, v - phi, g_out)
+
+    def coarse_correction(self, ell: int, r, kind: str) -> None:
+        """FAS restriction to ℓ+1 and the coarse cycle(s) as in :meth:`Cycler.coarse_correction`;
+        the correction of level ℓ waits for its next F-sweep (module docstring)."""
+        s, c = self.states[ell], self.states[ell + 1]
+        v = self.to_coarse(ell, rows_view(s.u, s.c_pos))  # a view of u_ℓ[C] without R
+        ghost_v = exchange_ghost(self.comm, v[-1, ...])
+        c.u, c.g = self._fas(ell, r, v, ghost_v)
+        self.cycle(ell + 1, kind)
+        if kind == "F" and not c.coarsest:
+            self.cycle(ell + 1, "V")
+        self.interpolate(ell + 1)
+        transfer = s.step.problem.transfer
+        row_p = None
+        if transfer is not None:
+            fine = self._fine_indices(ell)
+
+            def row_p(j, d, ell=ell, fine=fine):
+                return transfer.interpolate(d, ell, int(fine[j]))
+        self._pending[ell] = Correction(c.u, v, row_p)
+
+    def cycle(self, ell: int, kind: str) -> None:
+        """:meth:`Cycler.cycle`, without the first residual of an FCF relaxation."""
+        s = self.states[ell]
+        if s.coarsest:
+            self.solve_coarsest()
+            return
+        r, _, _ = self.relax(ell, first=False)
+        self.visits.append(self.visit(ell, r))
+        self.coarse_correction(ell, r, kind)

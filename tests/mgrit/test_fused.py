@@ -1,0 +1,304 @@
+"""The fused cycle (MGRITSettings.fused, refbraid.mgrit.fused) against the textbook one.
+
+Oracle: the same solve with ``fused=False`` (cycle.py step by step). The fused path only
+reorders per-row work and writes results into their destinations, never changes an
+operation, so every comparison is exact: the bytes of the solution, of every recorded
+residual vector and iterate, every norm, and the step counts per level. Backends: numpy,
+numba, the cuda kernels in Numba's simulator, and the cupy code path on the strict device
+stand-in; one rank, thread ranks (2 and 3, uneven blocks), and MPI (tests/mpi/test_fused_mpi.py).
+"""
+
+import contextlib
+
+import numpy as np
+import pytest
+from conftest import BACKEND_PARAMS, backend_or_skip
+
+from refbraid.backends import get_backend
+from refbraid.backends.host import to_host
+from refbraid.layer_parallel import LayerParallelSettings, layer_parallel_gradient
+from refbraid.mgrit import GradientWorkspace, MGRITSettings, Problem, Workspace, solve
+from refbraid.mgrit.coarse import correct, fas_rhs
+from refbraid.mgrit.fused import (
+    Correction,
+    c_relax_rows,
+    first_residual_row,
+    restrict_fas,
+    sweep_residual,
+)
+from refbraid.mgrit.problem import CountingStep
+from refbraid.mgrit.problems import LinearODE, dahlquist, heat_1d, nonlinear_ode
+from refbraid.mgrit.relax import c_relax, c_residual, f_relax, propagate_at
+from refbraid.network import init_params, to_backend
+from refbraid.parallel import run_ranks
+from refbraid.training.models import build_network
+
+SETTINGS = {
+    "FMG-FCF": MGRITSettings(levels=3, cfactor=4, relax="FCF", fmg=True, abs_tol=1e-10),
+    "V-F": MGRITSettings(levels=3, cfactor=2, relax="F", abs_tol=None, max_iter=3,
+                         min_coarse=1),
+    "F-cycle-final-FC": MGRITSettings(levels=4, cfactor=2, relax="FCF", cycle="F",
+                                      abs_tol=None, max_iter=2, min_coarse=1,
+                                      final_fc_relax=True),
+    "torchbraid": MGRITSettings.torchbraid(max_iter=1),
+    "one-level": MGRITSettings(levels=1),
+    "FCF2-iterates": MGRITSettings(levels=2, cfactor=3, relax="FCF", cf_sweeps=2,
+                                   abs_tol=None, max_iter=3, keep_iterates=True),
+    "FCF-fine-skip": MGRITSettings(levels=3, cfactor=(3, 2), relax=("FCF", "F"),
+                                   skip_first_down=True, abs_tol=None, max_iter=2,
+                                   min_coarse=1, keep_iterates=True),
+}
+
+
+def _bits(x):
+    if x is None:
+        return None
+    x = np.asarray(to_host(x))
+    return x.dtype.str, x.shape, x.tobytes()
+
+
+def record_bits(res) -> list:
+    """Everything a solve returns, as bytes: solution, counts, every norm, residual, iterate."""
+    out = [_bits(res.solution), tuple(res.step_counts), res.status, res.iterations]
+    for r in res.records:
+        out.append((r.norm, r.post_cycle_norm, r.step_counts, _bits(r.post_cycle_iterate)))
+        out += [(v.level, v.norm, _bits(v.residual), _bits(v.iterate)) for v in r.visits]
+    return out
+
+
+def assert_same(a, b):
+    ra, rb = record_bits(a), record_bits(b)
+    assert len(ra) == len(rb)
+    for i, (x, y) in enumerate(zip(ra, rb, strict=True)):
+        assert x == y, f"record entry {i} differs"
+
+
+def textbook(settings: MGRITSettings) -> MGRITSettings:
+    return settings.replace(fused=False)
+
+
+def _per_point(p: Problem) -> Problem:
+    """The same problem without its batched step (the per-point sweeps)."""
+    return Problem(p.step, p.u0, p.n_steps, g=p.g, t=p.t, direction=p.direction)
+
+
+class _OutStep:
+    """A step that writes into ``out=`` (as the layer-parallel propagators do)."""
+
+    def __init__(self, problem):
+        self.inner = problem.step
+
+    def __call__(self, u, start, stop, out=None):
+        val = self.inner(u, start, stop)
+        if out is None:
+            return val
+        out[...] = val
+        return out
+
+
+def _with_out(p: Problem) -> Problem:
+    return Problem(_OutStep(p), p.u0, p.n_steps, g=p.g, t=p.t, direction=p.direction)
+
+
+def _forced_adjoint(n=33):
+    g = np.random.default_rng(5).standard_normal((n + 1, 3)) / 10
+    return LinearODE(n, dim=3).adjoint_problem(np.ones(3), g=g)
+
+
+PROBLEMS = {
+    "dahlquist-batched": lambda: dahlquist(-1.0, 64),
+    "heat-batched": lambda: heat_1d(16, 64),
+    "heat-per-point": lambda: _per_point(heat_1d(12, 61)),
+    "nonlinear": lambda: nonlinear_ode(33, T=1.0, dim=3),
+    "nonlinear-out": lambda: _with_out(nonlinear_ode(35, T=1.0, dim=3)),
+    "forced-adjoint": _forced_adjoint,
+    "forced-adjoint-out": lambda: _with_out(_forced_adjoint(37)),
+}
+
+
+@pytest.mark.parametrize("settings", list(SETTINGS.values()), ids=list(SETTINGS))
+@pytest.mark.parametrize("make", list(PROBLEMS.values()), ids=list(PROBLEMS))
+def test_fused_solve_is_bit_identical_to_the_textbook_cycle(settings, make):
+    problem = make()
+    assert_same(solve(problem, settings), solve(problem, textbook(settings)))
+
+
+@pytest.mark.parametrize("settings", [SETTINGS["FMG-FCF"], SETTINGS["torchbraid"],
+                                      SETTINGS["F-cycle-final-FC"]])
+def test_fused_solve_with_a_scribbled_workspace_is_bit_identical(settings):
+    problem = _with_out(_forced_adjoint())
+    want = solve(problem, textbook(settings))
+    ws = Workspace()
+    solve(problem, settings, workspace=ws)
+    made = ws.allocations
+    for _ in range(2):
+        ws.scribble()  # NaN wherever a solve must write before it reads
+        assert_same(solve(problem, settings, workspace=ws), want)
+    assert ws.allocations == made
+
+
+class _Halve:
+    """A spatial transfer on 1-D states: pairwise mean down, repeat up (not a refbraid one,
+    so that the test does not lean on refbraid.mgrit.spatial)."""
+
+    def coarsens(self, level):
+        return True
+
+    def restrict(self, u, level, index):
+        return 0.5 * (u[0::2] + u[1::2])
+
+    def interpolate(self, v, level, index):
+        return np.repeat(v, 2)
+
+
+@pytest.mark.parametrize("settings", [
+    MGRITSettings(levels=3, cfactor=2, relax="FCF", abs_tol=None, max_iter=3, min_coarse=1),
+    MGRITSettings(levels=2, cfactor=4, relax="FCF", fmg=True, abs_tol=None, max_iter=2),
+])
+def test_fused_solve_with_a_spatial_transfer_is_bit_identical(settings):
+    rng = np.random.default_rng(0)
+    A = -np.eye(8) + rng.standard_normal((8, 8)) / 8
+
+    def step(u, start, stop):  # u ↦ u + dt A' u, A' cut to u's size (coarse levels: 4, 2)
+        n = u.shape[0]
+        return u + (stop - start) / 40 * (A[:n, :n] @ u)
+
+    problem = Problem(step, rng.standard_normal(8), 40, transfer=_Halve())
+    assert_same(solve(problem, settings), solve(problem, textbook(settings)))
+
+
+@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("name", ["V-F", "FCF2-iterates", "torchbraid", "F-cycle-final-FC"])
+def test_fused_on_thread_ranks_equals_the_textbook_on_the_same_ranks(size, name):
+    settings = SETTINGS[name]
+    problems = [nonlinear_ode(70, T=1.0, dim=3), _with_out(_forced_adjoint(71)),
+                dahlquist(-1.0, 73)]  # 71 to 74 points over 2 or 3 ranks: uneven blocks
+
+    def body(comm):
+        return [(solve(p, settings, comm=comm), solve(p, textbook(settings), comm=comm))
+                for p in problems]
+
+    for per_rank in run_ranks(size, body):
+        for fused, plain in per_rank:
+            assert_same(fused, plain)
+
+
+# ----------------------------------------------------------------------------- the pieces
+def _block(seed=0, n=11, direction="forward"):
+    """A level-0 block of a forced problem (points 0..n-1 with C every 3rd) and its step."""
+    p = _forced_adjoint(40) if direction == "backward" else nonlinear_ode(40, T=1.0, dim=3)
+    rng = np.random.default_rng(seed)
+    u, g = rng.standard_normal((n, 3)), rng.standard_normal((n, 3))
+    return u, g, np.arange(n), np.arange(0, n, 3), CountingStep(_with_out(p))
+
+
+@pytest.mark.parametrize("start", [0, 6])  # the initial block, or a later one (ghost)
+def test_sweep_residual_equals_f_relax_then_c_residual_after_correct(start):
+    u, g, points, c_pos, step = _block()
+    points = points + start
+    f_pos = np.setdiff1d(np.arange(len(u)), c_pos)
+    ghost = None if start == 0 else np.full(3, 0.3)
+    w = np.random.default_rng(9).standard_normal((len(c_pos), 3))
+    want = correct(u, c_pos, w, u[c_pos])
+    want = f_relax(want, g, points, f_pos, step)
+    r_want = c_residual(want, g, points, c_pos, step, ghost, start - 1 if start else None)
+    got = u.copy()
+    r = sweep_residual(got, g, g, points, c_pos, step, Correction(w, got[c_pos].copy()))
+    r = first_residual_row(r, got, g, points, step, ghost, start - 1 if start else None)
+    assert got.tobytes() == want.tobytes() and r.tobytes() == r_want.tobytes()
+
+
+def test_c_relax_rows_equals_propagate_then_c_relax():
+    u, g, points, c_pos, step = _block(1)
+    points = points + 3
+    ghost = np.full(3, -0.2)
+    pu = propagate_at(u, g, points, c_pos, step, ghost, 2)
+    want, r_want = c_relax(u, pu, c_pos), pu - u[c_pos]
+    for residual in (False, True):
+        got = u.copy()
+        r = c_relax_rows(got, g, points, c_pos, step, ghost, 2, residual=residual)
+        assert got.tobytes() == want.tobytes()
+        assert (r is None) if not residual else r.tobytes() == r_want.tobytes()
+
+
+@pytest.mark.parametrize("start", [0, 4])
+def test_restrict_fas_equals_a_copy_and_fas_rhs(start):
+    u, g, _, _, step = _block(2, n=7)
+    points = np.arange(7) * 4 + start  # a coarse level: steps over 4 fine intervals
+    ghost, gp = (None, None) if start == 0 else (np.full(3, 0.1), start - 4)
+    r = np.random.default_rng(4).standard_normal((7, 3))
+    want = fas_rhs(r, u, points, step, ghost, gp)
+    w, got = restrict_fas(u, r, points, step, ghost, gp)
+    assert got.tobytes() == want.tobytes() and w.tobytes() == u.tobytes()
+    assert not np.shares_memory(w, u)
+
+
+# ----------------------------------------------------------------------------- networks
+LP_SETTINGS = {
+    "torchbraid": LayerParallelSettings(),
+    "2level": LayerParallelSettings(
+        forward=MGRITSettings.torchbraid(levels=2, cfactor=4, max_iter=1),
+        backward=MGRITSettings.torchbraid(levels=2, cfactor=4, max_iter=0)),
+    "FCF-final-FC": LayerParallelSettings.with_iterations(2, 2, relax="FCF",
+                                                          final_fc_relax=True),
+}
+
+
+def _unfused(s: LayerParallelSettings) -> LayerParallelSettings:
+    return LayerParallelSettings(forward=textbook(s.forward), backward=textbook(s.backward),
+                                 spatial=s.spatial)
+
+
+def _gradient_bits(net, params, x, y, settings, bk, workspace=None):
+    loss, grads, info = layer_parallel_gradient(net, params, x, y, settings, bk, workspace)
+    return (loss, [_bits(grads[k]) for k in sorted(grads)], _bits(info.states),
+            _bits(info.adjoints), record_bits(info.forward), record_bits(info.backward))
+
+
+def _network_case(model, bk, dtype, n_layers, batch=4):
+    shape = (1, 6, 6) if model == "conv" else (3,)
+    net = build_network(model, shape, 3, n_layers, 2 if model == "conv" else 4, 1.0, "relu")
+    params = init_params(net, 0, np.dtype(dtype))
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((batch, *shape)).astype(dtype), rng.integers(0, 3, batch)
+    if bk.name != "numpy":
+        params, x, y = to_backend(params, bk), bk.asarray(x), bk.asarray(y)
+    return net, params, x, y
+
+
+@pytest.mark.parametrize("name", list(LP_SETTINGS))
+@pytest.mark.parametrize("model", ["conv", "resnet"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("bk_name", ["numpy", "numba"])
+def test_layer_parallel_gradient_fused_is_bit_identical(bk_name, dtype, model, name):
+    bk = get_backend(bk_name)
+    net, params, x, y = _network_case(model, bk, dtype, 16)
+    s = LP_SETTINGS[name]
+    want = _gradient_bits(net, params, x, y, _unfused(s), bk)
+    assert _gradient_bits(net, params, x, y, s, bk) == want
+    ws = GradientWorkspace()
+    for _ in range(2):
+        ws.scribble()
+        assert _gradient_bits(net, params, x, y, s, bk, ws) == want
+
+
+@pytest.mark.parametrize("bk_name", [p for p in BACKEND_PARAMS if p.id not in
+                                     ("numpy", "numba")] + ["strict"])
+@pytest.mark.parametrize("model", ["conv", "resnet"])
+def test_layer_parallel_gradient_fused_on_device_arrays(bk_name, model):
+    """The cuda kernels (simulator), cupy (GPU only) and the cupy path on the strict
+    stand-in: array-API arrays, per-row fused code without NumPy's in-place writes."""
+    guard = contextlib.nullcontext()
+    if bk_name == "strict":
+        pytest.importorskip("array_api_strict")
+        from refbraid.backends.strict_device import forbid_host_conversions
+
+        bk, guard = get_backend("strict"), forbid_host_conversions()
+    else:
+        bk = backend_or_skip(bk_name)
+    net, params, x, y = _network_case(model, bk, "float64", 8, batch=2)
+    s = LayerParallelSettings.with_iterations(1, 1, levels=2, cfactor=2, min_coarse=1,
+                                              relax="FCF")
+    with guard:  # strict: no implicit host conversion anywhere (to_host is the one door)
+        fused = _gradient_bits(net, params, x, y, s, bk)
+        assert fused == _gradient_bits(net, params, x, y, _unfused(s), bk)
