@@ -125,21 +125,8 @@ def _aligned_tables_as_text(app, what, name, obj, options, lines: list[str]) -> 
     lines[:] = out
 
 
-#: Pages other contributors are writing: index.md lists them in its toctrees already, and
-#: each entry is dropped (when the page is read) until its file exists.
-PAGES_TO_COME = ("architecture", "solver_fusion", "gpu_layer_parallel")
-
-
-def _drop_pages_to_come(app, docname: str, source: list[str]) -> None:
-    if docname == "index":
-        for page in PAGES_TO_COME:
-            if not (DOCS / f"{page}.md").is_file():
-                source[0] = re.sub(rf"^{page}\n", "", source[0], flags=re.MULTILINE)
-
-
 def setup(app) -> None:
     app.connect("autodoc-process-docstring", _aligned_tables_as_text)
-    app.connect("source-read", _drop_pages_to_come)
 
 
 # -- HTML ------------------------------------------------------------------------------------
