@@ -17,8 +17,9 @@ import argparse
 import errno
 import os
 import sys
+import traceback
 
-from . import __version__
+from . import __version__, interrupts
 from .errors import CollectiveError, notes
 from .runtime import pin_allocator
 
@@ -117,16 +118,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in PINNED_COMMANDS:
         pin_allocator()  # repeatable step times, whatever ran before (refbraid/runtime.py)
     try:
-        return int(args.func(args) or 0)
+        with interrupts.graceful():  # Ctrl-C always stops, files kept (refbraid/interrupts.py)
+            code = int(args.func(args) or 0)
+        interrupts.finished()
+        return code
     except SystemExit:
         raise
     except BaseException as err:
+        return _report(args, err)
+
+
+def _report(args: argparse.Namespace, err: BaseException) -> int:
+    """Print the one line for ``err`` (once, also under MPI) and return its exit code."""
+    from .parallel.faults import end_job, many_ranks
+
+    text, code = explain(err)
+    line = f"refbraid {args.command}: {text}"
+    collective = isinstance(err, CollectiveError)
+    if many_ranks() and not collective:  # one line, the one-process exit code, no MPI_Abort
         if debug_requested(args):
-            raise
-        text, code = explain(err)
-        if not isinstance(err, CollectiveError) or _is_world_root():
-            print(f"refbraid {args.command}: {text}", file=sys.stderr, flush=True)
-        return code
+            line = traceback.format_exc().rstrip() + "\n" + line
+        end_job(line, code)
+    if debug_requested(args):
+        raise err
+    if not collective or _is_world_root():
+        print(line, file=sys.stderr, flush=True)
+    if isinstance(err, KeyboardInterrupt):
+        interrupts.leave_now(code)  # the command line: skip the interpreter's slow shutdown
+    return code
 
 
 def _is_world_root() -> bool:
