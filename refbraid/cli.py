@@ -120,12 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with interrupts.graceful():  # Ctrl-C always stops, files kept (refbraid/interrupts.py)
             code = int(args.func(args) or 0)
-        interrupts.finished()
-        return code
+            interrupts.finished()
     except SystemExit:
         raise
     except BaseException as err:
-        return _report(args, err)
+        code = _report(args, err)
+    interrupts.leave_now(code)  # the command line: no slow interpreter shutdown after the work
+    return code
 
 
 def _report(args: argparse.Namespace, err: BaseException) -> int:
@@ -143,8 +144,6 @@ def _report(args: argparse.Namespace, err: BaseException) -> int:
         raise err
     if not collective or _is_world_root():
         print(line, file=sys.stderr, flush=True)
-    if isinstance(err, KeyboardInterrupt):
-        interrupts.leave_now(code)  # the command line: skip the interpreter's slow shutdown
     return code
 
 

@@ -17,10 +17,10 @@ no signal handler):
 2. :func:`graceful` (around a command's work): SIGINT sets a flag and raises
    ``KeyboardInterrupt``, which the command turns into status "interrupted", keeps its files
    and exits 130. If the exception was swallowed inside a callback, ``sys.unraisablehook`` sees
-   it (and hides Python's "Exception ignored" text) and sends SIGINT again a few milliseconds
-   later, when the callback is over; loops also call :func:`check` at safe points (each
-   training batch), which raises if a Ctrl-C is pending. Either way the run stops within one
-   step.
+   it (and hides Python's "Exception ignored" text) and raises it again a few milliseconds
+   later, when the callback is over (a one-shot SIGALRM timer; it waits again if it lands in a
+   callback or in that hook); loops also call :func:`check` at safe points (each training
+   batch), which raises if a Ctrl-C is pending. Either way the run stops within one step.
 3. Under MPI only world rank 0 acts on SIGINT (``mpiexec`` forwards it to every rank): the
    other ranks carry on with the protocol so rank 0 is never left blocked in a receive; rank 0
    stops, records the run as interrupted and ends the job with ``MPI_Abort`` (its text
@@ -28,6 +28,9 @@ no signal handler):
    stopping them when one exits. So that this works from the first moment, stage 1 starts
    MPI (``MPI_Init``) right away under ``mpiexec``; a Ctrl-C during ``MPI_Init`` itself is
    acted on when it returns.
+
+Once a command's work is saved (:func:`finished`), a Ctrl-C ends the process at once with
+exit code 0: there is nothing left to stop, and the run's status is "finished".
 
 A leaf module: it imports nothing of refbraid.
 """
@@ -43,7 +46,7 @@ from collections.abc import Iterator
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 MESSAGE = "interrupted (Ctrl-C)."
-#: seconds after a swallowed KeyboardInterrupt before SIGINT is sent again
+#: seconds after a swallowed KeyboardInterrupt before it is raised again
 REDELIVER_S = 0.005
 #: environment variables that hold this process's MPI world rank (MPICH, Open MPI, PMIx)
 RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
@@ -115,27 +118,48 @@ def guard_startup() -> None:
             from mpi4py import MPI  # noqa: F401
 
 
+def _inside(frame, code) -> bool:
+    """True when ``frame`` or one of its callers runs ``code``."""
+    while frame is not None:
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _raise(signum, frame) -> None:
+    """Graceful handler: flag the Ctrl-C and raise KeyboardInterrupt — unless this runs inside
+    :func:`_hook`, where it would be swallowed once more: then deliver it again a moment later."""
     global _requested
     _requested = True
+    if _inside(frame, _hook_code):
+        _redeliver_later()
+        return
     raise KeyboardInterrupt
 
 
-def _redeliver() -> None:  # pragma: no cover - timing dependent
+def _alarm(signum, frame) -> None:  # the timer of _redeliver_later
     if _requested:
-        os.kill(os.getpid(), signal.SIGINT)
+        _raise(signum, frame)
 
 
-def _hook(previous):
+def _redeliver_later() -> None:
+    """Raise the pending KeyboardInterrupt again in :data:`REDELIVER_S` seconds (a one-shot
+    SIGALRM timer, handled by :func:`_alarm` in the main thread)."""
+    signal.setitimer(signal.ITIMER_REAL, REDELIVER_S)
+
+
+def _hook_for(previous):
     def hook(unraisable) -> None:
         if isinstance(unraisable.exc_value, KeyboardInterrupt) and _requested:
-            timer = threading.Timer(REDELIVER_S, _redeliver)
-            timer.daemon = True
-            timer.start()
+            _redeliver_later()
             return  # no "Exception ignored" text: the interrupt is delivered again
         previous(unraisable)
 
     return hook
+
+
+_hook_code = _hook_for(None).__code__  # every hook made by _hook_for runs this code
 
 
 def requested() -> bool:
@@ -169,25 +193,44 @@ def graceful(rank: int | None = None) -> Iterator[None]:
     rank = launched_rank() if rank is None else rank
     _requested = False
     previous = signal.signal(signal.SIGINT, _raise if rank == 0 else _ignore)
+    previous_alarm = signal.signal(signal.SIGALRM, _alarm)
     previous_hook = sys.unraisablehook
-    sys.unraisablehook = _hook(previous_hook)
+    sys.unraisablehook = _hook_for(previous_hook)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.setitimer(signal.ITIMER_REAL, 0)  # no redelivery after the command
+        signal.signal(signal.SIGALRM, previous_alarm)
+        if signal.getsignal(signal.SIGINT) is _raise or rank != 0:  # not finished(): restore
+            signal.signal(signal.SIGINT, previous)
         sys.unraisablehook = previous_hook
         _requested = False  # acted on: the command has ended
 
 
-def leave_now(code: int = EXIT_INTERRUPTED) -> None:
-    """In the command-line process, end it at once with ``code`` (after a Ctrl-C every file is
-    written and closed; the interpreter's shutdown — seconds on a loaded machine — is skipped).
-    Elsewhere (tests, a library caller) it returns and the caller goes on."""
-    if is_cli_process():
-        end_process(code)
+def leave_now(code: int) -> None:
+    """In the command-line process outside MPI, end it at once with ``code``: every file is
+    written and closed, and the interpreter's shutdown is skipped — it takes seconds on a
+    loaded machine, and during it Python puts back its own SIGINT handling (a Ctrl-C there
+    would kill the process by the signal). Elsewhere (tests, a library caller, MPI ranks,
+    which must finalise MPI) it returns and the caller goes on."""
+    if is_cli_process() and not any(var in os.environ for var in RANK_VARS):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+def _done(signum, frame) -> None:  # pragma: no cover - runs in a subprocess
+    """After :func:`finished`: the work is saved, so Ctrl-C just ends the process (exit 0)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 def finished() -> None:
-    """The command's work is done and saved: a Ctrl-C from now on has nothing to stop."""
+    """The command's work is done and saved: a Ctrl-C from now on has nothing to stop, and
+    ends the process at once with success (under MPI it is ignored: the job ends as usual)."""
     if threading.current_thread() is threading.main_thread() and is_cli_process():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        under_mpi = any(var in os.environ for var in RANK_VARS)
+        signal.signal(signal.SIGINT, signal.SIG_IGN if under_mpi else _done)

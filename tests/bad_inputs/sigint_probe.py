@@ -103,18 +103,24 @@ def one_try(delay_s: float, serial: bool, folder: Path, launcher=()) -> Try:
     return Try(delay_s, serial, proc.returncode, stop_s, err, status, ok)
 
 
-def run_length(serial: bool = True) -> float:
-    """Seconds from the start-up guard to the exit of one untouched run (under this load)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        argv = [sys.executable, "-m", "refbraid", "train", *TINY,
-                *(["--serial"] if serial else []), "--out", str(Path(tmp) / "run")]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                env=env, cwd=tmp)
-        _ready(proc.pid)
-        t0 = time.monotonic()
-        proc.wait(timeout=300)
-        return time.monotonic() - t0
+def run_length(serial: bool = True, workers: int = 1) -> float:
+    """Seconds from the start-up guard to the exit of an untouched run, with ``workers`` of
+    them running at once (the load the tries see); the median of their lengths."""
+    def one(i: int) -> float:
+        with tempfile.TemporaryDirectory() as tmp:
+            argv = [sys.executable, "-m", "refbraid", "train", *TINY,
+                    *(["--serial"] if serial else []), "--out", str(Path(tmp) / "run")]
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, env=env, cwd=tmp)
+            _ready(proc.pid)
+            t0 = time.monotonic()
+            proc.wait(timeout=300)
+            return time.monotonic() - t0
+
+    with ThreadPoolExecutor(workers) as pool:
+        lengths = sorted(pool.map(one, range(workers)))
+    return lengths[len(lengths) // 2]
 
 
 def many(n: int, span_s: float | None = None, workers: int = 4, seed: int = 0,
@@ -122,7 +128,7 @@ def many(n: int, span_s: float | None = None, workers: int = 4, seed: int = 0,
     """``n`` tries, delays uniform in [0, span_s) (default: one untouched run's length),
     layer-parallel and --serial alternating."""
     rng = random.Random(seed)
-    span_s = run_length() if span_s is None else span_s
+    span_s = run_length(workers=workers) if span_s is None else span_s
     plan = [(rng.uniform(0, span_s), i % 2 == 1) for i in range(n)]
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(workers) as pool:
         folders = [Path(tmp) / f"t{i}" for i in range(n)]

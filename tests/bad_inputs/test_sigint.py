@@ -42,7 +42,9 @@ def _check(tries) -> dict:
         assert len(lines) == 1 and "interrupted (Ctrl-C)" in lines[0], (what, t.stderr)
         assert t.status in (None, "interrupted"), (what, t.status)
         assert t.checkpoint_ok in (None, True), what
-    return {"tries": len(tries), "late": late, "worst_stop_s": max(t.stop_s for t in tries)}
+    return {"tries": len(tries), "before_the_log": sum(t.status is None for t in tries),
+            "interrupted": sum(t.status == "interrupted" for t in tries), "late": late,
+            "worst_stop_s": round(max(t.stop_s for t in tries), 3)}
 
 
 @pytest.mark.slow
@@ -103,6 +105,36 @@ _SWALLOWED = textwrap.dedent("""
 """)
 
 
+_IN_THE_HOOK = textwrap.dedent("""
+    import os, signal, sys, time
+    from types import SimpleNamespace
+    from refbraid import interrupts
+
+    with interrupts.graceful(rank=0):
+        interrupts._requested = True  # as after a KeyboardInterrupt swallowed in a callback
+        arm, calls = interrupts._redeliver_later, []
+
+        def arm_then_sigint():  # the hook arms the timer, then a SIGINT lands inside the hook
+            calls.append(1)
+            arm()
+            if len(calls) == 1:
+                os.kill(os.getpid(), signal.SIGINT)
+                sum(range(1000))
+
+        interrupts._redeliver_later = arm_then_sigint
+        t0 = time.monotonic()
+        try:
+            sys.unraisablehook(SimpleNamespace(exc_type=KeyboardInterrupt,
+                                               exc_value=KeyboardInterrupt(),
+                                               exc_traceback=None, err_msg=None, object=None))
+            while time.monotonic() - t0 < 10:
+                sum(range(100))
+            print("not stopped")
+        except KeyboardInterrupt:
+            print(f"stopped {time.monotonic() - t0:.3f} after {len(calls)} arms")
+""")
+
+
 def _python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -112,6 +144,13 @@ def test_an_interrupt_swallowed_in_a_weakref_callback_is_delivered_again():
     done = _python(_CALLBACK)
     assert done.stdout.startswith("stopped "), done.stdout + done.stderr
     assert float(done.stdout.split()[1]) < STOP_S
+    assert "Exception ignored" not in done.stderr, done.stderr
+
+
+def test_an_interrupt_landing_inside_the_hook_is_delivered_again():
+    done = _python(_IN_THE_HOOK)
+    assert done.stdout.startswith("stopped "), done.stdout + done.stderr
+    assert float(done.stdout.split()[1]) < STOP_S and "after 2 arms" in done.stdout
     assert "Exception ignored" not in done.stderr, done.stderr
 
 
