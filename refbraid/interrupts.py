@@ -201,7 +201,7 @@ def graceful(rank: int | None = None) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)  # no redelivery after the command
         signal.signal(signal.SIGALRM, previous_alarm)
-        if signal.getsignal(signal.SIGINT) is _raise or rank != 0:  # not finished(): restore
+        if signal.getsignal(signal.SIGINT) in (_raise, _ignore):  # not finished(): restore
             signal.signal(signal.SIGINT, previous)
         sys.unraisablehook = previous_hook
         _requested = False  # acted on: the command has ended

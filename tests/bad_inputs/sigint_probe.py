@@ -124,18 +124,31 @@ def run_length(serial: bool = True, workers: int = 1) -> float:
 
 
 def many(n: int, span_s: float | None = None, workers: int = 4, seed: int = 0,
-         launcher=()) -> list[Try]:
-    """``n`` tries, delays uniform in [0, span_s) (default: one untouched run's length),
-    layer-parallel and --serial alternating."""
+         launcher=(), redraws: int = 3) -> list[Try]:
+    """``n`` tries, delays uniform in [0, span_s) (default: an untouched run's length under
+    the same load), layer-parallel and --serial alternating. A try whose signal came after
+    the run had finished is drawn again, uniform in [0, its delay), up to ``redraws`` times,
+    so that (load permitting) every one of the ``n`` signals lands inside a run."""
     rng = random.Random(seed)
     span_s = run_length(workers=workers) if span_s is None else span_s
     plan = [(rng.uniform(0, span_s), i % 2 == 1) for i in range(n)]
+    results: list[Try | None] = [None] * n
+    todo = list(range(n))
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(workers) as pool:
-        folders = [Path(tmp) / f"t{i}" for i in range(n)]
-        for f in folders:
-            f.mkdir()
-        return list(pool.map(lambda a: one_try(*a[0], a[1], launcher),
-                             zip(plan, folders, strict=True)))
+        for attempt in range(redraws + 1):
+            folders = [Path(tmp) / f"t{i}-{attempt}" for i in todo]
+            for f in folders:
+                f.mkdir()
+            done = pool.map(lambda a: one_try(*plan[a[0]], a[1], launcher),
+                            zip(todo, folders, strict=True))
+            for i, t in zip(todo, done, strict=True):
+                results[i] = t
+            todo = [i for i in todo if results[i].returncode == 0]  # finished before it
+            for i in todo:
+                plan[i] = (rng.uniform(0, plan[i][0]), plan[i][1])
+            if not todo:
+                break
+    return results
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -50,7 +50,8 @@ def _check(tries) -> dict:
 @pytest.mark.slow
 def test_sigint_at_50_random_moments_always_stops_within_a_second():
     summary = _check(many(50, workers=4, seed=1))
-    assert summary["late"] < 10, summary  # most signals land while the run is working
+    assert summary["late"] <= 2, summary  # late ones are drawn again: they land in the run
+    assert summary["before_the_log"] and summary["interrupted"], summary  # both phases hit
     print(summary)
 
 
