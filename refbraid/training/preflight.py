@@ -36,7 +36,8 @@ def check_before_work(config: TrainConfig, net, data, params: dict[str, Any],
     (from ``start_epoch``, the resumed checkpoint's, on ``ranks`` MPI ranks)."""
     if config.trace:
         check_trace(config, data, ranks, start_epoch)
-    if ranks == 1 and (config.dp_groups > 1 or config.global_sync_every > 1):
+    daso = config.dp_groups > 1 or config.global_sync_every > 1
+    if daso and ranks == 1 and config.data_parallel == 1:  # (else the DASO setup explains)
         flag = "--dp-groups" if config.dp_groups > 1 else "--global-sync-every"
         raise ValueError(f"`{flag}` (DASO) groups data-parallel ranks under mpiexec; in one "
                          f"process there is nothing to group or average, so it would do "
