@@ -8,7 +8,10 @@ Errors. Whatever goes wrong, the user reads ONE line on stderr, ``refbraid COMMA
 and the process exits with a code that says what kind of thing happened (:data:`EXIT_CODES`);
 :func:`explain` is the one place that turns an exception into that line. The line carries the
 exception's notes (e.g. what a stopped training run kept on disk). ``--debug`` (or the
-environment variable ``REFBRAID_DEBUG=1``) shows the Python traceback instead.
+environment variable ``REFBRAID_DEBUG=1``) shows the Python traceback instead. Under
+``mpiexec`` the job ends with the same line, once, and the same exit code
+(:func:`refbraid.parallel.faults.end_job`). Ctrl-C always stops a command within a step,
+its files kept, with exit code 130 (:mod:`refbraid.interrupts`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -53,11 +52,6 @@ def root_decides(decide: Callable[[], Any]) -> Any:
     if message is not None:
         raise CollectiveError(message)
     return result
-
-
-def one_line(err: BaseException) -> str:
-    """``Type: message`` of an exception, without a traceback."""
-    return "".join(traceback.format_exception_only(type(err), err)).strip()
 
 
 def many_ranks() -> bool:
