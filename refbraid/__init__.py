@@ -6,8 +6,12 @@ propagation with multigrid reduction in time (MGRIT), with hand-written adjoints
 on interchangeable backends (NumPy reference, Numba CPU, Numba CUDA, CuPy).
 """
 
-from .backends import BACKENDS, available_backends, get_backend
-from .network import Network, backprop, forward, init_params
+from .interrupts import guard_startup
+
+guard_startup()  # the `refbraid` command only: Ctrl-C during the imports below exits 130
+
+from .backends import BACKENDS, available_backends, get_backend  # noqa: E402
+from .network import Network, backprop, forward, init_params  # noqa: E402
 
 __version__ = "0.1.0"
 

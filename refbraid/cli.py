@@ -9,15 +9,18 @@ and the process exits with a code that says what kind of thing happened (:data:`
 :func:`refbraid.exits.explain` is the one place that turns an exception into that line. The
 line carries the exception's notes (e.g. what a stopped training run kept on disk).
 ``--debug`` (or the environment variable ``REFBRAID_DEBUG=1``) shows the Python traceback
-instead.
+instead. Under ``mpiexec`` the job ends with the same line, once, and the same exit code
+(:func:`refbraid.parallel.faults.end_job`). Ctrl-C always stops a command within a step,
+its files kept, with exit code 130 (:mod:`refbraid.interrupts`).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 
-from . import __version__
+from . import __version__, interrupts
 from .errors import CollectiveError
 from .exits import (  # noqa: F401  (the exit codes: part of the command line's interface)
     DEBUG_ENV,
@@ -34,6 +37,7 @@ from .runtime import pin_allocator
 #: commands whose step times should not depend on the process's allocation history: they pin
 #: glibc malloc's thresholds first (refbraid/runtime.py; REFBRAID_PIN_ALLOCATOR=0 opts out)
 PINNED_COMMANDS = ("train", "scale")
+
 
 def build_parser() -> argparse.ArgumentParser:
     from . import verify
@@ -71,16 +75,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in PINNED_COMMANDS:
         pin_allocator()  # repeatable step times, whatever ran before (refbraid/runtime.py)
     try:
-        return int(args.func(args) or 0)
+        with interrupts.graceful():  # Ctrl-C always stops, files kept (refbraid/interrupts.py)
+            code = int(args.func(args) or 0)
+            interrupts.finished()
     except SystemExit:
         raise
     except BaseException as err:
+        code = _report(args, err)
+    interrupts.leave_now(code)  # the command line: no slow interpreter shutdown after the work
+    return code
+
+
+def _report(args: argparse.Namespace, err: BaseException) -> int:
+    """Print the one line for ``err`` (once, also under MPI) and return its exit code."""
+    from .parallel.faults import end_job, many_ranks
+
+    text, code = explain(err)
+    line = f"refbraid {args.command}: {text}"
+    collective = isinstance(err, CollectiveError)
+    if many_ranks() and not collective:  # one line, the one-process exit code, no MPI_Abort
         if debug_requested(args):
-            raise
-        text, code = explain(err)
-        if not isinstance(err, CollectiveError) or _is_world_root():
-            print(f"refbraid {args.command}: {text}", file=sys.stderr, flush=True)
-        return code
+            line = traceback.format_exc().rstrip() + "\n" + line
+        end_job(line, code)
+    if debug_requested(args):
+        raise err
+    if not collective or _is_world_root():
+        print(line, file=sys.stderr, flush=True)
+    return code
 
 
 def _is_world_root() -> bool:

@@ -311,6 +311,8 @@ def check_batch(net: Network, x, labels=None) -> None:
                          f"got {getattr(x, 'shape', type(x).__name__)}.")
     if x.shape[0] < 1:
         raise ValueError("`x` must hold at least one sample.")
+    if dtype_kind(x.dtype) not in "biufc":
+        raise TypeError(f"`x` must be a numeric array, got dtype {x.dtype}.")
     if dtype_kind(x.dtype) in "fc" and not all_finite(x):
         raise NonFiniteError("`x` must be finite, got NaN or infinite values.")
     if labels is not None:

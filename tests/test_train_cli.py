@@ -44,7 +44,7 @@ def test_bad_flags_are_named_in_the_error(capsys, flag, value):
 
 
 def test_model_that_does_not_fit_the_data_names_the_flags(capsys):
-    assert main(["train", "--model", "conv"]) == 2
+    assert main(["train", "--model", "conv", "--data", "peaks"]) == 2
     err = capsys.readouterr().err
     assert "`--model conv`" in err and "`--data peaks`" in err and "image data" in err
 

@@ -27,7 +27,8 @@ def test_trace_records_every_step_application_of_the_second_training_step(tmp_pa
     assert (out / "timeline.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_run_with_one_step_has_nothing_to_trace(tmp_path):
+def test_a_run_with_one_step_is_refused_before_any_work(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main([*FLAGS, "--batch-size", "1000", "--out", str(out)]) == 0
-    assert not (out / "trace.json").exists() and (out / "log.json").exists()
+    assert main([*FLAGS, "--batch-size", "1000", "--out", str(out)]) == 2
+    assert "`--trace` records training step 2" in capsys.readouterr().err
+    assert not out.exists()

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import gzip
 import os
-import zlib
 from pathlib import Path
 
 import numpy as np
 
+from ..checked_files import read_bytes
 from .dataset import VAL_FRACTION, Dataset, make_dataset
 
 IMAGES = "train-images-idx3-ubyte"
@@ -34,21 +34,10 @@ PIXEL_MAX = 255.0
 IDX_TYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
-def _open(path: Path):
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-
-
 def read_idx(path: str | os.PathLike) -> np.ndarray:
     """Read one IDX file (optionally gzip-compressed) into an array of its stored shape."""
     path = Path(path)
-    try:
-        with _open(path) as fh:
-            data = fh.read()
-    except FileNotFoundError:
-        raise
-    except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
-        raise ValueError(f"{path} cannot be read ({type(err).__name__}: {err}): the file is "
-                         f"damaged or truncated; download it again.") from None
+    data = read_bytes(path, "MNIST file")  # checked: named, damaged or truncated gzip said so
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in IDX_TYPES:
         raise ValueError(f"{path} is not an IDX file (bad magic number {data[:4].hex()!r}).")
     ndim = data[3]

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import checked_files
 from ..conventions import CONVENTIONS_FLAG, add_conventions_flag
-from ..training.atomic import atomic_write
+from ..training.atomic import atomic_write, save_figure
 from .compare import Tolerances, compare, summary
 from .convert import Converted, from_state_dict, from_torch, params_from_keyed, to_state_dict
 from .plots import plot_comparison
@@ -99,50 +100,43 @@ def _ints(text: str):
 
 
 def read_mapping(path: str, what: str) -> dict:
-    """A TOML or JSON file as a dict (by suffix; JSON otherwise)."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{what} file {path} does not exist.")
-    try:
-        if p.suffix == ".toml":
-            try:
-                import tomllib
-            except ImportError:  # Python 3.10
-                raise ValueError(f"{what} file {path}: TOML needs Python >= 3.11; write it as "
-                                 f"JSON.") from None
-            return tomllib.loads(p.read_text())
-        return json.loads(p.read_text())
-    except (ValueError, json.JSONDecodeError) as err:
-        raise ValueError(f"{what} file {path} is not valid {p.suffix[1:] or 'JSON'}: "
-                         f"{err}") from None
+    """A TOML or JSON file as a dict (by suffix; JSON otherwise), checked
+    (:func:`refbraid.checked_files.read_mapping`)."""
+    return checked_files.read_mapping(path, f"`--{what}` file")
 
 
 def read_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"batch file {path} does not exist.")
-    with np.load(path, allow_pickle=False) as f:
-        labels_key = "labels" if "labels" in f else "y" if "y" in f else None
-        if "x" not in f or labels_key is None:
-            raise ValueError(f"batch file {path} must hold `x` and `labels`, has {list(f)}.")
-        return np.asarray(f["x"], dtype=np.float64), np.asarray(f[labels_key]).astype(np.int64)
+    """``x`` (B, ...) as float64 and integer ``labels`` (B,) (or ``y``) of a batch file."""
+    what = "`--batch` file"
+    arrays = checked_files.read_arrays(path, what)
+    labels_key = "labels" if "labels" in arrays else "y" if "y" in arrays else None
+    if "x" not in arrays or labels_key is None:
+        raise ValueError(f"{what} {path!r} must hold `x` and `labels`, has {list(arrays)}.")
+    x, labels = arrays["x"], np.asarray(arrays[labels_key])
+    if x.dtype.kind not in "biuf" or x.ndim < 2:
+        raise ValueError(f"{what} {path!r}: `x` must be a real array of shape (B, ...), got "
+                         f"{x.dtype}{tuple(x.shape)}.")
+    if labels.dtype.kind not in "iu" or labels.shape != (x.shape[0],):
+        raise ValueError(f"{what} {path!r}: `{labels_key}` must hold {x.shape[0]} integer "
+                         f"class labels (one per row of `x`), got {labels.dtype}"
+                         f"{tuple(labels.shape)}.")
+    if labels.size and labels.min() < 0:
+        raise ValueError(f"{what} {path!r}: `{labels_key}` holds the negative label "
+                         f"{int(labels.min())}; class labels are 0, 1, ...")
+    return np.asarray(x, dtype=np.float64), labels.astype(np.int64)
 
 
 def load_network(path: str, spec: str | None, sample_shape) -> Converted:
     """A torch file (module or state dict + spec) or a refbraid checkpoint, converted."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"model file {path} does not exist.")
+    p = checked_files.input_path(path, "`--model` file")
+    if spec is not None:
+        checked_files.input_path(spec, "`--spec` file")
     if p.suffix == ".npz":
+        if spec is not None:
+            raise ValueError("`--spec` is for PyTorch state-dict files; the `--model` file "
+                             f"{path!r} is a refbraid checkpoint, which describes itself.")
         return _from_checkpoint(p, sample_shape)
-    try:
-        import torch
-    except ImportError:
-        raise ImportError("reading a PyTorch file needs PyTorch (pip install torch; the CPU "
-                          "build is enough).") from None
-    try:
-        obj = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception:  # a pickled module: trusted input, the user's own file
-        obj = torch.load(p, map_location="cpu", weights_only=False)
+    obj = checked_files.read_torch(p, "`--model` file")
     if isinstance(obj, dict):
         if spec is None:
             raise ValueError(f"{path} holds a state dict: give `--spec` to say which keys are "
@@ -150,7 +144,11 @@ def load_network(path: str, spec: str | None, sample_shape) -> Converted:
         return from_state_dict(obj, read_mapping(spec, "spec"))
     if spec is not None:
         raise ValueError("`--spec` is for state-dict files; the model file holds a module.")
-    return from_torch(obj, sample_shape)
+    try:
+        return from_torch(obj, sample_shape)
+    except ValueError as err:
+        raise ValueError(f"the `--batch` samples of shape {tuple(sample_shape)} do not fit the "
+                         f"`--model` file {path!r}: {err}") from None
 
 
 def _from_checkpoint(path: Path, sample_shape) -> Converted:
@@ -203,21 +201,36 @@ def settings_from(args) -> TorchBraidSettings:
     return TorchBraidSettings.from_mapping(values)
 
 
+_INPUT_FLAGS = ("model", "spec", "batch", "settings", "their_gradient", "their_residuals")
+
+
 def run(args: argparse.Namespace) -> int:
+    """Check every input file and the output folder before any work, then compare."""
+    from ..training.run_folder import output_folder
+
+    for flag in _INPUT_FLAGS:
+        if getattr(args, flag, None) is not None:
+            checked_files.input_path(getattr(args, flag), f"`--{flag.replace('_', '-')}` file")
+    with output_folder(args.out) as out:
+        return _run(args, out)
+
+
+def _run(args: argparse.Namespace, out: Path) -> int:
     x, labels = read_batch(args.batch)
     converted = load_network(args.model, args.spec, x.shape[1:])
     if tuple(converted.net.opening.in_shape) != tuple(x.shape[1:]):
         from ..training.models import as_network_input
-        x = as_network_input(converted.net, x)
+        try:
+            x = as_network_input(converted.net, x)
+        except ValueError as err:  # the batch is at fault, not the model
+            raise ValueError(f"`--batch` file {args.batch!r}: {err}") from None
     tb = settings_from(args)
     settings = tb.to_refbraid()
     theirs_g = None
     if args.their_gradient:
-        if not Path(args.their_gradient).is_file():
-            raise FileNotFoundError(f"gradient file {args.their_gradient} does not exist.")
-        with np.load(args.their_gradient, allow_pickle=False) as f:
-            theirs_g = params_from_keyed(converted, {k: f[k] for k in f}, "their gradient")
-    theirs_r = read_mapping(args.their_residuals, "residuals") if args.their_residuals \
+        keyed = checked_files.read_arrays(args.their_gradient, "`--their-gradient` file")
+        theirs_g = params_from_keyed(converted, keyed, "their gradient")
+    theirs_r = read_mapping(args.their_residuals, "their-residuals") if args.their_residuals \
         else None
     tol = Tolerances(args.grad_tol, args.res_tol)
     report, grads = compare(converted, x, labels, settings, theirs_g, theirs_r, tol)
@@ -225,8 +238,6 @@ def run(args: argparse.Namespace) -> int:
                                         if k != "unsupported"}
     report["settings"]["conventions"] = "torchbraid" if args.torchbraid_conventions else \
         "refbraid"
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     text = json.dumps(report, indent=1, default=_plain).encode()
     atomic_write(out / "compare.json", lambda fh: fh.write(text))
     arrays = {}
@@ -234,9 +245,8 @@ def run(args: argparse.Namespace) -> int:
         keyed = to_state_dict(Converted(converted.net, converted.params, converted.keys,
                                         {k: None for k in converted.dtypes}, converted.spec), g)
         arrays.update({f"{which}/{k}": np.asarray(v) for k, v in keyed.items()})
-    np.savez(out / "gradients.npz", **arrays)
-    fig = plot_comparison(report)
-    fig.savefig(out / "compare.png", dpi=120)
+    atomic_write(out / "gradients.npz", lambda fh: np.savez(fh, **arrays))
+    save_figure(plot_comparison(report), out / "compare.png")
     print(summary(report))
     print(f"wrote compare.json, gradients.npz, compare.png to {out}/")
     return EXIT_MISMATCH if report.get("verdict") == "FAIL" else 0

@@ -25,6 +25,7 @@ from ..backends.reference import check_activation
 from .init import (
     check_adjoint,
     check_dtype,
+    check_features,
     check_positive_int,
     check_step_size,
     uniform_fan_in,
@@ -60,6 +61,7 @@ class DenseStep:
         """y_next = y + h σ(y Wᵀ + b); returns (y_next, cache). ``out``: an array to write
         y_next into where the backend can (backends/into.py; else y_next is new)."""
         h = check_step_size("h", h)
+        check_features("y", y, params["W"].shape[1])
         check_dtype("y", y, params)
         z = bk.linear(y, params["W"], params["b"])  # B,C
         return euler_act_into(bk, y, z, h, self.activation, out), (y, z)
@@ -121,6 +123,7 @@ class DenseLift:
                 "b": uniform_fan_in(rng, (C,), K, dtype)}
 
     def forward(self, params, x, bk):
+        check_features("x", x, params["W"].shape[1])
         check_dtype("x", x, params)
         z = bk.linear(x, params["W"], params["b"])  # B,C
         return bk.activation(z, self.activation), (x, z)

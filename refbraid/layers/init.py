@@ -68,6 +68,15 @@ def check_adjoint(name: str, value, shape) -> None:
                          f"got {shape_of(value)}.")
 
 
+def check_features(name: str, x, features: int) -> None:
+    """ValueError unless ``x`` is (batch, ..., ``features``): the width the layer's weights
+    expect."""
+    shape = getattr(x, "shape", None)
+    if shape is None or len(shape) < 2 or shape[-1] != features:
+        raise ValueError(f"`{name}` must have shape (batch, {features}) for this layer's "
+                         f"weights, got {shape if shape is not None else type(x).__name__}.")
+
+
 def check_dtype(name: str, x, params) -> None:
     """TypeError unless the floating input ``x`` and every floating array in ``params`` have
     one dtype (integer token ids and boolean masks are not compared)."""

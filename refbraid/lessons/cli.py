@@ -39,11 +39,14 @@ def run(args: argparse.Namespace) -> int:
         for lesson in lessons:
             print(f"{lesson.number}  {lesson.title}\n    {lesson.path}")
         return 0
+    from ..training.run_folder import output_folder
+
     chosen = notebooks.select(lessons, args.numbers)
     notebooks.require_extra(chosen)
     size = "small" if args.small else "full-size"
-    print(f"building {len(chosen)} lesson notebook(s), {size}, into {args.out}/")
-    built = notebooks.build(args.out, small=args.small, lessons=chosen)
+    with output_folder(args.out) as out:  # checked like a run folder, before any work
+        print(f"building {len(chosen)} lesson notebook(s), {size}, into {out}/")
+        built = notebooks.build(out, small=args.small, lessons=chosen)
     failed = [b for b in built if b.error]
     if failed:
         names = ", ".join(b.lesson.number for b in failed)

@@ -2,8 +2,10 @@
 
 Faults. Run programs as ``mpiexec -n N python -m mpi4py ...``: an uncaught exception on any
 rank then calls ``MPI_Abort`` and ends the job with that rank's traceback instead of leaving
-the others blocked in a receive. :func:`abort_on_error` does the same for entry points that
-are not started through ``-m mpi4py`` (e.g. ``mpiexec -n 2 refbraid train``).
+the others blocked in a receive. The command line does better (:func:`end_job`, called by
+:func:`refbraid.cli.main`): under ``mpiexec`` an error ends the job with the exit code and the
+one line the same error gives in one process (2 bad input, 3 diverged, 130 Ctrl-C, ...),
+printed once.
 
 :func:`root_decides` lets world rank 0 check something (e.g. the output folder) for every
 rank, so a refusal stops all ranks alike, before any work.
@@ -14,15 +16,16 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from ..errors import CollectiveError
-from .mpi import MPIComm, launched_by_mpiexec, mpi_module
+from ..interrupts import end_process
+from .mpi import launched_by_mpiexec, mpi_module
 
-#: Seconds a failing rank waits before MPI_Abort, so ranks failing the same way can print too.
-ABORT_GRACE_S = 1.0
+#: Seconds a failing rank other than 0 waits for rank 0 to end the job (see :func:`end_job`):
+#: rank 0 writes the run's log and figures first, which can take seconds on a loaded machine
+END_GRACE_S = 30.0
 
 
 def root_decides(decide: Callable[[], Any]) -> Any:
@@ -51,39 +54,25 @@ def root_decides(decide: Callable[[], Any]) -> Any:
     return result
 
 
-def one_line(err: BaseException) -> str:
-    """``Type: message`` of an exception, without a traceback."""
-    return "".join(traceback.format_exception_only(type(err), err)).strip()
+def many_ranks() -> bool:
+    """True when an MPI launcher started this process on more than one rank."""
+    return launched_by_mpiexec() and mpi_module().COMM_WORLD.Get_size() > 1
 
 
-@contextlib.contextmanager
-def abort_on_error(comm=None, grace_s: float = ABORT_GRACE_S,
-                   describe: Callable[[BaseException], str] = one_line, debug: bool = False):
-    """Turn an exception on this rank into ``MPI_Abort`` of the whole job, after printing it.
+def end_job(line: str, code: int, grace_s: float = END_GRACE_S) -> NoReturn:
+    """End the whole MPI job with exit code ``code``, the user reading ``line`` once.
 
-    Use around entry points not started through ``python -m mpi4py`` so that one failing rank
-    never leaves the others blocked. The rank prints ``describe(err)`` prefixed with its rank
-    (one line; the traceback too with ``debug``), waits ``grace_s`` seconds — ranks that fail
-    at the same moment print theirs meanwhile — and aborts. A
-    :class:`~refbraid.errors.CollectiveError` is raised on every rank alike, so it propagates
-    unchanged (no rank is left waiting; the caller prints it once). Outside MPI, or on one
-    rank, every exception propagates unchanged.
+    World rank 0 prints ``line`` and leaves at once; ``mpiexec`` then stops the other ranks
+    and exits with ``code`` (:func:`refbraid.interrupts.end_process`; MPICH's "Abort(code)
+    ..." text is not shown). Any other rank first waits ``grace_s`` seconds: an error every
+    rank meets (bad input, divergence) reaches rank 0 too, which ends the job meanwhile, after
+    writing the run's files; only an error of this rank alone gets here after the wait, and
+    this rank prints it.
     """
-    try:
-        yield
-    except (SystemExit, CollectiveError):
-        raise
-    except BaseException as err:
-        if not launched_by_mpiexec():
-            raise
-        MPI = mpi_module()
-        world = comm.mpi if isinstance(comm, MPIComm) else (comm or MPI.COMM_WORLD)
-        if world.Get_size() == 1:
-            raise
-        rank = MPI.COMM_WORLD.Get_rank()
-        text = traceback.format_exc() if debug else describe(err)
-        sys.stderr.write("".join(f"[rank {rank}] {line}\n" for line in text.splitlines()))
-        sys.stderr.flush()
+    if mpi_module().COMM_WORLD.Get_rank() != 0:
         time.sleep(grace_s)
-        world.Abort(1)
-        raise  # Abort does not return; never swallow the error if it did
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    sys.stderr.write(line.rstrip("\n") + "\n")
+    end_process(code)
+    raise SystemExit(code)  # pragma: no cover - end_process does not return

@@ -263,6 +263,9 @@ class ScalingRow:
 
 def predict(machine: Machine, max_ranks: int = 1024) -> list[ScalingRow]:
     """The table of the module docstring for P = 1, 2, 4, … ≤ ``max_ranks``."""
+    if not isinstance(machine, Machine):
+        raise TypeError(f"`machine` must be a Machine (e.g. from calibration), got "
+                        f"{type(machine).__name__}.")
     B = machine.batch
     full = machine.serial[max(machine.serial)]
     lp_cache: dict[tuple[int, int], float | None] = {}

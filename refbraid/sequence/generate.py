@@ -43,6 +43,9 @@ def generate(model, params, prompt: np.ndarray, n_new: int, bk: Backend | str = 
                          f"{prompt.dtype} {prompt.shape}.")
     B, P = prompt.shape
     L = model.seq_len
+    if P > L:
+        raise ValueError(f"`prompt` has {P} tokens, more than the model's window of {L}: give "
+                         f"at most {L} prompt tokens.")
     if isinstance(n_new, bool) or not isinstance(n_new, (int, np.integer)) or n_new < 1 \
             or P < 1 or P + n_new > L + 1:
         raise ValueError(f"`n_new` must be an integer in [1, {L + 1 - P}] for a prompt of {P} "

@@ -14,6 +14,8 @@ import argparse
 import sys
 from dataclasses import fields
 
+import numpy as np
+
 from ..backends import BACKENDS
 from ..backends.reference import ACTIVATIONS
 from ..conventions import add_conventions_flag, refbraid_counts
@@ -167,15 +169,16 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Build the config from the flags, train, print a short summary; returns 0."""
-    from ..exits import debug_requested, explain
-    from ..parallel.faults import abort_on_error
+    from .. import interrupts
     from ..parallel.mpi import is_world_root
     from .run import train
 
     config = config_from_args(refbraid_counts(args))
-    # under mpiexec: an error on one rank ends the job (one line per failing rank), never a hang
-    with abort_on_error(describe=lambda err: explain(err)[0], debug=debug_requested(args)):
-        result = train(config)
+    # NumPy's overflow warnings are not for the user: a loss that blows up ends the run with
+    # one line saying "diverged" (refbraid.training.divergence), which is the message
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        result = train(config)  # under mpiexec an error ends the job: refbraid.cli.main
+    interrupts.finished()  # every file is written: a late Ctrl-C has nothing left to stop
     if result.final and is_world_root():
         print(summary_line(config, result), file=sys.stdout, flush=True)
     return 0

@@ -210,6 +210,10 @@ class TrainConfig:
         _choice("cycle", self.cycle, ("V", "F"))
         _choice("bias_control", self.bias_control, BIAS_MODES)
         _choice("bias_signal", self.bias_signal, BIAS_SIGNALS)
+        if self.serial and self.bias_control != "off":
+            raise ValueError(f"`--bias-control {self.bias_control}` controls the bias of the "
+                             f"layer-parallel gradient; with `--serial` the gradient is exact "
+                             f"backprop, so it would do nothing: drop one of the two.")
         if self.bias_signal == "residual" and self.bias_control not in ("iterations", "serial"):
             raise ValueError("`--bias-signal residual` needs `--bias-control iterations` or "
                              f"`serial`, got `--bias-control {self.bias_control}`.")
@@ -331,6 +335,9 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         """Rebuild (and re-validate) a config; unknown keys are an error."""
+        if not isinstance(d, dict):
+            raise TypeError(f"`d` must be a dict of config fields (as TrainConfig.to_dict() "
+                            f"writes it), got {type(d).__name__}.")
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:

@@ -182,10 +182,20 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend, multilevel: 
     if config.serial:
         return "sequential", sequential_gradient(net, bk)
     settings = layer_parallel_settings(config)
+    check_levels_fit(config, net)
+    if config.bias_control != "off":
+        return "layer-parallel-bias-control", controlled_gradient(net, settings, bk, config)
+    return "layer-parallel", mgrit_gradient(net, settings, bk, config.check_gradient_every)
+
+
+def check_levels_fit(config: TrainConfig, net) -> None:
+    """ValueError naming ``--levels``, ``--cfactor`` and the grid unless the MGRIT hierarchy
+    fits the time grid (the layers; the sequence positions for the GRUs)."""
+    settings = layer_parallel_settings(config)
     try:
         build_hierarchy(net.n_layers, settings.forward.cfactors, settings.forward.min_coarse)
     except ValueError as err:
-        if hasattr(net, "seq_len"):  # MGRIT over the sequence positions (GRU), not the layers
+        if config.model in ("gru", "implicit-gru"):  # MGRIT over the sequence positions
             grid = (f"the sequence length {net.seq_len} of `--data {config.data}` (the "
                     f"{config.model} model runs MGRIT over the sequence positions)")
             longer = "data with longer sequences"
@@ -194,9 +204,6 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend, multilevel: 
         raise ValueError(f"`--levels {config.levels}` with `--cfactor {config.cfactor}` does not "
                          f"fit {grid}: {err} Use fewer levels, a smaller cfactor, {longer}, "
                          f"or --serial.") from None
-    if config.bias_control != "off":
-        return "layer-parallel-bias-control", controlled_gradient(net, settings, bk, config)
-    return "layer-parallel", mgrit_gradient(net, settings, bk, config.check_gradient_every)
 
 
 def depth_gradient(config: TrainConfig, net: Network, bk: Backend) -> tuple[str, GradientFn]:

@@ -163,7 +163,7 @@ _GPT_DEFAULTS = dict(data="lm-reverse", layers=8, width=32, T=2.0, epochs=8, lr=
 #: * encoder–decoder: 2 / 1 cycles per block.
 MODEL_DEFAULTS: dict[str, dict] = {
     "resnet": _RESNET_DEFAULTS,
-    "conv": _RESNET_DEFAULTS,
+    "conv": {**_RESNET_DEFAULTS, "data": "digits"},  # images: a default that fits
     "transformer": dict(data="seq-match", layers=8, width=16, T=2.0, epochs=20, lr=5e-3,
                         cfactor=2, fwd_iters=3, bwd_iters=2, relax="F,FCF"),
     "transformer-decoder": dict(data="seq-reverse", layers=4, width=16, T=2.0, epochs=10,

@@ -31,9 +31,10 @@ from .config import TrainConfig
 from .gradients import GradientFn, layer_parallel_settings, mpi_backend, select_gradient
 from .models import as_network_input, build_network, initial_params
 from .optim import Optimizer, make_optimizer
+from .preflight import check_before_work
 from .run_folder import RunFolder, claim_run_folder
 from .tracing import TracedGradient, write_trace
-from .trainer import TrainResult, TrainState, fit
+from .trainer import TrainResult, TrainState, fit, record_stop
 
 GRADIENT_ERROR_FILE = "gradient_error.png"  # layer-parallel runs: error vs MGRIT cycles
 
@@ -65,6 +66,7 @@ def setup(config: TrainConfig) -> tuple[Network, Dataset, TrainState, Backend]:
     if config.resume:
         state = resume_state(config, params, optimizer, net)
     state.params = to_backend(state.params, bk)
+    check_before_work(config, net, data, state.params, bk, world_size(), state.epoch)
     if config.resume:  # buffers follow the parameters to the backend's arrays
         state.optimizer.load_state_dict(state.optimizer.state_dict(), state.params, bk.asarray)
     return net, data, state, bk
@@ -171,18 +173,29 @@ def train(config: TrainConfig, gradient: GradientFn | None = None,
                      batch_size=config.batch_size, bk=bk, out_dir=out if root else None,
                      checkpoint_every=config.checkpoint_every, meta=meta,
                      quiet=config.quiet or not root, stream=stream)
-        if config.trace:
-            result.files.update(write_trace(gradient, out if root else None,
-                                            f"{config.data}-{config.model} ({name})"))
-        if name == "layer-parallel" and isinstance(net, Network):
-            result.files["gradient_error"] = write_gradient_error(config, net, data, state, bk)
-        if root and hasattr(gradient, "decisions"):  # --bias-control: measurements, decisions
-            result.files["bias_control"] = write_json(Path(config.out_dir) / "bias_control.json",
-                                                      gradient.summary())
-        if root and data.info.get("language_model") and result.status == "finished":
-            result.files["language"] = write_language_report(
-                config, net, data, state, bk, getattr(gradient, "logits", None), stream)
+        try:
+            _finish(config, result, gradient, net, data, state, bk, name, root, stream)
+        except BaseException as err:  # e.g. Ctrl-C: the log says so, as during training
+            record_stop(out if root else None, meta, state, err)
+            raise
     return result
+
+
+def _finish(config: TrainConfig, result: TrainResult, gradient: GradientFn, net, data: Dataset,
+            state: TrainState, bk: Backend, name: str, root: bool, stream: TextIO | None) -> None:
+    """The files a run writes after training: trace, gradient error, bias control, language."""
+    out = Path(config.out_dir)
+    if config.trace:
+        result.files.update(write_trace(gradient, out if root else None,
+                                        f"{config.data}-{config.model} ({name})"))
+    if name == "layer-parallel" and isinstance(net, Network):
+        result.files["gradient_error"] = write_gradient_error(config, net, data, state, bk)
+    if root and hasattr(gradient, "decisions"):  # --bias-control: measurements, decisions
+        result.files["bias_control"] = write_json(Path(config.out_dir) / "bias_control.json",
+                                                  gradient.summary())
+    if root and data.info.get("language_model") and result.status == "finished":
+        result.files["language"] = write_language_report(
+            config, net, data, state, bk, getattr(gradient, "logits", None), stream)
 
 
 def write_language_report(config: TrainConfig, net, data: Dataset, state: TrainState,

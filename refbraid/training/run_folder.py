@@ -25,6 +25,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -202,6 +203,22 @@ def acquire_lock(folder: Path) -> int:
 
 
 # ----------------------------------------------------------------------------- claim
+@contextlib.contextmanager
+def output_folder(out: str | os.PathLike, flag: str = "--out") -> Iterator[Path]:
+    """The checked output folder of a command that writes files but is not a run (``compare``,
+    ``lessons build``): checked as a run folder is (step 1 above) before any work, and removed
+    again when the command fails before writing anything into a folder it created."""
+    path = Path(out)
+    created = _outermost_missing(path)
+    folder = RunFolder(check_writable_folder(path, flag), [], [], created)
+    failed = True
+    try:
+        yield folder.path
+        failed = False
+    finally:
+        folder.release(discard_if_unused=failed)
+
+
 def remove_stale_temporaries(folder: Path) -> list[str]:
     """Delete ``.<name>.*.tmp`` files left by interrupted atomic writes; returns their names."""
     removed = []

@@ -43,6 +43,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from .. import interrupts
 from ..backends import Backend, get_backend
 from ..data import Dataset
 from ..errors import add_note
@@ -130,6 +131,7 @@ def train_epoch(state: TrainState, gradient: GradientFn, x_train, y_train, batch
     loss_sum, per_step, first_loss = 0.0, [], float("nan")
     lr = state.optimizer.hyper()["lr"]
     for b, s in enumerate(range(0, n, batch_size)):
+        interrupts.check()  # a Ctrl-C that a callback swallowed stops here, between steps
         idx = perm[s : s + batch_size]
         xb, yb = bk.asarray(x_train[idx]), bk.asarray(y_train[idx])  # B,*in_shape and B
         where = {"epoch": epoch, "batch": b + 1, "first_step": first_step and b == 0, "lr": lr}
@@ -212,6 +214,16 @@ class _RunFiles:
             if self.checkpoint_epoch:
                 note += f"; continue with `--resume {self.out}`"
             add_note(err, note + ".")
+
+
+def record_stop(out: Path | None, meta: dict[str, Any], state: TrainState,
+                err: BaseException) -> None:
+    """After :func:`fit` returned: ``err`` (e.g. Ctrl-C while the final figures are made)
+    ended the run; its log gets the status and ``err`` a note of what the folder kept."""
+    files = _RunFiles(out, meta, "")
+    if out is not None and (out / CHECKPOINT_FILE).exists():
+        files.checkpoint_epoch = state.epoch
+    files.record_stop(state, err)
 
 
 def fit(net: Network, state: TrainState, data: Dataset, gradient: GradientFn, *, epochs: int,
@@ -301,14 +313,15 @@ def fit(net: Network, state: TrainState, data: Dataset, gradient: GradientFn, *,
                 optimizer = state.optimizer if localize is None else \
                     gradient.gather_optimizer(state.optimizer, params)
                 run_files.checkpoint(state, params, optimizer, model_buffers(net))
+        interrupts.check()
+        unshard()
+        run_files.log(state, "finished")
+        run_files.curves(state)
     except BaseException as err:
         if isinstance(err, TrainingDiverged):  # every rank diverges together: gather is safe
             unshard()
         run_files.record_stop(state, err)
         raise
-    unshard()
-    run_files.log(state, "finished")
-    run_files.curves(state)
     return TrainResult(state, out if out is not None else Path("."), run_files.files,
                        time.perf_counter() - t_start)
 

@@ -91,7 +91,7 @@ CASES = [
     ("resume-missing", ["--resume", "{tmp}/nothing.npz"], U, r"`--resume` checkpoint .*"
      r"nothing\.npz.* does not exist"),
     ("resume-corrupt", ["--resume", "{tmp}/file.txt"], U,
-     r"checkpoint .*file\.txt.* is corrupt or not a refbraid checkpoint"),
+     r"`--resume` checkpoint .*file\.txt.* is not a .npz archive of arrays"),
     ("resume-nan-weights", ["--resume", "{nan_ckpt}", "--epochs", "3"], U,
      r"checkpoint .*nan.* holds NaN or infinite values in \['steps\.W'\]"),
     ("resume-incomplete-optimizer", ["--resume", "{opt_ckpt}", "--epochs", "3"], U,
@@ -178,7 +178,7 @@ def test_a_damaged_gzip_mnist_file_is_named(tmp_path, capsys, damage):
                  str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == EXIT_USAGE and len(err.strip().splitlines()) == 1, err
-    assert "train-images-idx3-ubyte.gz cannot be read" in err and "damaged" in err
+    assert "train-images-idx3-ubyte.gz' cannot be read" in err and "damaged" in err
 
 
 def test_a_gzip_mnist_folder_that_is_fine_trains(tmp_path):
