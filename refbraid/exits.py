@@ -13,6 +13,7 @@ import errno
 import os
 
 from .errors import notes
+from .interrupts import ended_by_interrupt
 
 EXIT_ERROR = 1  # the run failed for a reason outside its input: disk, memory, a bug
 EXIT_USAGE = 2  # bad input (argparse exits with 2 too)
@@ -43,7 +44,7 @@ def explain(err: BaseException) -> tuple[str, int]:
     """(one line for the user, exit code) for an exception that ended a command."""
     from .training.divergence import TrainingDiverged
 
-    if isinstance(err, KeyboardInterrupt):
+    if ended_by_interrupt(err):
         text, code = "interrupted (Ctrl-C).", EXIT_INTERRUPTED
     elif isinstance(err, TrainingDiverged):
         text, code = f"diverged: {err}", EXIT_DIVERGED

@@ -167,6 +167,29 @@ def requested() -> bool:
     return _requested
 
 
+def ended_by_interrupt(err: BaseException) -> bool:
+    """True when ``err`` is a Ctrl-C or came out of one: a KeyboardInterrupt in its cause or
+    context chain, or any error raised after a Ctrl-C arrived (an import the interrupt halted
+    fails again later with an ImportError, a library turns it into its own error). The user
+    pressed Ctrl-C, so the run ends as interrupted (exit 130), not as an error."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return _requested
+
+
+def reraise(err: BaseException) -> None:
+    """Raise ``err`` on — as a KeyboardInterrupt caused by it when it came out of a Ctrl-C
+    (:func:`ended_by_interrupt`), so that every layer above reads it as the interrupt it was.
+    Call inside an ``except`` block that has recorded the stop."""
+    if ended_by_interrupt(err) and not isinstance(err, KeyboardInterrupt):
+        raise KeyboardInterrupt from err
+    raise err
+
+
 def check() -> None:
     """Raise ``KeyboardInterrupt`` if a Ctrl-C is pending (call at safe points of a loop).
 

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from .. import interrupts
 from ..backends import Backend, get_backend, require_usable
 from ..data import Dataset, load_dataset
 from ..network import Network, to_backend
@@ -177,7 +178,7 @@ def train(config: TrainConfig, gradient: GradientFn | None = None,
             _finish(config, result, gradient, net, data, state, bk, name, root, stream)
         except BaseException as err:  # e.g. Ctrl-C: the log says so, as during training
             record_stop(out if root else None, meta, state, err)
-            raise
+            interrupts.reraise(err)
     return result
 
 

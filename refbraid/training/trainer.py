@@ -84,7 +84,7 @@ def run_status(err: BaseException) -> str:
     """``log.json``'s status for a run that ``err`` ended."""
     if isinstance(err, TrainingDiverged):
         return "diverged"
-    if isinstance(err, KeyboardInterrupt):
+    if interrupts.ended_by_interrupt(err):  # a Ctrl-C, or an error it caused on its way out
         return "interrupted"
     return "error"
 
@@ -321,7 +321,7 @@ def fit(net: Network, state: TrainState, data: Dataset, gradient: GradientFn, *,
         if isinstance(err, TrainingDiverged):  # every rank diverges together: gather is safe
             unshard()
         run_files.record_stop(state, err)
-        raise
+        interrupts.reraise(err)
     return TrainResult(state, out if out is not None else Path("."), run_files.files,
                        time.perf_counter() - t_start)
 

@@ -187,3 +187,37 @@ def test_sigint_is_restored_after_a_command_in_process(tmp_path):
     assert main(["train", "--samples", "60", "--layers", "8", "--width", "4", "--levels", "2",
                  "--epochs", "1", "--quiet", "--serial", "--out", str(tmp_path / "r")]) == 0
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_an_error_a_ctrl_c_caused_ends_the_run_as_interrupted():
+    """A KeyboardInterrupt turned into another error on its way out (an import it halted
+    fails again with ImportError; a library wraps it) is still the user's Ctrl-C: exit 130
+    and status "interrupted", never "error" with exit 2."""
+    from refbraid import interrupts
+    from refbraid.exits import EXIT_INTERRUPTED, explain
+    from refbraid.training.trainer import run_status
+
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise ImportError("import of refbraid.x halted; None in sys.modules") from None
+    except ImportError as err:
+        wrapped = err
+    assert explain(wrapped)[1] == EXIT_INTERRUPTED and run_status(wrapped) == "interrupted"
+
+    plain = ImportError("no module named x")
+    assert explain(plain)[1] != EXIT_INTERRUPTED and run_status(plain) == "error"
+    with interrupts.graceful():
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+        except KeyboardInterrupt:
+            pass
+        assert run_status(plain) == "interrupted"  # what the trainer records inside the run
+        with pytest.raises(KeyboardInterrupt) as raised:  # and how it passes the error on
+            try:
+                raise plain
+            except ImportError as err:
+                interrupts.reraise(err)
+        assert raised.value.__cause__ is plain and explain(raised.value)[1] == EXIT_INTERRUPTED
+    assert not interrupts.requested()  # the command's end clears it
