@@ -9,9 +9,9 @@ the grids below split unevenly over 3.
 
 import numpy as np
 import pytest
-from refbraid.training.distributed import distributed_gradient
 
 from refbraid.backends.host import to_host
+from refbraid.distributed.network import distributed_gradient
 from refbraid.layer_parallel import LayerParallelSettings
 from refbraid.mgrit import MGRITSettings, solve
 from refbraid.mgrit.problems import LinearODE, nonlinear_ode
