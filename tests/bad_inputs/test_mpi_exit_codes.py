@@ -1,6 +1,6 @@
 """Under ``mpiexec -n 2`` an error ends the job like one process: the same exit code (2 bad
-input, 3 diverged, 130 Ctrl-C — see test_sigint.py), the same one line, printed once, without
-MPICH's "Abort(...)" text."""
+input, 3 diverged, 1 anything else, 130 Ctrl-C — see test_sigint.py), the same one line,
+printed once, without MPICH's "Abort(...)" text."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from refbraid.cli import EXIT_DIVERGED, EXIT_USAGE
+from refbraid.cli import EXIT_DIVERGED, EXIT_ERROR, EXIT_USAGE
 from refbraid.parallel.launch import run_mpi
 
 from .sigint_probe import ROOT
@@ -44,6 +44,36 @@ def test_an_mpi_error_exits_like_one_process(tmp_path, case_id, flags, code):
     job = run_mpi(2, ["-m", "refbraid", *argv, "--out", "mpi"], timeout=300, cwd=tmp_path,
                   env={"PYTHONPATH": str(ROOT), "REFBRAID_DEBUG": ""})
     assert job.returncode == code, job.output
+    lines = job.output.strip().splitlines()
+    assert [line.split(" Kept ")[0] for line in lines] == [expected], job.output
+    assert "Abort(" not in job.output and "MPI_Abort" not in job.output
+
+
+#: ``refbraid`` with a bug injected into training (every rank raises the same RuntimeError):
+#: what the user reads for "anything else" (exit 1), which no bad input can provoke on purpose
+WITH_A_BUG = """
+import sys
+import refbraid.training.run as run
+def fit(*args, **kwargs):
+    raise RuntimeError("a bug injected by the test")
+run.fit = fit
+from refbraid.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_an_internal_error_under_mpi_exits_like_one_process(tmp_path):
+    argv = ["train", *TINY]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "REFBRAID_DEBUG": ""}
+    alone = subprocess.run([sys.executable, "-c", WITH_A_BUG, *argv, "--out", "alone"],
+                           capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert alone.returncode == EXIT_ERROR, alone.stderr
+    expected = alone.stderr.strip().split(" Kept ")[0]
+    assert len(expected.splitlines()) == 1 and "internal error: RuntimeError" in expected
+    job = run_mpi(2, ["-c", WITH_A_BUG, *argv, "--out", "mpi"], timeout=300, cwd=tmp_path,
+                  env={"PYTHONPATH": str(ROOT), "REFBRAID_DEBUG": ""})
+    assert job.returncode == EXIT_ERROR, job.output
     lines = job.output.strip().splitlines()
     assert [line.split(" Kept ")[0] for line in lines] == [expected], job.output
     assert "Abort(" not in job.output and "MPI_Abort" not in job.output
