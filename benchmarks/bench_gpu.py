@@ -59,9 +59,9 @@ from refbraid.layers import (  # noqa: E402
     LayerNorm,
     MultiheadAttention,
 )
+from refbraid.models import build_network  # noqa: E402
 from refbraid.network import init_params, to_backend  # noqa: E402
 from refbraid.training.gradients import mgrit_gradient  # noqa: E402
-from refbraid.training.models import build_network  # noqa: E402
 from refbraid.verify.checks import example_input  # noqa: E402
 from refbraid.verify.ops import LayerOp, StepOp  # noqa: E402
 

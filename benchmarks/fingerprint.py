@@ -62,8 +62,8 @@ def dense_case(N: int):
 
 
 def conv_case(N: int, dtype: str):
+    from refbraid.models import build_network
     from refbraid.network import init_params
-    from refbraid.training.models import build_network
 
     net = build_network("conv", (1, 28, 28), 10, N, 4, 1.0, "relu")
     params = init_params(net, 0, np.dtype(dtype))

@@ -88,7 +88,7 @@ def named_settings(name: str):
 
 def network(case: dict):
     """The case's network: the dense ``resnet`` (tanh, T = 3) or TorchBraid's ``conv``."""
-    from refbraid.training.models import build_network
+    from refbraid.models import build_network
 
     if case["model"] == "resnet":
         C = case["width"]

@@ -34,7 +34,7 @@ from matplotlib.figure import Figure
 import refbraid
 from refbraid.data import load_peaks
 from refbraid.lessons import show, small
-from refbraid.training.models import build_network
+from refbraid.models import build_network
 
 SMALL = small()
 

@@ -37,9 +37,9 @@ from matplotlib.figure import Figure
 from refbraid.distributed.ownership import BlockPlan
 from refbraid.layer_parallel import LayerParallelSettings
 from refbraid.lessons import show, small
+from refbraid.models import build_network
 from refbraid.network import backprop, init_params
 from refbraid.parallel.launch import run_mpi
-from refbraid.training.models import build_network
 
 SMALL = small()
 
@@ -76,7 +76,7 @@ import numpy as np
 from refbraid.network import init_params
 from refbraid.distributed.network import distributed_gradient
 from refbraid.layer_parallel import layer_parallel_gradient, relative_gradient_error
-from refbraid.training.models import build_network
+from refbraid.models import build_network
 
 N, REPEAT = int(sys.argv[1]), int(sys.argv[2])
 net = build_network("resnet", (2,), 5, N, 32, 3.0, "tanh")    # a deep, narrow ResNet

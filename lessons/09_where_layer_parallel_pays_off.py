@@ -28,6 +28,7 @@ from refbraid.backends import get_backend
 from refbraid.layer_parallel import ForwardPropagator, LayerParallelSettings
 from refbraid.lessons import show, small
 from refbraid.mgrit import Problem, solve
+from refbraid.models import build_network
 from refbraid.network import group, init_params
 from refbraid.parallel.comm import run_traced
 from refbraid.parallel.costs import StepCosts
@@ -37,7 +38,6 @@ from refbraid.scaling.plots import plot_scaling
 from refbraid.scaling.predict import DEFAULT_ALPHA, DEFAULT_BETA, calibrate, predict, serial_time
 from refbraid.scaling.schedule import simulate_solve
 from refbraid.training.config import TrainConfig
-from refbraid.training.models import build_network
 
 SMALL = small()
 

@@ -32,13 +32,13 @@ from refbraid.layers import Classifier, ConvLift, ConvStep, Pool
 from refbraid.lessons import show, small
 from refbraid.mgrit import MGRITSettings, spatial
 from refbraid.mgrit.transfer import SpatialCoarsening
+from refbraid.models import build_network
 from refbraid.network import backprop, init_params
 from refbraid.stages import Stage, StagedNetwork, staged_layer_parallel_gradient
 from refbraid.stages import backprop as staged_backprop
 from refbraid.stages import init_params as staged_init
 from refbraid.training.evaluate import evaluate
 from refbraid.training.gradients import sequential_gradient
-from refbraid.training.models import build_network
 from refbraid.training.multilevel import MGOpt, MGOptSettings, prolong_weights, restrict_gradient
 
 SMALL = small()

@@ -162,7 +162,7 @@ show(fig, "11_gradient_bias")
 # `(bias, noise, ratio)`: bias = ‖g_lp − g‖₂, noise = the standard error of the *mean* of the
 # micro-batch gradients, √(Σ_i ‖g_i − ḡ‖² / (M(M − 1))), and ratio = bias / noise. Why does
 # the noise shrink near a minimum while the bias of a fixed number of MGRIT cycles does not?
-# The check compares with `refbraid.training.bias_control.bias_and_noise`, the measurement
+# The check compares with `refbraid.bias_control.bias_and_noise`, the measurement
 # `--bias-control` makes.
 
 # %%

@@ -32,12 +32,12 @@ from refbraid.backends import get_backend
 from refbraid.distributed.daso import DasoSchedule, SyncRate, next_rate
 from refbraid.layer_parallel import LayerParallelSettings
 from refbraid.lessons import show, small
+from refbraid.models import build_network
 from refbraid.network import init_params
 from refbraid.parallel.costs import StepCosts
 from refbraid.parallel.launch import run_mpi
 from refbraid.scaling.parallelisms import Cluster, all_splits, daso_step, plain_dp_step
 from refbraid.scaling.predict import DEFAULT_ALPHA, DEFAULT_BETA, calibrate_network
-from refbraid.training.models import build_network
 from refbraid.training.optim import make_optimizer
 
 SMALL = small()
@@ -62,7 +62,7 @@ from refbraid.layer_parallel import LayerParallelSettings, layer_parallel_gradie
 from refbraid.network import backprop, init_params
 from refbraid.space import RowSplit, SpatialHalo, SpatialNetwork
 from refbraid.distributed.space import space_depth_gradient
-from refbraid.training.models import build_network
+from refbraid.models import build_network
 
 world = MPIComm.world()
 H, Wd = 7, 5

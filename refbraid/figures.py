@@ -20,14 +20,14 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from .atomic import save_figure
 from .gradient_error import gradient_error_study, plot_gradient_error
 from .layer_parallel import forward_problem
 from .mgrit import MGRITSettings, solve
 from .mgrit.plots import plot_residual_history
+from .models import as_network_input
 from .network import group
-from .training.atomic import save_figure
 from .training.config import TrainConfig
-from .training.models import as_network_input
 from .training.run import run_summary, setup
 from .training.trainer import fit, select_gradient
 

@@ -37,7 +37,7 @@ def test_every_gpu_step_type_batches_on_the_gpu_backends_and_the_cpu_rule_elsewh
     conv step: off)."""
     from refbraid.backends.device_batching import sweeps_batched
     from refbraid.layer_parallel import batchable
-    from refbraid.training.models import build_network
+    from refbraid.models import build_network
 
     conv = build_network("conv", (1, 4, 4), 3, 4, 2, 1.0)
     dense = build_network("resnet", (2,), 3, 4, 4, 1.0)
@@ -61,7 +61,7 @@ def test_a_device_whose_arrays_cannot_gather_rows_keeps_per_step_sweeps():
     import array_api_strict
 
     from refbraid.layer_parallel import batchable
-    from refbraid.training.models import build_network
+    from refbraid.models import build_network
 
     dense = build_network("resnet", (2,), 3, 4, 4, 1.0)
     assert not batchable(dense, Backend("cuda", array_api_strict, {}, ()))

@@ -1,4 +1,4 @@
-"""Gradient-bias control (refbraid.training.bias_control): the measurement, the controller's
+"""Gradient-bias control (refbraid.bias_control): the measurement, the controller's
 decisions and the ``refbraid train --bias-control`` flags.
 
 Oracles: the definitions (bias 0 for the exact gradient, the noise formula computed by hand from
@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 
 from refbraid.backends import get_backend
-from refbraid.layer_parallel import LayerParallelSettings
-from refbraid.sequence import GPTModel
-from refbraid.sequence.losses import IGNORE
-from refbraid.training.bias_control import (
+from refbraid.bias_control import (
     BiasControl,
     ControlledGradient,
     bias_and_noise,
     more_iterations,
 )
+from refbraid.layer_parallel import LayerParallelSettings
+from refbraid.sequence import GPTModel
+from refbraid.sequence.losses import IGNORE
 from refbraid.training.config import TrainConfig
 from refbraid.training.run import train
 

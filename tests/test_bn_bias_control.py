@@ -9,10 +9,10 @@ import numpy as np
 
 from refbraid.backends import get_backend
 from refbraid.cli import main
+from refbraid.models import build_network
 from refbraid.training import TrainConfig, train
 from refbraid.training.checkpoint import load_checkpoint
 from refbraid.training.gradients import controlled_gradient, layer_parallel_settings
-from refbraid.training.models import build_network
 
 BASE = dict(model="conv-stages", batch_norm=True, data="digits", samples=100, layers=4,
             width=2, batch_size=25, lr=1e-2, quiet=True, levels=2, epochs=1,
@@ -74,7 +74,7 @@ def test_cli_accepts_batch_norm_with_bias_control(tmp_path):
 
 
 def test_more_iterations_keeps_spatial_coarsening():
-    from refbraid.training.bias_control import more_iterations
+    from refbraid.bias_control import more_iterations
 
     s = layer_parallel_settings(TrainConfig(model="conv-stages", layers=8, levels=2,
                                             spatial_levels="1"))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from refbraid.cli import main
+from refbraid.models import build_network
 from refbraid.training import TrainConfig, train
 from refbraid.training.buffers import (
     UPDATES,
@@ -17,7 +18,6 @@ from refbraid.training.buffers import (
     restore_buffers,
 )
 from refbraid.training.checkpoint import FILENAME, load_checkpoint
-from refbraid.training.models import build_network
 
 BASE = dict(model="conv-stages", batch_norm=True, data="digits", samples=120, layers=4,
             width=2, batch_size=30, lr=1e-2, quiet=True, levels=2, checkpoint_every=1)

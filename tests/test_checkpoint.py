@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
+from refbraid.atomic import atomic_write, write_json
 from refbraid.training import TrainConfig, train
-from refbraid.training.atomic import atomic_write, write_json
 from refbraid.training.checkpoint import (
     FILENAME,
     load_checkpoint,

@@ -8,9 +8,9 @@ import pytest
 
 from refbraid.cli import main
 from refbraid.layer_parallel import relative_gradient_error
+from refbraid.models import build_network
 from refbraid.training.config import TrainConfig
 from refbraid.training.gradients import layer_parallel_settings, mgrit_gradient
-from refbraid.training.models import build_network
 
 
 def test_conv_stages_trains_layer_parallel_with_spatial_coarsening(tmp_path, capsys):

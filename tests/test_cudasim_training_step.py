@@ -33,10 +33,10 @@ pytest.importorskip("numba.cuda")
 from refbraid.backends import Backend, get_backend
 from refbraid.backends.host import COUNTS
 from refbraid.layer_parallel import LayerParallelSettings
+from refbraid.models import build_network
 from refbraid.network import init_params, to_backend
 from refbraid.sequence import GRUModel, TransformerModel
 from refbraid.training.gradients import mgrit_gradient
-from refbraid.training.models import build_network
 from refbraid.training.optim import make_optimizer
 from refbraid.training.trainer import TrainState, train_epoch
 

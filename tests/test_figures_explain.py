@@ -18,7 +18,7 @@ from refbraid.interop.xbraid import TorchBraidSettings
 from refbraid.mgrit import MGRITSettings, solve
 from refbraid.mgrit.plots import plot_residual_history
 from refbraid.mgrit.problems import heat_1d
-from refbraid.training.models import build_network
+from refbraid.models import build_network
 
 
 def _legend(ax) -> list[str]:

@@ -15,10 +15,10 @@ pytest.importorskip("array_api_strict")
 from refbraid.backends import get_backend
 from refbraid.distributed.engine import host_backend
 from refbraid.errors import CollectiveError
+from refbraid.models import build_network
 from refbraid.sequence import GRUModel
 from refbraid.training.config import TrainConfig
 from refbraid.training.gradients import device_resident_mpi, mpi_backend
-from refbraid.training.models import build_network
 
 
 def _resnet():

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from refbraid.layer_parallel import LayerParallelSettings
+from refbraid.models import build_network
 from refbraid.network import backprop, init_params
 from refbraid.training.gradients import mgrit_gradient, sequential_gradient
-from refbraid.training.models import build_network
 from refbraid.training.multilevel import (
     MGOpt,
     MGOptSettings,

@@ -6,6 +6,7 @@ import pytest
 
 from refbraid.backends import get_backend
 from refbraid.layer_parallel import LayerParallelSettings
+from refbraid.models import build_network
 from refbraid.network import init_params
 from refbraid.parallel.costs import StepCosts
 from refbraid.scaling.parallelisms import (
@@ -17,7 +18,6 @@ from refbraid.scaling.parallelisms import (
     predict_split,
 )
 from refbraid.scaling.predict import calibrate_network, ring_allreduce
-from refbraid.training.models import build_network
 from refbraid.training.optim import make_optimizer
 
 ALPHA, BETA = 1e-5, 1e-9

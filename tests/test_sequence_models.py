@@ -19,11 +19,11 @@ from refbraid.data.sequences import (
     memory_task,
 )
 from refbraid.layer_parallel import LayerParallelSettings, relative_gradient_error
+from refbraid.models import MODEL_DEFAULTS, build_network
 from refbraid.network import backprop
 from refbraid.sequence import GRUModel, Seq2SeqModel, TransformerModel, cross_entropy, gru_model
 from refbraid.sequence.transformer_model import transformer_model
 from refbraid.training.config import TrainConfig
-from refbraid.training.models import MODEL_DEFAULTS, build_network
 from refbraid.training.run import train
 
 EXACT = LayerParallelSettings.exact()

@@ -11,8 +11,8 @@ from refbraid.layer_parallel import (
 )
 from refbraid.mgrit import MGRITSettings
 from refbraid.mgrit.transfer import SpatialCoarsening
+from refbraid.models import build_network
 from refbraid.network import backprop, init_params
-from refbraid.training.models import build_network
 
 
 def _case(n_layers=12):

@@ -32,9 +32,9 @@ from refbraid.layers import (
     update_running_stats,
 )
 from refbraid.mgrit import MGRITSettings
+from refbraid.models import build_network
 from refbraid.network import Network, backprop, init_params
 from refbraid.training.config import TrainConfig
-from refbraid.training.models import build_network
 from refbraid.training.run import train
 from refbraid.verify import check_network
 

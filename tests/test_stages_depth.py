@@ -11,9 +11,9 @@ import pytest
 
 from refbraid.backends import get_backend
 from refbraid.layer_parallel import LayerParallelSettings
+from refbraid.models import build_network
 from refbraid.stages.depth import coarser_model
 from refbraid.training.gradients import mgrit_gradient, sequential_gradient
-from refbraid.training.models import build_network
 from refbraid.training.multilevel import (
     MGOpt,
     MGOptSettings,

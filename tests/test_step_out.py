@@ -12,8 +12,8 @@ from refbraid.layers.forward_into import adjoint_into, forward_into
 from refbraid.mgrit import Problem
 from refbraid.mgrit.problem import CountingStep
 from refbraid.mgrit.relax import f_relax
+from refbraid.models import build_network
 from refbraid.network import group, init_params, layer_params
-from refbraid.training.models import build_network
 
 
 @pytest.mark.parametrize("backend", ["numpy", "numba"])

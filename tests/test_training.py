@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 
+from refbraid.models import as_network_input
 from refbraid.network import backprop, init_params
 from refbraid.training import (
     SGD,
@@ -22,7 +23,6 @@ from refbraid.training import (
     sequential_gradient,
     train,
 )
-from refbraid.training.models import as_network_input
 from refbraid.training.run import setup
 from refbraid.training.trainer import fit, select_gradient
 

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from refbraid.layer_parallel import LayerParallelSettings, layer_parallel_gradient
+from refbraid.models import build_network
 from refbraid.network import init_params
 from refbraid.parallel.ops import RowExchange, adjoint_mismatch
 from refbraid.parallel.virtual import simulate, virtual_topology
 from refbraid.scaling.virtual_training import simulate_distributed_gradient
-from refbraid.training.models import build_network
 
 #: 2 levels, cfactor 4, fixed cycles: 160 layers give 40 coarsest intervals (uneven for
 #: P = 3, 6, 7), TorchBraid's 3 levels give 10 (uneven for P = 3, 4, 6, 7, 8)

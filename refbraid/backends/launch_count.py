@@ -148,8 +148,8 @@ def count(fn: Callable[[], object]) -> Tally:
 def build_model(model: str, n_layers: int, rng: np.random.Generator):
     """(net, params, x, labels) of a CI-sized network: width 4, batch 4, N layers (the GRU:
     N sequence positions; the transformer: N encoder layers, 4 tokens, 1 head)."""
+    from ..models import build_network
     from ..network import init_params
-    from ..training.models import build_network
 
     if model == "dense":
         net = build_network("resnet", (2,), 3, n_layers, 4, 1.0)

@@ -1,5 +1,5 @@
 """``--bias-control`` under ``mpiexec``: the controller of
-:mod:`refbraid.training.bias_control` over ranks (training owns the rule; this is its MPI).
+:mod:`refbraid.bias_control` over ranks (training owns the rule; this is its MPI).
 
 The training gradient is the distributed one (:class:`~refbraid.distributed.sharded.ShardedGradient`
 for the layer-parallel models, :class:`~refbraid.distributed.gru.SequenceParallelGRU`

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import checked_files
+from ..atomic import atomic_write, save_figure
 from ..conventions import CONVENTIONS_FLAG, add_conventions_flag
-from ..training.atomic import atomic_write, save_figure
 from .compare import Tolerances, compare, summary
 from .convert import Converted, from_state_dict, from_torch, params_from_keyed, to_state_dict
 from .plots import plot_comparison
@@ -152,8 +152,8 @@ def load_network(path: str, spec: str | None, sample_shape) -> Converted:
 
 
 def _from_checkpoint(path: Path, sample_shape) -> Converted:
+    from ..models import build_network
     from ..training.checkpoint import load_checkpoint
-    from ..training.models import build_network
 
     ckpt = load_checkpoint(path)
     cfg = ckpt.config
@@ -219,7 +219,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     x, labels = read_batch(args.batch)
     converted = load_network(args.model, args.spec, x.shape[1:])
     if tuple(converted.net.opening.in_shape) != tuple(x.shape[1:]):
-        from ..training.models import as_network_input
+        from ..models import as_network_input
         try:
             x = as_network_input(converted.net, x)
         except ValueError as err:  # the batch is at fault, not the model

@@ -22,7 +22,7 @@ lesson  check                                     oracle
 09      :func:`check_allreduce_time`              refbraid.scaling.predict.ring_allreduce
 10      :func:`check_restrict_average`            refbraid.mgrit.spatial.restrict
 10      :func:`check_restrict_average_transpose`  dot-product test + spatial.restrict_adjoint
-11      :func:`check_bias_noise_ratio`            refbraid.training.bias_control.bias_and_noise
+11      :func:`check_bias_noise_ratio`            refbraid.bias_control.bias_and_noise
 12      :func:`check_halo_adjoint`                dot-product test + SpatialHalo on simulated ranks
 12      :func:`check_stale_merge`                 refbraid.distributed.daso.stale_merge
 13      :func:`check_gradient_errors`             refbraid.interop.compare.gradient_errors

@@ -2,7 +2,7 @@
 of the mini-batch gradient it is judged against, and their ratio — the numbers the
 ``--bias-control`` controllers act on.
 
-Oracle: ``refbraid.training.bias_control.bias_and_noise`` (the measurement ``refbraid train
+Oracle: ``refbraid.bias_control.bias_and_noise`` (the measurement ``refbraid train
 --bias-control`` makes), fed with given gradients instead of backprop calls::
 
     bias  = ‖g_LP − g‖₂
@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..training.bias_control import bias_and_noise
+from ..bias_control import bias_and_noise
 from .checking import Verdict, Wrong, call, run_check
 
 TOL = 1e-12

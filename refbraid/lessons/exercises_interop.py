@@ -22,8 +22,8 @@ from ..interop.xbraid import xbraid_stats
 from ..layer_parallel import LayerParallelSettings, layer_parallel_gradient
 from ..mgrit import MGRITSettings, solve
 from ..mgrit.problems import nonlinear_ode
+from ..models import build_network
 from ..network import GROUPS, backprop, init_params
-from ..training.models import build_network
 from .checking import Verdict, Wrong, call, run_check
 
 TOL = 1e-12

@@ -21,8 +21,8 @@ from ..layer_parallel import (
 from ..mgrit.problems import nonlinear_ode
 from ..mgrit.relax import f_relax
 from ..mgrit.theory import dahlquist_eigenvalues, propagator_norm, two_level_bound
+from ..models import build_network
 from ..network import backprop, init_params
-from ..training.models import build_network
 from .checking import Verdict, Wrong, call, run_check
 
 TOL = 1e-10

@@ -25,8 +25,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from ..atomic import save_figure, write_json
 from ..conventions import refbraid_counts
-from ..training.atomic import save_figure, write_json
 from ..training.cli import add_config_arguments
 from ..training.config import config_from_args
 from ..training.run_folder import check_writable_folder

@@ -50,11 +50,11 @@ import numpy as np
 
 from ..distributed.ownership import BlockPlan
 from ..layer_parallel import LayerParallelSettings, layer_parallel_gradient
+from ..models import as_network_input
 from ..network import Network, backprop
 from ..parallel.costs import StepCosts
 from ..training.config import TrainConfig
 from ..training.gradients import layer_parallel_settings
-from ..training.models import as_network_input
 from ..training.optim import make_optimizer
 from ..training.run import setup
 from .calibration import measure_session

@@ -30,10 +30,10 @@ atomic.py          temp-file + os.replace writes for every output file
 =================  ==============================================================
 """
 
+from ..models import MODELS, build_network
 from .config import TrainConfig
 from .divergence import TrainingDiverged
 from .gradients import select_gradient, sequential_gradient
-from .models import MODELS, build_network
 from .optim import SGD, Adam, make_optimizer
 from .run import train
 from .trainer import TrainResult, TrainState, fit

@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from ..atomic import atomic_write
 from ..backends.host import to_host
 from ..checked_files import read_arrays
-from .atomic import atomic_write
 
 FORMAT = "refbraid-checkpoint"
 VERSION = 1

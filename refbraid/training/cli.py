@@ -20,8 +20,8 @@ from ..backends import BACKENDS
 from ..backends.reference import ACTIVATIONS
 from ..conventions import add_conventions_flag, refbraid_counts
 from ..data import DATASETS
+from ..models import MODEL_DEFAULTS, MODELS
 from .config import DTYPES, TrainConfig, config_from_args
-from .models import MODEL_DEFAULTS, MODELS
 from .optim import OPTIMIZERS
 
 _DEFAULTS = {f.name: f.default for f in fields(TrainConfig)}

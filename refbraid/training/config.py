@@ -11,7 +11,7 @@ with ``levels = 1`` where it is unused (see ``TrainConfig._check_relax``).
 
 Per-model defaults: ``data``, ``layers``, ``width``, ``T``, ``epochs``, ``lr``, ``cfactor``,
 ``fwd_iters``, ``bwd_iters`` and ``relax`` default to None, which means "the model's value" from
-:data:`refbraid.training.models.MODEL_DEFAULTS`, filled in on construction (so a config always
+:data:`refbraid.models.MODEL_DEFAULTS`, filled in on construction (so a config always
 holds concrete values, and a checkpoint stores them).
 
 Defaults (resnet): Peaks (5000 points, 80/20 split), ResNet of N = 64 tanh layers of width 16 over
@@ -40,10 +40,10 @@ import numpy as np
 
 from ..backends import BACKENDS
 from ..backends.reference import ACTIVATIONS
+from ..bias_control import BIAS_MODES, BIAS_SIGNALS
 from ..data import DATASETS
-from .bias_control import BIAS_MODES, BIAS_SIGNALS
+from ..models import BUFFERED_MODELS, MODEL_DEFAULTS, MODELS
 from .config_depth import check_depth_options
-from .models import BUFFERED_MODELS, MODEL_DEFAULTS, MODELS
 from .optim import OPTIMIZERS
 from .run_folder import resume_folder
 
@@ -181,7 +181,7 @@ class TrainConfig:
     dp_groups: int = 1  # DASO: the D data-parallel ranks form G nodes (distributed/daso.py)
     global_sync_every: int = 1  # DASO: nodes average parameters every k batches (1: plain DP)
     space_parallel: int = 1  # S ranks split every feature map by rows (conv; refbraid/space)
-    # gradient-bias control (refbraid.training.bias_control)
+    # gradient-bias control (refbraid.bias_control)
     bias_control: str = "off"  # off | measure | iterations | serial
     bias_every: int = 10  # steps between bias/noise measurements
     bias_threshold: float = 1.0  # act when bias / noise exceeds it

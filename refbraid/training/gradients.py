@@ -218,8 +218,8 @@ def depth_gradient(config: TrainConfig, net: Network, bk: Backend) -> tuple[str,
 
 def controlled_gradient(net, settings: LayerParallelSettings, bk: Backend,
                         config: TrainConfig):
-    """The layer-parallel gradient under ``--bias-control`` (refbraid.training.bias_control)."""
-    from .bias_control import BiasControl, ControlledGradient
+    """The layer-parallel gradient under ``--bias-control`` (refbraid.bias_control)."""
+    from ..bias_control import BiasControl, ControlledGradient
 
     control = BiasControl(config.bias_control, config.bias_every, config.bias_threshold,
                           config.bias_micro, config.bias_max_iters, config.bias_signal,

@@ -29,11 +29,11 @@ import numpy as np
 
 from ..backends import Backend
 from ..data import Dataset
+from ..models import initial_params
 from ..network import Network, to_backend
 from .buffers import has_buffers
 from .config import TrainConfig
 from .gradients import depth_gradient, select_gradient
-from .models import initial_params
 from .multilevel import coarser_network, prolong_weights
 from .optim import make_optimizer
 from .trainer import TrainState, fit

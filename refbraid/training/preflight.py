@@ -22,10 +22,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..backends import Backend
+from ..models import as_network_input
 from ..network import Network, forward
 from .config import TrainConfig
 from .gradients import check_levels_fit
-from .models import as_network_input
 
 PROBE_SAMPLES = 2  # samples of the forward pass that checks the model against the labels
 

@@ -20,17 +20,17 @@ from typing import Any, TextIO
 import numpy as np
 
 from .. import interrupts
+from ..atomic import save_figure, write_json
 from ..backends import Backend, get_backend, require_usable
 from ..data import Dataset, load_dataset
+from ..models import as_network_input, build_network, initial_params
 from ..network import Network, to_backend
 from ..parallel.faults import root_decides
 from ..parallel.mpi import is_world_root, world_size
-from .atomic import save_figure, write_json
 from .buffers import restore_buffers
 from .checkpoint import check_params_match, load_checkpoint
 from .config import TrainConfig
 from .gradients import GradientFn, layer_parallel_settings, mpi_backend, select_gradient
-from .models import as_network_input, build_network, initial_params
 from .optim import Optimizer, make_optimizer
 from .preflight import check_before_work
 from .run_folder import RunFolder, claim_run_folder

@@ -11,7 +11,7 @@ A run folder holds one run's files (:data:`RUN_FILES`). Before training, :func:`
    ``--resume`` points at that very run or ``--overwrite`` was given (then the old run's files
    are removed, and the caller says so);
 4. removes temporary files that an interrupted atomic write left behind (``.<name>.*.tmp``,
-   see :mod:`refbraid.training.atomic`): nobody else can be writing them, since we hold the lock.
+   see :mod:`refbraid.atomic`): nobody else can be writing them, since we hold the lock.
 
 Every refusal is a ``ValueError`` naming ``--out`` (or ``--resume``) and what to do instead.
 Under MPI only world rank 0 touches the folder; the other ranks learn its verdict

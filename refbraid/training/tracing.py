@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..atomic import save_figure, write_json
 from ..parallel.mpi import launched_by_mpiexec, mpi_module
 from ..parallel.plots import plot_timeline
 from ..parallel.trace import Recorder, Trace, critical_path, recording
-from .atomic import save_figure, write_json
 
 TRACED_STEP = 2  # which call of the gradient is recorded (1-based); the first one warms up
 TRACE_FILE = "trace.json"

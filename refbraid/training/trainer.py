@@ -44,13 +44,14 @@ from typing import Any, TextIO
 import numpy as np
 
 from .. import interrupts
+from ..atomic import save_figure, write_json
 from ..backends import Backend, get_backend
 from ..data import Dataset
 from ..errors import add_note
 from ..layers.init import NonFiniteError
 from ..mgrit import MGRITDiverged
+from ..models import as_network_input
 from ..network import Network
-from .atomic import save_figure, write_json
 from .buffers import model_buffers
 from .checkpoint import FILENAME as CHECKPOINT_FILE
 from .checkpoint import save_checkpoint
@@ -69,7 +70,6 @@ from .gradients import (  # noqa: F401  (re-exported: the trainer's public gradi
     select_gradient,
     sequential_gradient,
 )
-from .models import as_network_input
 from .optim import Optimizer
 from .plots import plot_solver_history, plot_training_curves, run_title
 

@@ -52,8 +52,8 @@ def test_each_models_default_data_fits_it(model, tmp_path, capsys):
 
 def test_every_model_default_data_fits_its_model():
     from refbraid.data import DATASETS
+    from refbraid.models import MODEL_DEFAULTS
     from refbraid.training.config import TrainConfig
-    from refbraid.training.models import MODEL_DEFAULTS
 
     for model in MODEL_DEFAULTS:
         config = TrainConfig(model=model)

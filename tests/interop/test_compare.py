@@ -141,9 +141,9 @@ def test_compare_cli_end_to_end(tmp_path, capsys):
 
 def test_compare_reads_a_refbraid_checkpoint(tmp_path):
     """A refbraid checkpoint is a network too: its own names are the keys."""
+    from refbraid.models import build_network
     from refbraid.training import TrainConfig
     from refbraid.training.checkpoint import save_checkpoint
-    from refbraid.training.models import build_network
     from refbraid.training.optim import SGD
 
     config = TrainConfig(model="resnet", layers=16, width=4)

@@ -17,12 +17,12 @@ from refbraid.conventions import refbraid_counts
 from refbraid.interop.compare import _settings_dict
 from refbraid.interop.xbraid import TorchBraidSettings
 from refbraid.layer_parallel import LayerParallelSettings
+from refbraid.models import build_network
 from refbraid.training import TrainConfig
 from refbraid.training import cli as train_cli
 from refbraid.training.checkpoint import save_checkpoint
 from refbraid.training.config import config_from_args
 from refbraid.training.gradients import layer_parallel_settings
-from refbraid.training.models import build_network
 from refbraid.training.optim import SGD
 
 

@@ -29,9 +29,9 @@ from refbraid.mgrit.fused import (
 from refbraid.mgrit.problem import CountingStep
 from refbraid.mgrit.problems import LinearODE, dahlquist, heat_1d, nonlinear_ode
 from refbraid.mgrit.relax import c_relax, c_residual, f_relax, propagate_at
+from refbraid.models import build_network
 from refbraid.network import init_params, to_backend
 from refbraid.parallel import run_ranks
-from refbraid.training.models import build_network
 
 SETTINGS = {
     "FMG-FCF": MGRITSettings(levels=3, cfactor=4, relax="FCF", fmg=True, abs_tol=1e-10),

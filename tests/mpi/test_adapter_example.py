@@ -17,10 +17,10 @@ import pytest
 
 from refbraid.backends import get_backend
 from refbraid.layer_parallel import LayerParallelSettings, relative_gradient_error
+from refbraid.models import build_network
 from refbraid.network import init_params
 from refbraid.parallel.mpi import split_world
 from refbraid.sequence.block_gradient import block_backprop
-from refbraid.training.models import build_network
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 

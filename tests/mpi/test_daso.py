@@ -20,9 +20,9 @@ from refbraid.distributed.daso import (
 from refbraid.distributed.engine import shard_sizes
 from refbraid.distributed.network import DistributedGradient
 from refbraid.layer_parallel import LayerParallelSettings
+from refbraid.models import build_network
 from refbraid.network import backprop, init_params
 from refbraid.parallel.mpi import split_world
-from refbraid.training.models import build_network
 from refbraid.training.optim import make_optimizer
 
 EXACT = LayerParallelSettings.exact()

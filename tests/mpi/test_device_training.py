@@ -31,11 +31,11 @@ from refbraid.backends.strict_device import DEVICE, forbid_host_conversions
 from refbraid.distributed.network import distributed_gradient
 from refbraid.distributed.sharded import ShardedGradient, ShardedTrainer
 from refbraid.layer_parallel import LayerParallelSettings
+from refbraid.models import build_network
 from refbraid.network import init_params, to_backend
 from refbraid.parallel.device_messages import refuse_pickled_device_arrays
 from refbraid.sequence.losses import IGNORE
 from refbraid.training.config import TrainConfig
-from refbraid.training.models import build_network
 from refbraid.training.optim import make_optimizer
 from refbraid.training.run import setup
 from refbraid.training.trainer import fit

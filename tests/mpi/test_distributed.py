@@ -18,10 +18,10 @@ from refbraid.layer_parallel import (
     relative_gradient_error,
 )
 from refbraid.mgrit import MGRITSettings
+from refbraid.models import build_network
 from refbraid.network import backprop, init_params
 from refbraid.parallel.mpi import split_world
 from refbraid.training.checkpoint import load_checkpoint, save_checkpoint
-from refbraid.training.models import build_network
 from refbraid.training.optim import make_optimizer
 
 TOL = 1e-12

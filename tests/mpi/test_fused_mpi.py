@@ -15,8 +15,8 @@ from refbraid.distributed.network import distributed_gradient
 from refbraid.layer_parallel import LayerParallelSettings
 from refbraid.mgrit import MGRITSettings, solve
 from refbraid.mgrit.problems import LinearODE, nonlinear_ode
+from refbraid.models import build_network
 from refbraid.network import init_params
-from refbraid.training.models import build_network
 
 SETTINGS = {
     "V-F": MGRITSettings(levels=3, cfactor=2, relax="F", abs_tol=None, max_iter=3,

@@ -14,12 +14,12 @@ import pytest
 from refbraid.distributed.gru import sequence_parallel_gradient
 from refbraid.errors import CollectiveError
 from refbraid.layer_parallel import LayerParallelSettings, relative_gradient_error
+from refbraid.models import as_network_input
 from refbraid.sequence.gru_model import GRUModel
 from refbraid.training import trainer
 from refbraid.training.checkpoint import load_checkpoint
 from refbraid.training.config import TrainConfig
 from refbraid.training.gradients import mgrit_gradient, select_gradient
-from refbraid.training.models import as_network_input
 from refbraid.training.run import setup
 from refbraid.training.trainer import fit, layer_parallel_settings
 

@@ -15,9 +15,9 @@ import pytest
 from refbraid.distributed.chained import sequence_distributed_gradient
 from refbraid.distributed.sharded import ShardedGradient
 from refbraid.layer_parallel import relative_gradient_error
+from refbraid.models import as_network_input
 from refbraid.training.config import TrainConfig
 from refbraid.training.gradients import mgrit_gradient
-from refbraid.training.models import as_network_input
 from refbraid.training.run import setup
 from refbraid.training.trainer import fit, layer_parallel_settings
 

@@ -11,6 +11,7 @@ import pytest
 
 from refbraid.backends import get_backend
 from refbraid.layers.conv import ConvLift, ConvStep
+from refbraid.models import build_network
 from refbraid.network import backprop, init_params
 from refbraid.parallel.ops import LinearOperator, adjoint_mismatch, relative_error
 from refbraid.space import (
@@ -22,7 +23,6 @@ from refbraid.space import (
     SpatialNetwork,
 )
 from refbraid.space.layers import SpatialConv
-from refbraid.training.models import build_network
 
 TOL = 1e-12
 BK = get_backend("numpy")

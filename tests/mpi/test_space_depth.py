@@ -12,8 +12,8 @@ import pytest
 from refbraid.distributed.space import space_depth_gradient
 from refbraid.errors import CollectiveError
 from refbraid.layer_parallel import LayerParallelSettings, layer_parallel_gradient
+from refbraid.models import build_network
 from refbraid.network import backprop, init_params
-from refbraid.training.models import build_network
 
 TOL = 1e-12
 SETTINGS = {"exact": LayerParallelSettings.exact(),

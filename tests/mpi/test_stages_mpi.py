@@ -129,8 +129,8 @@ def test_data_parallel_splits_equal_the_full_batch(world, batch_norm, transition
 
 
 def test_bad_arguments_name_themselves(world):
+    from refbraid.models import build_network
     from refbraid.parallel.mpi import split_world
-    from refbraid.training.models import build_network
 
     topo = split_world(1, world)
     with pytest.raises(TypeError, match="`model` must be a StagedNetwork"):

@@ -12,9 +12,9 @@ import pytest
 
 from refbraid.distributed.network import distributed_gradient
 from refbraid.layer_parallel import LayerParallelSettings
+from refbraid.models import build_network
 from refbraid.network import init_params
 from refbraid.scaling.virtual_training import simulate_distributed_gradient
-from refbraid.training.models import build_network
 
 SETTINGS = LayerParallelSettings.with_iterations(2, 1, levels=2, cfactor=4)
 

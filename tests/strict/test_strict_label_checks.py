@@ -9,9 +9,9 @@ import array_api_strict
 import numpy as np
 import pytest
 
+from refbraid.models import build_network
 from refbraid.network import check_batch
 from refbraid.sequence.losses import IGNORE, cross_entropy
-from refbraid.training.models import build_network
 
 
 @pytest.fixture

@@ -14,10 +14,10 @@ from refbraid.backends import get_backend
 from refbraid.backends.host import COUNTS, to_host
 from refbraid.layer_parallel import LayerParallelSettings, layer_parallel_gradient
 from refbraid.mgrit import MGRITSettings, Problem, solve
+from refbraid.models import build_network
 from refbraid.network import init_params, to_backend
 from refbraid.sequence import GRUModel, Seq2SeqModel, TransformerModel
 from refbraid.training import TrainConfig
-from refbraid.training.models import build_network
 from refbraid.training.optim import make_optimizer
 from refbraid.training.run import setup
 from refbraid.training.trainer import fit, select_gradient

@@ -16,11 +16,11 @@ from refbraid.layer_parallel import LayerParallelSettings, layer_parallel_gradie
 from refbraid.layers import ChannelWiden, Classifier, ConvLift, ConvStep, Pool
 from refbraid.mgrit import MGRITSettings, Problem, solve
 from refbraid.mgrit.transfer import SpatialCoarsening
+from refbraid.models import build_network
 from refbraid.network import init_params, to_backend
 from refbraid.stages import Stage, StagedNetwork, staged_layer_parallel_gradient
 from refbraid.stages import backprop as staged_backprop
 from refbraid.stages import init_params as staged_init_params
-from refbraid.training.models import build_network
 
 from .devices import on_device
 

@@ -10,8 +10,8 @@ import pytest
 from refbraid.backends.host import to_host
 from refbraid.layer_parallel import LayerParallelSettings, layer_parallel_gradient
 from refbraid.mgrit import GradientWorkspace, MGRITSettings, Workspace, solve
+from refbraid.models import build_network
 from refbraid.network import init_params, to_backend
-from refbraid.training.models import build_network
 
 from .devices import on_device
 from .test_strict_solvers import _ode

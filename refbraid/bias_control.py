@@ -59,8 +59,8 @@ from typing import Any
 
 import numpy as np
 
-from ..backends import Backend
-from ..layer_parallel import LayerParallelSettings
+from .backends import Backend
+from .layer_parallel import LayerParallelSettings
 
 BIAS_MODES = ("off", "measure", "iterations", "serial")
 BIAS_SIGNALS = ("measured", "residual")

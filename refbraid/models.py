@@ -42,8 +42,8 @@ from math import prod
 
 import numpy as np
 
-from ..layers import Classifier, Conv3dLift, Conv3dStep, ConvLift, ConvStep, DenseLift, DenseStep
-from ..network import Network, init_params
+from .layers import Classifier, Conv3dLift, Conv3dStep, ConvLift, ConvStep, DenseLift, DenseStep
+from .network import Network, init_params
 
 
 def _resnet(data_shape, n_classes, layers, width, T, activation, info=None) -> Network:
@@ -82,53 +82,53 @@ def _conv(data_shape, n_classes, layers, width, T, activation, info=None) -> Net
 
 
 def _transformer(data_shape, n_classes, layers, width, T, activation, info=None):
-    from ..sequence import transformer_model
+    from .sequence import transformer_model
 
     return transformer_model(data_shape, n_classes, layers, width, T, info)
 
 
 def _transformer_decoder(data_shape, n_classes, layers, width, T, activation, info=None):
-    from ..sequence import transformer_model
+    from .sequence import transformer_model
 
     return transformer_model(data_shape, n_classes, layers, width, T, info, decoder=True)
 
 
 def _transformer_seq2seq(data_shape, n_classes, layers, width, T, activation, info=None):
-    from ..sequence import transformer_model
+    from .sequence import transformer_model
 
     return transformer_model(data_shape, n_classes, layers, width, T, info, decoder=True,
                              teacher_forcing=True)
 
 
 def _gpt(data_shape, n_classes, layers, width, T, activation, info=None, buffer=0):
-    from ..sequence import transformer_model
+    from .sequence import transformer_model
 
     return transformer_model(data_shape, n_classes, layers, width, T, info, causal_lm=True,
                              buffer=buffer)
 
 
 def _gpt_untied(data_shape, n_classes, layers, width, T, activation, info=None, buffer=0):
-    from ..sequence import transformer_model
+    from .sequence import transformer_model
 
     return transformer_model(data_shape, n_classes, layers, width, T, info, causal_lm=True,
                              tied=False, buffer=buffer)
 
 
 def _gru(data_shape, n_classes, layers, width, T, activation, info=None):
-    from ..sequence import gru_model
+    from .sequence import gru_model
 
     return gru_model(data_shape, n_classes, width, "classic")
 
 
 def _implicit_gru(data_shape, n_classes, layers, width, T, activation, info=None):
-    from ..sequence import gru_model
+    from .sequence import gru_model
 
     return gru_model(data_shape, n_classes, width, "implicit")
 
 
 def _conv_stages(data_shape, n_classes, layers, width, T, activation, info=None,
                  batch_norm=False, transition="pool"):
-    from ..stages.model import ConvStagesModel
+    from .stages.model import ConvStagesModel
 
     return ConvStagesModel(data_shape, n_classes, layers, width, T, activation, batch_norm,
                            transition)
