@@ -51,7 +51,7 @@ def check_before_work(config: TrainConfig, net, data, params: dict[str, Any],
 def check_trace(config: TrainConfig, data, ranks: int, start_epoch: int) -> None:
     """``--trace`` records the run's :data:`~.tracing.TRACED_STEP`-th training step: the run
     must have that many, and in one process something to record (MGRIT's steps)."""
-    from .tracing import TRACED_STEP
+    from ..parallel.traced_gradient import TRACED_STEP
 
     steps = -(-data.n_train // config.batch_size) * (config.epochs - start_epoch)
     if steps < TRACED_STEP:

@@ -27,6 +27,7 @@ from ..models import as_network_input, build_network, initial_params
 from ..network import Network, to_backend
 from ..parallel.faults import root_decides
 from ..parallel.mpi import is_world_root, world_size
+from ..parallel.traced_gradient import TracedGradient, write_trace
 from .buffers import restore_buffers
 from .checkpoint import check_params_match, load_checkpoint
 from .config import TrainConfig
@@ -34,7 +35,6 @@ from .gradients import GradientFn, layer_parallel_settings, mpi_backend, select_
 from .optim import Optimizer, make_optimizer
 from .preflight import check_before_work
 from .run_folder import RunFolder, claim_run_folder
-from .tracing import TracedGradient, write_trace
 from .trainer import TrainResult, TrainState, fit, record_stop
 
 GRADIENT_ERROR_FILE = "gradient_error.png"  # layer-parallel runs: error vs MGRIT cycles

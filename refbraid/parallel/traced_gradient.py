@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import save_figure, write_json
-from ..parallel.mpi import launched_by_mpiexec, mpi_module
-from ..parallel.plots import plot_timeline
-from ..parallel.trace import Recorder, Trace, critical_path, recording
+from .mpi import launched_by_mpiexec, mpi_module
+from .plots import plot_timeline
+from .trace import Recorder, Trace, critical_path, recording
 
 TRACED_STEP = 2  # which call of the gradient is recorded (1-based); the first one warms up
 TRACE_FILE = "trace.json"
