@@ -1,6 +1,6 @@
 """The runner: ``python -m benchmarks SIZE [SUITE ...] [-o NAME=VALUE ...] [--json PATH]``.
 
-    python -m benchmarks quick                        # kernels, solver, step, scaling: quick
+    python -m benchmarks quick                        # kernels, solver, step, scaling, counts
     python -m benchmarks full step -o settings=fast   # one suite, full sizes, an option
     python -m benchmarks quick --list                 # the suites and their options
 
@@ -20,42 +20,21 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import subprocess
 import sys
 
-from benchmarks.harness import ROOT, SIZES, Result, metadata, prepare_worker, table, write_json
+from benchmarks.harness import SIZES, Result, metadata, prepare_worker, table, write_json
 
-#: suite name → module (``benchmarks.<module>``); ``gpu`` is :func:`gpu_suite` below
-SUITES = {"kernels": "kernels", "solver": "solver", "step": "step", "scaling": "scaling",
-          "gpu": None}
-QUICK = ("kernels", "solver", "step", "scaling")  # what ``python -m benchmarks quick`` runs
-
-
-class GPUSuite:
-    """``gpu``: benchmarks/bench_gpu.py run as it is, in its own process; its table is kept
-    in the notes and its exit status is the result (``-o simulator=True`` runs its
-    ``--simulator`` sizes, which need no GPU)."""
-
-    OPTIONS = {"simulator": False, "args": ""}
-
-    @staticmethod
-    def run(size: str, opts: dict, notes: list[str]) -> list[Result]:
-        argv = [sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), *opts["args"].split()]
-        if opts["simulator"] or size == "tiny":
-            argv.append("--simulator")
-        env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1" if "--simulator" in argv else "0"}
-        proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
-        notes.extend((proc.stdout + proc.stderr).splitlines())
-        return [Result("gpu", "bench_gpu.py " + " ".join(argv[2:]), {"argv": argv[1:]})
-                .add("exit status", proc.returncode)]
+#: the suites: each the module ``benchmarks.<name>``
+SUITES = ("kernels", "solver", "step", "scaling", "counts", "gpu")
+#: what ``python -m benchmarks quick`` (or any size without suite names) runs
+QUICK = ("kernels", "solver", "step", "scaling", "counts")
 
 
 def load(name: str):
-    """The suite called ``name``: a module of this package, or :class:`GPUSuite`."""
+    """The suite called ``name``: a module of this package."""
     if name not in SUITES:
         raise ValueError(f"suite must be one of {', '.join(SUITES)}, got {name!r}.")
-    return GPUSuite if SUITES[name] is None else importlib.import_module(
-        f"benchmarks.{SUITES[name]}")
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def parse_options(pairs: list[str], suites: dict) -> dict[str, dict]:

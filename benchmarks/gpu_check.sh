@@ -8,7 +8,8 @@
 # Steps, each writing OUTDIR/<step>.txt, and one line each in OUTDIR/summary.txt:
 #   env        GPU, driver, Python and library versions, where the cuda backend keeps arrays
 #   pytest     `pytest -m gpu -n auto` (the catalogue on the cuda and cupy backends)
-#   bench      benchmarks/bench_gpu.py (layer and training-step times, checks against NumPy)
+#   bench      `python -m benchmarks quick gpu` (layer, step and gradient times, checks
+#              against NumPy, launch counts; also OUTDIR/bench.json)
 #   train-*    `refbraid train` on numba, cuda and cupy; train-compare.txt sets their final
 #              lines side by side (the metrics, not the times, should agree)
 #   mpi        `mpiexec -n 2 refbraid train --backend cuda` when mpiexec and mpi4py exist
@@ -51,12 +52,12 @@ if [ $mode = simulator ]; then
     # tiny: every simulated CUDA thread is a Python thread
     train_args=(--data peaks --samples 40 --layers 4 --levels 2 --cfactor 2 --width 4
                 --epochs 1 --batch-size 20)
-    bench_args=(--simulator --dtype float64 --repeats 1 --warmup 0)
+    bench_args=(tiny gpu -o dtype=float64)
     pytest_args=(tests/test_gpu.py)  # its tests skip without a GPU: this checks the step
 else
     export NUMBA_ENABLE_CUDASIM=0
     train_args=(--data peaks --epochs 5)
-    bench_args=(--repeats 5 --warmup 2)
+    bench_args=(quick gpu)  # median of 5 after 2 warm-ups
     pytest_args=()
 fi
 
@@ -107,7 +108,7 @@ else
 fi
 
 # ------------------------------------------------------------------------------ benchmark
-step bench "$py" benchmarks/bench_gpu.py "${bench_args[@]}"
+step bench "$py" -m benchmarks "${bench_args[@]}" --json "$out/bench.json"
 
 # ------------------------------------------------------------------------------ training
 run_cupy() {  # refbraid on the cupy backend; in simulator mode on the CuPy-like stand-in

@@ -14,7 +14,9 @@ named values with units — and :func:`table` prints them all as one table (one 
 :func:`write_json` as one JSON file with the run's metadata (load, versions, allocator).
 
 Workers. :func:`launch` runs ``python -m mpi4py -m <module> --worker <json>`` on ``n`` ranks
-(one thread each) and returns the JSON records rank 0 printed after :data:`TAG`. Every
+(one thread each) and returns the JSON records rank 0 printed after :data:`TAG`;
+:func:`fresh` runs ``python -m <module> --worker <json>`` in one new process without MPI (for
+a case that needs its own environment, e.g. Numba's CUDA simulator switched on). Every
 worker calls :func:`prepare_worker` first: glibc malloc's thresholds pinned
 (:func:`refbraid.runtime.pin_allocator`), so a case's time does not depend on what ran before
 it in the process (docs/scaling_overhead.md §5).
@@ -27,6 +29,7 @@ import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -171,6 +174,19 @@ def launch(n: int, module: str, spec: dict, timeout: float = 1800,
 
     argv = ["-m", module, "--worker", json.dumps(spec)]
     return records(run_mpi(n, argv, timeout=timeout, cwd=ROOT, env=env).check().output)
+
+
+def fresh(module: str, spec: dict, env: dict[str, str] | None = None,
+          timeout: float = 1800) -> list[dict]:
+    """Run ``module``'s worker in one new process (no MPI; ``env`` added to this environment)
+    and return its records; a failing worker raises ``RuntimeError`` with its output's tail."""
+    argv = [sys.executable, "-m", module, "--worker", json.dumps(spec)]
+    proc = subprocess.run(argv, cwd=ROOT, env={**os.environ, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"`{' '.join(argv[1:3])}` failed (exit {proc.returncode}):\n"
+                           + (proc.stdout + proc.stderr)[-4000:])
+    return records(proc.stdout)
 
 
 def worker_main(worker: Callable[[dict], None], argv: Sequence[str] | None = None) -> None:

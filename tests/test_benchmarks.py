@@ -74,6 +74,27 @@ def test_every_suite_has_options_and_run():
         assert isinstance(suite.OPTIONS, dict) and callable(suite.run)
 
 
+def test_counts_suite_prints_what_launch_count_counts():
+    """The ``counts`` suite's rows (counted in a fresh process) are
+    refbraid.backends.launch_count's tallies, and its ratios are against serial's."""
+    from benchmarks.counts import run
+    from refbraid.backends import launch_count
+
+    opts = {"gpu_backend": "cupy", "models": "dense", "sizes": "16", "fused": True,
+            "transfers": False, "ranks": 0}
+    notes: list[str] = []
+    rows = {r.params["mode"]: r.values for r in run("tiny", opts, notes)}
+    assert list(rows) == list(launch_count.MODES) and notes
+    for mode, values in rows.items():
+        t = launch_count.gradient_counts("cupy", "dense", 16, mode)
+        assert (values["launches"], values["critical path"], values["copies h→d"],
+                values["copies d→h"], values["syncs"]) == (t.launches, t.critical_path, t.h2d,
+                                                           t.d2h, t.syncs), mode
+        assert values["launches ÷ serial"] == t.launches / rows["serial"]["launches"]
+    with pytest.raises(ValueError, match="`models` must be among"):
+        run("tiny", {**opts, "models": "mlp"}, [])
+
+
 @pytest.mark.mpi
 @pytest.mark.slow  # numba compilation and 7 mpiexec launches: 2.5-5 min on 2 busy shared cores
 def test_quick_suites_at_tiny_sizes_print_one_table_and_write_the_json(tmp_path):
@@ -110,3 +131,27 @@ def test_quick_suites_at_tiny_sizes_print_one_table_and_write_the_json(tmp_path)
     scaled = by_case[("scaling", "resnet N=32 float64")]
     assert scaled["P=1"] in ("PASS", "miss") and scaled["pred P=1"] > 0
     assert ("scaling", "settings torchbraid conv N=32 float64") in by_case
+    batched = by_case[("counts", "cupy dense N=16 lp-batched")]
+    assert batched["launches"] < by_case[("counts", "cupy dense N=16 lp-per-step")]["launches"]
+    assert by_case[("counts", "cuda step dense")]["numba.cuda copies + allocations"] == 0
+    assert by_case[("counts", "cuda-host step dense")]["copies outside a kernel"] == 0
+    assert by_case[("counts", "cuda sharded step rank 1 of 2")]["numba.cuda copies"] == 0
+
+
+@pytest.mark.slow  # Numba's CUDA simulator: about a minute on 2 busy shared cores
+def test_gpu_suite_on_the_simulator_checks_every_backend_and_counts(tmp_path):
+    """``python -m benchmarks tiny gpu``: the GPU suite without a GPU (the simulator and the
+    strict stand-in): every backend's layer agrees with NumPy, batched gradients with
+    per-step, and the launch counts are in the table."""
+    out = tmp_path / "gpu.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "tiny", "gpu", "-o",
+                           "dtype=float64", "--json", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads(out.read_text())["results"]
+    backends = {r["params"]["backend"] for r in results}
+    assert {"cuda", "cuda-host", "strict", "cupy"} <= backends
+    checks = [r["values"]["check"] for r in results if "check" in r["values"]]
+    assert checks and max(checks) < 1e-12
+    assert any(r["case"] == "cupy dense N=16 lp-batched" for r in results)

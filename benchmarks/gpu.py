@@ -1,56 +1,49 @@
-"""Time each layer (forward then adjoint) and one layer-parallel training step on the GPU
-backends: ``cuda`` (Numba CUDA kernels), ``cupy`` (the reference kernels on CuPy arrays)
-and PyTorch CUDA when it is installed, in float64 and float32; prints one table.
+"""Suite ``gpu``: each layer (forward then adjoint) and whole gradients on the GPU backends:
+``cuda`` (Numba CUDA kernels), ``cupy`` (the reference kernels on CuPy arrays) and PyTorch
+CUDA when it is installed, in float64 and float32 (not in ``quick``: it needs a GPU).
 
-Run it on a GPU machine (README, "GPU")::
+    NUMBA_ENABLE_CUDASIM=0 python -m benchmarks quick gpu            # on a GPU machine
+    python -m benchmarks full gpu -o dtype=float32 -o repeat=20
+    python -m benchmarks tiny gpu                                   # no GPU: checks the suite
 
-    NUMBA_ENABLE_CUDASIM=0 python benchmarks/bench_gpu.py
-    NUMBA_ENABLE_CUDASIM=0 python benchmarks/bench_gpu.py --dtype float32 --repeats 20
-
-Without a GPU, ``--simulator`` runs the same script at tiny sizes on Numba's CUDA simulator
-and the strict device stand-in (``strict``: the cupy code path on array-api-strict arrays),
-which checks the script and every backend's results, not speeds.
+``tiny`` (or ``-o simulator=True``) runs the same cases at tiny sizes on Numba's CUDA
+simulator and the strict device stand-in (``strict``: the cupy code path on array-api-strict
+arrays), which checks the suite and every backend's results, not speeds.
 
 The unit timed per layer is what MGRIT applies over and over: ``op.forward`` then
 ``op.adjoint`` (refbraid.verify.ops), inputs already where the backend keeps them: device
 arrays for cupy and cuda (device-resident: Numba kernels on CuPy memory, zero copies, see
-refbraid.backends.numba_cuda_memory). The row ``cuda-host`` runs the same Numba kernels on
+refbraid.backends.numba_cuda_memory). The backend ``cuda-host`` runs the same Numba kernels on
 NumPy arrays (host-array mode, what a GPU without CuPy gets: every kernel copies its inputs
 in and its outputs out), so ``cuda-host`` / ``cuda`` is what residency buys. A step is one
-``mgrit_gradient`` call on the default ResNet (TorchBraid's MGRIT settings); PyTorch's row is
-sequential backprop through the same ResNet (what one would run instead). Every backend's
+``mgrit_gradient`` call on the default ResNet (TorchBraid's MGRIT settings). Every backend's
 layer output is compared with the NumPy reference first (``check``: max relative difference).
-Times are medians over ``--repeats`` runs after ``--warmup``, with the device synchronised.
+Times: :func:`benchmarks.harness.measure` (median of ``repeat`` after ``warmup``), each call
+followed by a device synchronisation.
 
-Rows ``LP per-step`` / ``LP batched`` / ``refbraid serial`` / ``torch eager serial``: one
+Cases ``LP per-step`` / ``LP batched`` / ``refbraid serial`` / ``torch eager serial``: one
 whole gradient of the dense ResNet at N = 64–1024 (TorchBraid's MGRIT settings): refbraid's
 layer-parallel gradient with MGRIT's sweeps one launch set per interval and one per sweep
-(:func:`refbraid.backends.device_batching.sweeps_batched`; batched is the default on cuda and cupy,
-:mod:`refbraid.backends.device_batching`), refbraid's serial backprop, and PyTorch eager
-serial backprop of the same network; ``ratio`` against refbraid serial on the same backend
-(torch: against the first backend's), ``check`` the largest relative gradient difference
-batched vs per-step. Last, a table of what a GPU pays for per gradient, counted without one
-(launches, critical path, copies, synchronisations: :mod:`refbraid.backends.launch_count`,
-``benchmarks/count_launches.py`` for every model).
+(:func:`refbraid.backends.device_batching.sweeps_batched`; batched is the default on cuda and
+cupy), refbraid's serial backprop, and PyTorch eager serial backprop of the same network;
+``ratio`` against refbraid serial on the same backend (torch: against the first backend's),
+``check`` the largest relative gradient difference batched vs per-step. Last, what a GPU pays
+for per gradient, counted without one (launches, critical path, copies, synchronisations of the
+dense and conv networks: the ``counts`` suite's cases, :func:`benchmarks.counts.launch_records`).
+
+The cases run in one fresh process (:func:`benchmarks.harness.fresh`) with
+``NUMBA_ENABLE_CUDASIM`` set for the mode before Numba is imported.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import statistics
-import sys
-import time
+import numpy as np
 
-if "--simulator" in sys.argv:
-    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
-
-import numpy as np  # noqa: E402
-
-from refbraid.backends import Backend, available_backends, get_backend  # noqa: E402
-from refbraid.backends.host import to_host  # noqa: E402
-from refbraid.layer_parallel import LayerParallelSettings  # noqa: E402
-from refbraid.layers import (  # noqa: E402
+from benchmarks.harness import Result, emit, fresh, measure, prepare_worker, worker_main
+from refbraid.backends import Backend, available_backends, get_backend
+from refbraid.backends.host import to_host
+from refbraid.layer_parallel import LayerParallelSettings
+from refbraid.layers import (
     MLP,
     ConvStep,
     DenseStep,
@@ -59,13 +52,16 @@ from refbraid.layers import (  # noqa: E402
     LayerNorm,
     MultiheadAttention,
 )
-from refbraid.models import build_network  # noqa: E402
-from refbraid.network import init_params, to_backend  # noqa: E402
-from refbraid.training.gradients import mgrit_gradient  # noqa: E402
-from refbraid.verify.checks import example_input  # noqa: E402
-from refbraid.verify.ops import LayerOp, StepOp  # noqa: E402
+from refbraid.models import build_network
+from refbraid.network import init_params, to_backend
+from refbraid.training.gradients import mgrit_gradient
+from refbraid.verify.checks import example_input
+from refbraid.verify.ops import LayerOp, StepOp
 
 H = 0.1  # Euler step size (any value: it does not change the cost)
+#: ``repeat`` 0 and ``warmup`` -1 take the size's (REPEATS)
+OPTIONS = {"dtype": "both", "repeat": 0, "warmup": -1, "simulator": False}
+REPEATS = {"tiny": (1, 0), "quick": (5, 2), "full": (10, 3)}  # (repeat, warmup) per size
 
 
 def layers(tiny: bool) -> list[tuple[str, object, int]]:
@@ -108,16 +104,13 @@ def synchronise(name: str) -> None:
 
 
 def median_ms(fn, name: str, warmup: int, repeats: int) -> float:
-    for _ in range(warmup):
-        fn()
-    synchronise(name)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+    """The one timer (:func:`~benchmarks.harness.measure`) on ``fn`` then a device
+    synchronisation: median milliseconds."""
+    def synced():
         fn()
         synchronise(name)
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+
+    return 1e3 * measure(synced, repeats, warmup).median()
 
 
 def torch_layer(layer, x: np.ndarray, w: np.ndarray, dtype):
@@ -271,66 +264,75 @@ def gradient_rows(backends, dtype, tiny, warmup, repeats):
     return rows
 
 
-def count_rows(backends, tiny):
-    """Launches, critical path, copies and syncs of one gradient (counted, not timed:
-    refbraid.backends.launch_count), dense and conv networks at CI-sized widths."""
-    from refbraid.backends import launch_count
+# ----------------------------------------------------------------------------- the suite
+def gpu_backends(simulator: bool) -> list[str]:
+    """The backends to time: on the simulator ``cuda``, ``cuda-host`` and ``strict``; on a GPU
+    those of ``cuda`` (with ``cuda-host``) and ``cupy`` that work here."""
+    if simulator:
+        return ["cuda", "cuda-host", "strict"]
+    from refbraid.backends.numba_cuda import simulated
 
-    names = ["cupy"] + (["cuda"] if "cuda" in backends and tiny else [])
-    sizes = (16,) if tiny else (64, 256)
-    rows = []
-    for name in names:
-        for model in ("dense", "conv"):
-            for n in sizes:
-                for mode in launch_count.MODES:
-                    t = launch_count.gradient_counts(name, model, n, mode)
-                    rows.append((name, model, n, mode, t.launches, t.critical_path,
-                                 f"{t.h2d}+{t.d2h}", t.syncs))
-    return rows
-
-
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dtype", choices=["float64", "float32", "both"], default="both")
-    ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--simulator", action="store_true",
-                    help="tiny sizes on the CUDA simulator and the strict stand-in (no GPU)")
-    args = ap.parse_args(argv)
     here = available_backends()
-    if args.simulator:
-        backends = ["cuda", "cuda-host", "strict"]
-    else:
-        from refbraid.backends.numba_cuda import simulated
+    backends = [b for b in ("cuda", "cupy") if b in here and not (b == "cuda" and simulated())]
+    return backends + (["cuda-host"] if "cuda" in backends else [])
 
-        backends = [b for b in ("cuda", "cupy") if b in here and not (b == "cuda" and simulated())]
-        backends += ["cuda-host"] if "cuda" in backends else []
-        if not backends:
-            sys.exit("no GPU backend here (cuda needs a GPU and NUMBA_ENABLE_CUDASIM=0, cupy "
-                     "needs a CuPy with the array API functions); use --simulator to check "
-                     "the script without one")
-    dtypes = [np.float64, np.float32] if args.dtype == "both" else [np.dtype(args.dtype).type]
+
+def worker(spec: dict) -> None:
+    """Every case in this (fresh) process: a first record with the notes (or the reason no
+    GPU backend is here), then one per row, then the counts."""
+    from benchmarks.counts import launch_records
     from refbraid.backends.numba_cuda_memory import mode_note
 
-    print(mode_note())
-    print(f"backends: {', '.join(backends)}; ratios against {backends[0]} in the same run; "
-          f"median of {args.repeats} after {args.warmup} warm-up runs")
-    header = ("layer", "size", "dtype", "backend", "median ms", "ratio", "check")
-    print(f"{header[0]:<20} {header[1]:<22} {header[2]:<8} {header[3]:<9} {header[4]:>10} "
-          f"{header[5]:>6} {header[6]:>8}")
+    prepare_worker()
+    tiny, repeat, warmup = spec["simulator"], spec["repeat"], spec["warmup"]
+    backends = gpu_backends(tiny)
+    if not backends:
+        emit({"error": "no GPU backend here (cuda needs a GPU and NUMBA_ENABLE_CUDASIM=0, cupy "
+                       "needs a CuPy with the array API functions); `python -m benchmarks tiny "
+                       "gpu` checks the suite without one"})
+        return
+    emit({"notes": [mode_note(), f"backends: {', '.join(backends)}; ratio: against "
+                    f"{backends[0]} (layers, step) or refbraid serial (gradients) in the same "
+                    f"run; median of {repeat} after {warmup} warm-up runs"]})
+    dtypes = [np.float64, np.float32] if spec["dtype"] == "both" else [np.dtype(spec["dtype"]).type]
     for dtype in dtypes:
-        for row in layer_rows(backends, dtype, args.simulator, args.warmup, args.repeats) + \
-                step_rows(backends, dtype, args.simulator, args.warmup, args.repeats) + \
-                gradient_rows(backends, dtype, args.simulator, args.warmup, args.repeats):
-            print(f"{row[0]:<20} {row[1]:<22} {row[2]:<8} {row[3]:<9} {row[4]:>10.3f} "
-                  f"{row[5]:>6.2f} {row[6]:>8}", flush=True)
-    print("\nper gradient, counted (refbraid.backends.launch_count; the same on any machine):")
-    print(f"{'backend':<8} {'model':<6} {'N':>5} {'gradient':<12} {'launches':>9} "
-          f"{'crit.path':>9} {'h2d+d2h':>8} {'syncs':>6}")
-    for r in count_rows(backends, args.simulator):
-        print(f"{r[0]:<8} {r[1]:<6} {r[2]:>5} {r[3]:<12} {r[4]:>9} {r[5]:>9} {r[6]:>8} "
-              f"{r[7]:>6}", flush=True)
+        for rows in (layer_rows, step_rows, gradient_rows):
+            for row in rows(backends, dtype, tiny, warmup, repeat):
+                emit({"row": list(row)})
+    names = ["cupy"] + (["cuda"] if tiny else [])
+    emit({"counts": [r for name in names for r in launch_records(
+        name, ("dense", "conv"), (16,) if tiny else (64, 256))]})
+
+
+def run(size: str, opts: dict, notes: list[str]) -> list[Result]:
+    from benchmarks.counts import launch_results
+
+    if opts["dtype"] not in ("float64", "float32", "both"):
+        raise ValueError(f"`dtype` must be float64, float32 or both, got {opts['dtype']!r}.")
+    simulator = opts["simulator"] or size == "tiny"
+    repeat = opts["repeat"] or REPEATS[size][0]
+    warmup = opts["warmup"] if opts["warmup"] >= 0 else REPEATS[size][1]
+    spec = {"simulator": simulator, "dtype": opts["dtype"], "repeat": repeat, "warmup": warmup}
+    recs = fresh("benchmarks.gpu", spec, {"NUMBA_ENABLE_CUDASIM": "1" if simulator else "0"})
+    if "error" in recs[0]:
+        raise SystemExit(recs[0]["error"])
+    notes += recs[0]["notes"]
+    out = []
+    for rec in recs[1:]:
+        if "counts" in rec:
+            notes.append("counted per gradient (refbraid.backends.launch_count; the same on any "
+                         "machine)")
+            out += launch_results(rec["counts"], "gpu")
+            continue
+        name, shape, dtype, backend, ms, ratio, check = rec["row"]
+        res = Result("gpu", f"{name} {shape} {dtype} {backend}",
+                     {"case": name, "size": shape, "dtype": dtype, "backend": backend})
+        res.add("median", ms, "ms").add("ratio", ratio, "×")
+        if check != "-":
+            res.add("check", float(check))
+        out.append(res)
+    return out
 
 
 if __name__ == "__main__":
-    main()
+    worker_main(worker)

@@ -1,0 +1,260 @@
+"""Suite ``counts``: what a GPU pays for, counted without one — kernel launches, the critical
+path, host↔device copies and host synchronisations. Counts, not times: the same command prints
+the same numbers on any machine, loaded or idle.
+
+    python -m benchmarks quick counts                          # cupy; N = 64, 256; every model
+    python -m benchmarks quick counts -o gpu_backend=cuda -o sizes=16 -o models=dense
+    python -m benchmarks quick counts -o fused=False           # cupy without its fused kernels
+    python -m benchmarks quick counts -o ranks=3               # the MPI cases on 3 ranks
+
+Cases ``{backend} {model} N={n} {gradient}`` (:func:`refbraid.backends.launch_count.
+gradient_counts`; the model of each count: :mod:`refbraid.backends.launch_model`): one
+gradient of the dense, conv, transformer and GRU networks (CI-sized: width 4, batch 4; counts
+do not depend on widths), MGRIT at TorchBraid's settings (refbraid's defaults), by serial
+backprop (``serial``), layer-parallel with one launch set per interval (``lp-per-step``) and
+per sweep (``lp-batched``). ``cupy``: the cupy backend's operations on a counting CuPy-like
+device (NumPy underneath), its fused kernels on unless ``fused=False``; ``cuda``: Numba's CUDA
+simulator with the glue on the same device (slow: one Python thread per CUDA thread). Values:
+launches, critical path (the longest chain of dependent launches), copies h→d and d→h, syncs,
+and launches and critical path ÷ serial's.
+
+Cases ``cuda step {model}`` (``transfers``): one layer-parallel training step on the ``cuda``
+backend in the simulator, device-resident: the backend's kernel calls, Numba kernel launches,
+copies and allocations through ``numba.cuda`` (``to_device``, ``device_array``,
+``auto_device``, ``copy_to_host``), exits through ``refbraid.backends.host.to_host`` and the
+largest of them (elements). ``cuda-host step {model}``: the same step in host-array mode
+(``REFBRAID_CUDA_ARRAYS=host``): host→device and device→host copies and those made outside a
+kernel wrapper. The models, sizes, step and counting are tests/test_cudasim_training_step.py's,
+which asserts on these numbers.
+
+Cases ``cuda sharded step rank r of P`` (``ranks`` > 0, under ``mpiexec``): per rank, one
+sharded layer-parallel training step on ``cuda`` in the simulator (device-resident): the
+layers it owns, its launches, its ``numba.cuda`` copies (zero: the kernels work in place), its
+exits through the host door split into scalars (losses, residual norms, label range,
+finiteness flags) and staged arrays (device arrays copied into host buffers for MPI: no
+CUDA-aware MPI here), the largest exit (elements), and its neighbour messages and their
+bytes. Model and step: tests/mpi/test_device_training.py's simulator test (dense, N = 8,
+width 4, batch 4, 2 levels, cfactor 2, Adam), which asserts on these numbers.
+
+Each part runs in a fresh process (:func:`benchmarks.harness.fresh`, MPI:
+:func:`~benchmarks.harness.launch`): the simulator must be switched on before Numba is
+imported, and host-array mode is chosen at import.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from benchmarks.harness import ROOT, Result, emit, fresh, launch, worker_main
+
+MODELS = ("dense", "conv", "transformer", "gru")
+#: ``sizes`` "" takes the size's default N
+OPTIONS = {"gpu_backend": "cupy", "models": ",".join(MODELS), "sizes": "", "fused": True,
+           "transfers": True, "ranks": 2}
+SIZES = {"full": "64,256", "quick": "64,256", "tiny": "16"}
+SIMULATOR = {"NUMBA_ENABLE_CUDASIM": "1"}
+
+
+# ----------------------------------------------------------------------------- launches
+def launch_records(backend: str, models, sizes, fused: bool = True) -> list[dict]:
+    """One record per (model, N, gradient): the :class:`~refbraid.backends.launch_model.Tally`
+    of one gradient on ``backend`` (``cupy``, or ``cuda`` in the simulator)."""
+    from refbraid.backends import launch_count
+    from refbraid.backends.cupy_fused import fused as fused_kernels
+
+    out = []
+    with fused_kernels(fused):
+        for model in models:
+            for n in sizes:
+                for mode in launch_count.MODES:
+                    t = launch_count.gradient_counts(backend, model, n, mode)
+                    out.append({"backend": backend, "model": model, "N": n, "mode": mode,
+                                "fused": fused, **t.row()})
+    return out
+
+
+def launch_results(recs: list[dict], suite: str = "counts") -> list[Result]:
+    """:func:`launch_records`' records as results, with launches and critical path ÷ serial's
+    (the serial record of the same backend, model and N)."""
+    serial = {(r["backend"], r["model"], r["N"]): r for r in recs if r["mode"] == "serial"}
+    out = []
+    for r in recs:
+        s = serial[r["backend"], r["model"], r["N"]]
+        name = f"{r['backend']}{'' if r['fused'] else ' unfused'} {r['model']} N={r['N']} " \
+               f"{r['mode']}"
+        out.append(Result(suite, name, {k: r[k] for k in ("backend", "model", "N", "mode",
+                                                          "fused")})
+                   .add("launches", r["launches"]).add("critical path", r["critical_path"])
+                   .add("copies h→d", r["h2d"]).add("copies d→h", r["d2h"])
+                   .add("syncs", r["syncs"])
+                   .add("launches ÷ serial", r["launches"] / s["launches"])
+                   .add("critical path ÷ serial", r["critical_path"] / s["critical_path"]))
+    return out
+
+
+# ----------------------------------------------------------------------------- copies
+def _tests(*parts: str) -> None:
+    """Put a tests folder on ``sys.path``: the copy counting is the tests' own."""
+    path = str(ROOT.joinpath("tests", *parts))
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+
+def device_step_record(model: str) -> dict:
+    """One layer-parallel training step of ``model`` on ``cuda`` (simulator, device-resident),
+    counted by tests/test_cudasim_training_step.py's ``TransferCounter``."""
+    import numpy as np
+    import pytest
+
+    _tests()
+    from test_cudasim_training_step import TransferCounter, _model, _step
+
+    from refbraid.backends import get_backend
+    from refbraid.backends.host import COUNTS
+
+    patch = pytest.MonkeyPatch()
+    net, params, x, labels = _model(model, np.random.default_rng(0))
+    counter = TransferCounter(patch)
+    door = COUNTS["to_host"]
+    try:
+        _step(net, params, x, labels, counter.wrap(get_backend("cuda")))
+    finally:
+        patch.undo()
+    return {"model": model, "kernel calls": counter.kernel_calls, "launches": counter.launches,
+            "numba.cuda copies + allocations": sum(counter.copies.values()),
+            "exits through to_host": COUNTS["to_host"] - door,
+            "largest exit": max(counter.door_sizes)}
+
+
+def host_step_record(model: str) -> dict:
+    """The same step in host-array mode (``REFBRAID_CUDA_ARRAYS=host`` set before import)."""
+    _tests()
+    from test_cudasim_training_step import _host_mode_step_copies
+
+    c = _host_mode_step_copies(model)
+    return {"model": model, "host→device": c["h2d"], "device→host": c["d2h"],
+            "copies outside a kernel": c["outside"]}
+
+
+def sharded_step_record() -> dict | None:
+    """This rank's counts of one sharded step on ``cuda`` (simulator; under mpiexec); the
+    records of every rank on world rank 0, None elsewhere."""
+    import array_api_strict
+    import pytest
+
+    _tests("mpi")
+    from test_device_training import SETTINGS, CudaCopies, _batches, _net
+
+    from refbraid.backends import get_backend
+    from refbraid.backends.host import COUNTS
+    from refbraid.backends.strict_device import forbid_host_conversions
+    from refbraid.distributed.network import distributed_gradient
+    from refbraid.distributed.sharded import ShardedTrainer
+    from refbraid.network import init_params, to_backend
+    from refbraid.parallel.device_messages import refuse_pickled_device_arrays
+    from refbraid.training.optim import make_optimizer
+
+    cuda = get_backend("cuda")
+    net = _net("resnet", layers=8)
+    (x, y), = _batches(net, n=1, B=4)
+    trainer = ShardedTrainer(distributed_gradient(net, SETTINGS, cuda),
+                             to_backend(init_params(net, 3), cuda), make_optimizer("adam", 1e-2))
+    x, y = cuda.asarray(x), cuda.asarray(y)
+    layer = trainer.gradient.topo.layer
+    sizes: list[int] = []
+    cpu = array_api_strict.Device("CPU_DEVICE")
+    array_type = type(array_api_strict.asarray(0.0))
+    to_device = array_type.to_device
+
+    def recorded(array, device, /, **kwargs):
+        if device == cpu and array.device != cpu:
+            sizes.append(array.size)
+        return to_device(array, device, **kwargs)
+
+    patch = pytest.MonkeyPatch()
+    try:
+        counter = CudaCopies(patch)
+        patch.setattr(array_type, "to_device", recorded)
+        sends, sent, door = layer.counters["sends"], layer.counters["bytes_sent"], COUNTS["to_host"]
+        with forbid_host_conversions(), refuse_pickled_device_arrays():
+            trainer.step(x, y)
+        sends, sent = layer.counters["sends"] - sends, layer.counters["bytes_sent"] - sent
+        door = COUNTS["to_host"] - door
+    finally:
+        patch.undo()
+    if door != len(sizes):
+        raise RuntimeError(f"exits through to_host ({door}) and recorded copies to the CPU "
+                           f"({len(sizes)}) differ")
+    owned, scalars = trainer.gradient.owned, sum(s == 1 for s in sizes)
+    world = trainer.gradient.topo.world
+    mine = {"rank": layer.rank, "ranks": world.size, "layers": f"{int(owned[0])}..{int(owned[-1])}",
+            "launches": counter.launches, "numba.cuda copies": sum(counter.copies.values()),
+            "scalar exits": scalars, "staged arrays": door - scalars,
+            "largest exit": max(sizes, default=0), "neighbour sends": sends, "bytes sent": sent}
+    rows = world.gather(mine, root=0)
+    return {"ranks": rows} if world.rank == 0 else None
+
+
+def _result(case: str, rec: dict, params: dict) -> Result:
+    res = Result("counts", case, params)
+    for k, v in rec.items():
+        if k not in params and k not in ("rank", "ranks"):
+            res.add(k, v, "elements" if k == "largest exit" else "bytes" if k == "bytes sent"
+                    else "")
+    return res
+
+
+# ----------------------------------------------------------------------------- the suite
+def worker(spec: dict) -> None:
+    """One part of the suite in this (fresh) process; emits one record per case."""
+    part = spec["part"]
+    if part == "launches":
+        for rec in launch_records(spec["backend"], spec["models"], spec["sizes"],
+                                  spec["fused"]):
+            emit(rec)
+    elif part in ("device", "host"):
+        for model in spec["models"]:
+            emit((device_step_record if part == "device" else host_step_record)(model))
+    elif part == "sharded":
+        rec = sharded_step_record()
+        if rec is not None:
+            emit(rec)
+    else:
+        raise ValueError(f"`part` must be launches, device, host or sharded, got {part!r}.")
+
+
+def run(size: str, opts: dict, notes: list[str]) -> list[Result]:
+    backend = opts["gpu_backend"]
+    if backend not in ("cupy", "cuda"):
+        raise ValueError(f"`gpu_backend` must be cupy or cuda, got {backend!r}.")
+    models = [m for m in opts["models"].replace(" ", ",").split(",") if m]
+    if not set(models) <= set(MODELS):
+        raise ValueError(f"`models` must be among {','.join(MODELS)}, got {opts['models']!r}.")
+    sizes = [int(n) for n in (opts["sizes"] or SIZES[size]).replace(" ", ",").split(",") if n]
+    spec = {"part": "launches", "backend": backend, "models": models, "sizes": sizes,
+            "fused": opts["fused"]}
+    recs = fresh("benchmarks.counts", spec, SIMULATOR if backend == "cuda" else None)
+    notes.append(f"{backend}{'' if opts['fused'] or backend != 'cupy' else ' (unfused)'}: one "
+                 "gradient, TorchBraid's MGRIT settings, CI-sized networks; counts, not times")
+    out = launch_results(recs)
+    if opts["transfers"]:
+        notes.append("cuda step / cuda-host step: one layer-parallel training step on the "
+                     "CUDA simulator, device-resident / host-array mode")
+        for rec in fresh("benchmarks.counts", {"part": "device", "models": list(MODELS)},
+                         SIMULATOR):
+            out.append(_result(f"cuda step {rec['model']}", rec, {"model": rec["model"]}))
+        host = {**SIMULATOR, "REFBRAID_CUDA_ARRAYS": "host"}
+        for rec in fresh("benchmarks.counts", {"part": "host", "models": list(MODELS)}, host):
+            out.append(_result(f"cuda-host step {rec['model']}", rec, {"model": rec["model"]}))
+    if opts["ranks"] > 0:
+        P = opts["ranks"]
+        notes.append(f"cuda sharded step: one sharded step on {P} ranks, cuda (simulator), "
+                     "dense N = 8, width 4, batch 4")
+        rows = launch(P, "benchmarks.counts", {"part": "sharded"}, env=SIMULATOR)[0]["ranks"]
+        out += [_result(f"cuda sharded step rank {r['rank']} of {P}", r,
+                        {"rank": r["rank"], "ranks": P}) for r in rows]
+    return out
+
+
+if __name__ == "__main__":
+    worker_main(worker)
