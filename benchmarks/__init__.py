@@ -10,7 +10,9 @@ Suites (each a module here, each case a function of it):
     solver    MGRIT vs a sequential solve, and vs PyMGRIT on its problems   (solver.py)
     step      the layer-parallel training step vs serial, 1 and 2 ranks     (step.py)
     scaling   the virtual cluster's predictions vs ``mpiexec`` measurements (scaling.py)
-    gpu       bench_gpu.py on a GPU machine (run as it is; not in ``quick``)
+    counts    launches, critical path, copies, syncs per gradient, counted without a GPU
+              (counts.py; deterministic)
+    gpu       layers and gradients on a GPU vs PyTorch CUDA (gpu.py; not in ``quick``)
 
 ``fingerprint.py`` is no benchmark: it hashes what MGRIT computes, to prove a change
 bit-identical (``python benchmarks/fingerprint.py > before.txt``).

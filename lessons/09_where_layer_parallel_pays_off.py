@@ -228,5 +228,5 @@ assert deepest["lp-batched"]["critical_path"] < deepest["serial"]["critical_path
 # refbraid turns batched sweeps on for the GPU backends (`refbraid.backends.device_batching`),
 # and why fused kernels (bias, activation and Euler update in one launch,
 # `refbraid.backends.cupy_fused`) matter as much as the solver. Timings need a GPU:
-# `benchmarks/bench_gpu.py`; the counts, `benchmarks/count_launches.py`, run anywhere
+# `python -m benchmarks quick gpu`; the counts, `python -m benchmarks quick counts`, run anywhere
 # (docs/gpu_layer_parallel.md).
