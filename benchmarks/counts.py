@@ -7,16 +7,16 @@ the same numbers on any machine, loaded or idle.
     python -m benchmarks quick counts -o fused=False           # cupy without its fused kernels
     python -m benchmarks quick counts -o ranks=3               # the MPI cases on 3 ranks
 
-Cases ``{backend} {model} N={n} {gradient}`` (:func:`refbraid.backends.launch_count.
-gradient_counts`; the model of each count: :mod:`refbraid.backends.launch_model`): one
-gradient of the dense, conv, transformer and GRU networks (CI-sized: width 4, batch 4; counts
-do not depend on widths), MGRIT at TorchBraid's settings (refbraid's defaults), by serial
-backprop (``serial``), layer-parallel with one launch set per interval (``lp-per-step``) and
-per sweep (``lp-batched``). ``cupy``: the cupy backend's operations on a counting CuPy-like
-device (NumPy underneath), its fused kernels on unless ``fused=False``; ``cuda``: Numba's CUDA
-simulator with the glue on the same device (slow: one Python thread per CUDA thread). Values:
-launches, critical path (the longest chain of dependent launches), copies h→d and d→h, syncs,
-and launches and critical path ÷ serial's.
+Cases ``{backend}[ unfused] {model} N={n} {gradient}``
+(:func:`refbraid.backends.launch_count.gradient_counts`; the model of each count:
+:mod:`refbraid.backends.launch_model`): one gradient of the dense, conv, transformer and GRU
+networks (CI-sized: width 4, batch 4; counts do not depend on widths), MGRIT at TorchBraid's
+settings (refbraid's defaults), by serial backprop (``serial``), layer-parallel with one launch
+set per interval (``lp-per-step``) and per sweep (``lp-batched``). ``cupy``: the cupy backend's
+operations on a counting CuPy-like device (NumPy underneath), its fused kernels on unless
+``fused=False``; ``cuda``: Numba's CUDA simulator with the glue on the same device (slow: one
+Python thread per CUDA thread). Values: launches, critical path (the longest chain of dependent
+launches), copies h→d and d→h, syncs, and launches and critical path ÷ serial's.
 
 Cases ``cuda step {model}`` (``transfers``): one layer-parallel training step on the ``cuda``
 backend in the simulator, device-resident: the backend's kernel calls, Numba kernel launches,
