@@ -40,6 +40,7 @@ from .backends import Backend, get_backend
 from .backends.device_batching import gathered_once, index_on
 from .backends.dtypes import dtype_kind
 from .backends.host import all_finite, first_non_finite, host_float, host_range
+from .backends.portable import indexes_with_integer_arrays, namespace
 from .layers.init import NonFiniteError, check_positive_int
 
 Params = dict[str, Any]
@@ -116,10 +117,10 @@ def set_row(a, n: int, value) -> None:
 
 
 def set_rows_from(a, rows: list[int], values: list) -> None:
-    """``a[rows[j], ...] = values[j]`` for every j: one stacked assignment into a NumPy
-    array, else row by row (:func:`set_row`)."""
-    if isinstance(a, np.ndarray) and rows:
-        a[rows] = np.stack(values)
+    """``a[rows[j], ...] = values[j]`` for every j: one stacked assignment into a NumPy or
+    CuPy array (on a device: two launches, not one per row), else row by row (:func:`set_row`)."""
+    if rows and indexes_with_integer_arrays(a):  # NumPy, CuPy
+        a[index_on(a, rows), ...] = namespace(a).stack(values)
         return
     for n, value in zip(rows, values, strict=True):
         set_row(a, n, value)

@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .portable import asarray_on, contiguous, zeros_on
+from .device_batching import values_on
+from .portable import contiguous, zeros_on
 from .reference import (
     activation,
     activation_adjoint,
@@ -58,7 +59,7 @@ def _dense_forward(Y, W, b, h, act: str, sigma):
     """(Y_next, Z) of :func:`dense_step_batched` with the activation kernel ``sigma``."""
     check_activation(act)
     xp = array_namespace(Y)
-    h = asarray_on(Y, h, dtype=Y.dtype)[:, None, None]  # as a Python float h is: Y's dtype
+    h = values_on(Y, h, Y.dtype)[:, None, None]  # as a Python float h is: Y's dtype
     Z = xp.matmul(Y, xp.permute_dims(W, (0, 2, 1)))  # k,B,C
     Z += b[:, None, :]
     # Y + h σ(Z), updating the fresh σ(Z) in place (h σ, then + Y: the same two roundings
@@ -73,7 +74,7 @@ def _dense_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool, sigma_adjoint):
     """(dY, dW, db) of :func:`dense_step_batched_adjoint` with the kernel ``sigma_adjoint``."""
     check_activation(act)
     xp = array_namespace(dY_next)
-    h = asarray_on(dY_next, h, dtype=dY_next.dtype)[:, None, None]
+    h = values_on(dY_next, h, dY_next.dtype)[:, None, None]  # copied once per content
     S = sigma_adjoint(Z, dY_next, act)  # k,B,C, a fresh array
     S *= h  # h σ'(Z) ⊙ dY_next
     dY = xp.matmul(S, W)
