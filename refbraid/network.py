@@ -37,8 +37,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .backends import Backend, get_backend
+from .backends.device_batching import gathered_once, index_on
 from .backends.dtypes import dtype_kind
 from .backends.host import all_finite, first_non_finite, host_float, host_range
+from .backends.portable import indexes_with_integer_arrays, namespace
 from .layers.init import NonFiniteError, check_positive_int
 
 Params = dict[str, Any]
@@ -115,10 +117,10 @@ def set_row(a, n: int, value) -> None:
 
 
 def set_rows_from(a, rows: list[int], values: list) -> None:
-    """``a[rows[j], ...] = values[j]`` for every j: one stacked assignment into a NumPy
-    array, else row by row (:func:`set_row`)."""
-    if isinstance(a, np.ndarray) and rows:
-        a[rows] = np.stack(values)
+    """``a[rows[j], ...] = values[j]`` for every j: one stacked assignment into a NumPy or
+    CuPy array (on a device: two launches, not one per row), else row by row (:func:`set_row`)."""
+    if rows and indexes_with_integer_arrays(a):  # NumPy, CuPy
+        a[index_on(a, rows), ...] = namespace(a).stack(values)
         return
     for n, value in zip(rows, values, strict=True):
         set_row(a, n, value)
@@ -136,14 +138,16 @@ def stacked_rows(rows, idx: np.ndarray, bk: Backend):
     Always a gathered, contiguous copy, also for evenly spaced rows: ``np.matmul`` over a
     strided view of stacked weights (every 4th layer's W) ran 1.5–4.5× slower than over the
     copy at k = 32–128 rows (the copy itself costs 1–2 % of that), measured."""
-    if hasattr(rows, "shape"):
-        return rows[idx]
+    if hasattr(rows, "shape"):  # on a device, the index crosses once (device_batching)
+        return rows[idx] if isinstance(rows, np.ndarray) else rows[index_on(rows, idx)]
     return bk.xp.stack([rows[i] for i in idx.tolist()])
 
 
 def layers_params(steps: dict[str, Any], idx: np.ndarray, bk: Backend) -> dict[str, Any]:
-    """The stacked weights of layers ``idx``: ``{name: (len(idx), ...)}``."""
-    return {k: stacked_rows(v, idx, bk) for k, v in steps.items()}
+    """The stacked weights of layers ``idx``: ``{name: (len(idx), ...)}``, each gathered once
+    per gradient call on a GPU backend (``device_batching.gathers_cached``)."""
+    return {k: gathered_once(v, idx, lambda v=v: stacked_rows(v, idx, bk))
+            for k, v in steps.items()}
 
 
 def to_backend(params: Params, bk: Backend | str) -> Params:

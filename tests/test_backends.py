@@ -256,10 +256,19 @@ def _spatial_cases() -> list[Case]:
 
 
 def _batched_cases() -> list[Case]:
-    """k dense steps at once (MGRIT's batched sweeps): stacked states, weights, step sizes."""
+    """Whole dense steps: one (B, C), and k at once (MGRIT's batched sweeps: stacked states,
+    weights, step sizes)."""
     shapes = {"3x4x5": (3, 4, 5), "1x1x1": (1, 1, 1), "2x5x20": (2, 5, 20)}
     cases = []
     for act in ACTS:
+        for sname, (B, C) in {"4x5": (4, 5), "1x1": (1, 1), "5x20": (5, 20)}.items():
+            cases += [
+                Case("dense_step", f"{act}-{sname}", lambda g, d, B=B, C=C, a=act: (
+                    _r(g, (B, C), d), _r(g, (C, C), d), _r(g, C, d), 0.375, a)),
+                Case("dense_step_adjoint", f"{act}-{sname}", lambda g, d, B=B, C=C, a=act: (
+                    _r(g, (B, C), d), _r(g, (B, C), d), _r(g, (B, C), d), _r(g, (C, C), d),
+                    0.375, a)),
+            ]
         for sname, (k, B, C) in shapes.items():
             h = [0.25 + 0.125 * j for j in range(k)]  # a list: every backend takes it as is
             cases += [

@@ -94,7 +94,8 @@ def recorded_launches():
 
 def run_workload() -> None:
     """What the backends launch: the catalogue in both dtypes, the networks, the tiled bmm
-    and the batched dense step (tiled and per-element GEMMs) in both dtypes."""
+    and the dense step's fused adjoint, batched and one step (tiled and per-element GEMMs),
+    in both dtypes."""
     from refbraid.verify.checks import check_network
     from refbraid.verify.suite import catalog, check_entry, default_networks
 
@@ -113,6 +114,8 @@ def run_workload() -> None:
             b, h = rng.standard_normal((2, C)).astype(dtype), np.full(2, 0.5)
             Y_next, Z = bk.dense_step_batched(Y, W, b, h, "tanh")
             bk.dense_step_batched_adjoint(Y, Z, Y_next, W, h, "tanh")
+            for grads in (True, False):  # one step's fused adjoint (numba_cuda_step)
+                bk.dense_step_adjoint(Y[0], Z[0], Y_next[0], W[0], 0.5, "tanh", grads)
 
 
 def _launched(records) -> set[tuple[str, str]]:

@@ -74,7 +74,10 @@ KERNELS = (
     "batchnorm_stats",
     "batchnorm_apply",
     "batchnorm_adjoint",
-    # k dense ODE steps at once (refbraid.backends.reference_batched): MGRIT's batched sweeps
+    # whole dense ODE steps (refbraid.backends.reference_batched): one step, and k at once
+    # (MGRIT's batched sweeps)
+    "dense_step",
+    "dense_step_adjoint",
     "dense_step_batched",
     "dense_step_batched_adjoint",
 )
@@ -105,6 +108,7 @@ _MODULES = {
         "refbraid.backends.numba_cuda_pool",  # 2×2(×2) pooling
         "refbraid.backends.numba_cuda_batchnorm",  # batch norm
         "refbraid.backends.numba_cuda_batched",  # k dense steps at once
+        "refbraid.backends.numba_cuda_step",  # the dense step's adjoint, fused
     ),
     "cupy": ("refbraid.backends.cupy_gpu",),
     "strict": ("refbraid.backends.strict_device",),

@@ -10,12 +10,15 @@ float against a T array)::
 
     euler_act           out = y + (T)h · σ(z)                        (per-step forward)
     act_adjoint         dz  = σ'(z) · dy                              (per-step adjoint)
-    bias_act_euler      z = p + b,  y_next = y + (T)h · σ(z)          (batched forward, p = Y Wᵀ)
-    scaled_act_adjoint  s = (T)h · (σ'(z) · dy)                       (batched adjoint)
+    bias_act_euler      z = p + b,  y_next = y + (T)h · σ(z)          (forward, p = y Wᵀ)
+    scaled_act_adjoint  s = (T)h · (σ'(z) · dy)                       (adjoint)
+    add_column_sums     dy = dy_next + p,  db = Σ_B s                 (adjoint, p = s W)
 
-with σ, σ' in :data:`ACT` / :data:`ACT_ADJOINT` (tanh, relu, gelu, identity). On CuPy arrays
+with σ, σ' in :data:`ACT` / :data:`ACT_ADJOINT` (tanh, relu, gelu, identity); the last is a
+``RawKernel`` with one thread per column (an element-wise kernel cannot sum), accumulating in
+double, on (B, C) or stacked (k, B, C) arrays of one dtype. On CuPy arrays
 the CUDA source runs (compiled by CuPy on first use; the source is compiled for sm_90 with
-NVRTC in tests/test_cupy_fused.py, no GPU needed). On any other array (NumPy, the counting
+NVRTC in tests/test_gpu_fused.py, no GPU needed). On any other array (NumPy, the counting
 device of :mod:`refbraid.backends.counting_device`) :meth:`Fused.__call__` runs the
 NumPy-equivalent reference path — the same operations, one at a time — and reports ONE
 launch to the launch counter: what the fused kernel costs a GPU.
@@ -25,7 +28,7 @@ the CUDA math library's tanh/erf/exp and the compiler's fused multiply-adds chan
 bits (as every CuPy operation already does against NumPy): within 4 ulp per element.
 
 :func:`fused` switches the fused kernels off (``with fused(False):``) to count or time the
-reference operations instead (``benchmarks/count_launches.py --unfused``).
+reference operations instead (``python -m benchmarks quick counts -o fused=False``).
 """
 
 from __future__ import annotations
@@ -169,6 +172,64 @@ BIAS_ACT_EULER = Fused("bias_act_euler", "T p, T b, T y, T h", "T z, T out",
 SCALED_ACT_ADJOINT = Fused("scaled_act_adjoint", "T z, T dy, T h", "T s",
                            "s = h * (SIGMA_PRIME_DY)", _scaled_act_adjoint_ref)
 
+
+
+class AddColumnSums(Fused):
+    """``dy = dy_next + p`` and ``db = Σ_B s`` in one launch: one thread per column c (of
+    each row j of a stack) walks the column down, writing dy and summing s (coalesced: the
+    threads of a warp read neighbouring columns). A CuPy ``RawKernel`` on a GPU."""
+
+    def __init__(self):
+        super().__init__("add_column_sums", "T p, T dy_next, T s", "T dy, T db", "",
+                         _add_column_sums_ref)
+
+    def __call__(self, p, dy_next, s):
+        return super().__call__("identity", p, dy_next, s)
+
+    def source(self, act: str) -> str:
+        return ("  long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
+                "  if (t >= k * C) return;\n"
+                "  long long j = t / C, c = t % C;\n"
+                "  double acc = 0;\n"
+                "  for (long long n = 0; n < B; ++n) {\n"
+                "    long long i = (j * B + n) * C + c;\n"
+                "    dy[i] = dy_next[i] + p[i];\n"
+                "    acc += s[i];\n"
+                "  }\n"
+                "  db[t] = (T)acc;\n")
+
+    def cuda_kernel(self, act: str = "identity", T: str = "double") -> str:
+        return (f"typedef {T} T;\n"
+                f'extern "C" __global__ void {self.name}(const T* p, const T* dy_next, '
+                f"const T* s, T* dy, T* db, long long k, long long B, long long C) {{\n"
+                f"{self.source(act)}}}\n")
+
+    def _cupy(self, act, p, dy_next, s):  # pragma: no cover - needs a GPU
+        import cupy
+
+        T = {"float64": "double", "float32": "float"}[p.dtype.name]
+        kernel = self._kernels.get(T)
+        if kernel is None:
+            kernel = cupy.RawKernel(self.cuda_kernel(act, T), self.name)
+            self._kernels[T] = kernel
+        p, dy_next, s = (cupy.ascontiguousarray(a) for a in (p, dy_next, s))
+        k, (B, C) = (1 if p.ndim == 2 else p.shape[0]), p.shape[-2:]
+        dy, db = cupy.empty_like(p), cupy.empty(p.shape[:-2] + (C,), dtype=p.dtype)
+        threads = 128
+        kernel(((k * C + threads - 1) // threads,), (threads,),
+               (p, dy_next, s, dy, db, np.int64(k), np.int64(B), np.int64(C)))
+        return dy, db
+
+
+def _add_column_sums_ref(act, p, dy_next, s):
+    from .reference import array_namespace
+
+    # dy_next + s W and Σ_B s as reference.linear_adjoint / reference_batched sum them
+    return dy_next + p, array_namespace(s).sum(s, axis=-2)
+
+
+ADD_COLUMN_SUMS = AddColumnSums()
+
 #: Every fused kernel (the compile check walks this).
-KERNELS = (EULER_ACT, ACT_ADJOINT_KERNEL, BIAS_ACT_EULER, SCALED_ACT_ADJOINT)
+KERNELS = (EULER_ACT, ACT_ADJOINT_KERNEL, BIAS_ACT_EULER, SCALED_ACT_ADJOINT, ADD_COLUMN_SUMS)
 

@@ -5,8 +5,10 @@ their inputs (``array_namespace``), so on ``cupy.ndarray`` inputs the very same 
 the GPU: ``x @ W.T`` is cuBLAS, the element-wise lines are CuPy kernels, ``einsum`` is
 cuBLAS/cuTENSOR, and exact GELU uses ``cupyx.scipy.special.erf``. This backend *is* the
 tested reference code on another array type, except for the element-wise chains of the ODE
-step: ``OVERRIDES`` are the fused kernels of :mod:`refbraid.backends.cupy_fused` (bias,
-activation and Euler update in one launch, and their adjoints), which fall back to the
+step: ``OVERRIDES`` are the fused kernels of :mod:`refbraid.backends.cupy_fused` (a dense
+step, one or k at once, is its GEMMs plus one fused kernel for bias, activation and Euler
+update; its adjoint the GEMMs, ``h σ'(z) ⊙ dy`` in one kernel and ``dy_next + s W`` with the
+bias gradient's column sums in another), which fall back to the
 reference code for complex inputs (the verification's complex step) or inside
 ``cupy_fused.fused(False)``.
 
@@ -24,8 +26,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-OVERRIDES: tuple[str, ...] = ("euler_act", "activation_adjoint", "dense_step_batched",
-                              "dense_step_batched_adjoint")
+OVERRIDES: tuple[str, ...] = ("euler_act", "activation_adjoint", "dense_step", "dense_step_adjoint",
+                              "dense_step_batched", "dense_step_batched_adjoint")
 
 
 # ----------------------------------------------------------------------------- fused kernels
@@ -61,13 +63,62 @@ def activation_adjoint(z, dy, act: str):
 
 def _step_sizes(like, h):
     """The k step sizes as a Python float when all equal (a kernel argument: no copy), else
-    an array (k, 1, 1) on ``like``'s device (one host→device copy)."""
-    from .portable import asarray_on
+    an array (k, 1, 1) on ``like``'s device (one host→device copy per distinct set of step
+    sizes, :func:`refbraid.backends.device_batching.values_on`)."""
+    from .device_batching import values_on
 
     h = [float(v) for v in h]
     if all(v == h[0] for v in h):
         return h[0]
-    return asarray_on(like, h, dtype=like.dtype)[:, None, None]
+    return values_on(like, h, like.dtype)[:, None, None]
+
+
+def _one_float_dtype(*arrays) -> bool:
+    """:func:`_fusable`, and all of one dtype (the column kernel's operands)."""
+    return _fusable(*arrays) and len({a.dtype for a in arrays}) == 1
+
+
+def dense_step(y, W, b, h: float, act: str):
+    """reference_batched.dense_step: one GEMM ``y Wᵀ``, then bias, activation and Euler
+    update in one fused launch (cupy_fused.BIAS_ACT_EULER); the reference's arithmetic."""
+    from . import reference_batched
+    from .cupy_fused import BIAS_ACT_EULER
+    from .reference import check_activation
+
+    check_activation(act)
+    if b is None or not _fusable(y, W, b):
+        return reference_batched.dense_step(y, W, b, h, act)
+    z, y_next = BIAS_ACT_EULER(act, y @ W.T, b, y, h)  # B,C each
+    return y_next, z
+
+
+def dense_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True):
+    """reference_batched.dense_step_adjoint: ``s = h σ'(z) ⊙ dy_next`` in one fused launch,
+    then the GEMMs, and ``dy_next + s W`` with the bias gradient in one (:func:`_products`)."""
+    from . import reference_batched
+    from .cupy_fused import SCALED_ACT_ADJOINT
+    from .reference import check_activation
+
+    check_activation(act)
+    if not _one_float_dtype(y, z, dy_next, W):
+        return reference_batched.dense_step_adjoint(y, z, dy_next, W, h, act, grads)
+    return _products(SCALED_ACT_ADJOINT(act, z, dy_next, h), y, dy_next, W, grads)
+
+
+def _products(S, Y, dY_next, W, grads: bool):
+    """dY = dY_next + S W; with grads also dW = Sᵀ Y and db = Σ_B S, the sum and the column
+    sums in one launch (cupy_fused.ADD_COLUMN_SUMS). S (B, C) or (k, B, C)."""
+    from .cupy_fused import ADD_COLUMN_SUMS
+    from .reference import array_namespace
+
+    xp = array_namespace(S)
+    P = xp.matmul(S, W)
+    if not grads:
+        P += dY_next  # dY_next + S W (addition commutes exactly: the same bits)
+        return P, None, None
+    dY, db = ADD_COLUMN_SUMS(P, dY_next, S)
+    St = xp.permute_dims(S, (*range(S.ndim - 2), S.ndim - 1, S.ndim - 2))  # Sᵀ per row
+    return dY, xp.matmul(St, Y), db
 
 
 def dense_step_batched(Y, W, b, h, act: str):
@@ -88,21 +139,16 @@ def dense_step_batched(Y, W, b, h, act: str):
 
 def dense_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True):
     """reference_batched.dense_step_batched_adjoint with ``S = h σ'(Z) ⊙ dY_next`` in one fused
-    launch (cupy_fused.SCALED_ACT_ADJOINT), then the GEMMs and the bias sum."""
+    launch (cupy_fused.SCALED_ACT_ADJOINT), then :func:`_products`."""
     from . import reference_batched
     from .cupy_fused import SCALED_ACT_ADJOINT
-    from .reference import array_namespace, check_activation
+    from .reference import check_activation
 
     check_activation(act)
-    if not _fusable(Y, Z, dY_next, W):
+    if not _one_float_dtype(Y, Z, dY_next, W):
         return reference_batched.dense_step_batched_adjoint(Y, Z, dY_next, W, h, act, grads)
-    xp = array_namespace(dY_next)
     S = SCALED_ACT_ADJOINT(act, Z, dY_next, _step_sizes(dY_next, h))  # k,B,C
-    dY = xp.matmul(S, W)
-    dY += dY_next
-    if not grads:
-        return dY, None, None
-    return dY, xp.matmul(xp.permute_dims(S, (0, 2, 1)), Y), xp.sum(S, axis=1)
+    return _products(S, Y, dY_next, W, grads)
 
 
 def _import_cupy() -> ModuleType:

@@ -4,16 +4,16 @@ On the CPU backends a step layer's ``batched_sweeps_pay`` says whether one call 
 one call per interval *in time* (docs/batched.md: cache effects decide it there). On a GPU
 small steps are bound by launches (docs/gpu_layer_parallel.md), so the question is how many
 launches the host issues per gradient, which :mod:`refbraid.backends.launch_count` counts
-without a GPU. One layer-parallel gradient (TorchBraid's settings; ``python
-benchmarks/count_launches.py [--backend cuda]``), launches with per-step → batched sweeps:
+without a GPU. One layer-parallel gradient (TorchBraid's settings; ``python -m
+benchmarks quick counts [-o gpu_backend=cuda]``), launches with per-step → batched sweeps:
 
 ===========  =======================  =======================  =======================
 step         cupy, N = 64             cupy, N = 256            cuda, N = 64
 ===========  =======================  =======================  =======================
-dense        1,811 → 615 (0.34×)      6,839 → 1,443 (0.21×)    1,581 → 629 (0.40×)
-conv         10,311 → 2,623 (0.25×)   40,635 → 4,771 (0.12×)   1,613 → 2,119 (1.31×)
-transformer  16,872 → 5,151 (0.31×)   66,996 → 13,971 (0.21×)  7,347 → 3,345 (0.46×)
-GRU          12,770 → 1,945 (0.15×)   50,690 → 4,177 (0.08×)   2,621 → 836 (0.32×)
+dense        1,309 → 433 (0.33×)      4,837 → 829 (0.17×)      1,307 → 459 (0.35×)
+conv         10,181 → 2,461 (0.24×)   40,121 → 4,225 (0.11×)   1,483 → 1,957 (1.32×)
+transformer  16,122 → 4,209 (0.26×)   63,942 → 10,725 (0.17×)  6,597 → 2,403 (0.36×)
+GRU          12,764 → 1,939 (0.15×)   50,684 → 4,171 (0.08×)   2,615 → 830 (0.32×)
 ===========  =======================  =======================  =======================
 
 The dependency depth (critical path) is the same either way (within ±13 %: the batched
@@ -25,14 +25,30 @@ per-step convolution there is one Numba kernel per pass, while the batched form 
 array-API reference (nine offsets of copies and GEMMs per call, run as CuPy operations), so
 batching issues *more* launches; it stays per step until a batched Numba conv kernel exists.
 ``tests/test_launch_count.py`` checks the rule on the counting device for each entry, so a
-change that breaks it fails there. With a GPU at hand, ``benchmarks/bench_gpu.py``'s
-``LP per-step`` / ``LP batched`` rows time the same comparison.
+change that breaks it fails there. With a GPU at hand, the ``gpu`` suite's
+(``python -m benchmarks quick gpu``) ``LP per-step`` / ``LP batched`` rows time the same comparison.
+
+A batched sweep gathers its rows (the layers' weights, the states, MGRIT's C-points) with
+host index arrays, and on a level whose intervals differ takes an array of step sizes: each
+a small host→device copy, the same ones in every cycle of a solve and in every gradient.
+:class:`DeviceCopies` keeps one device copy per distinct content (and device):
+:func:`index_on` and :func:`copied_once` answer from the cache made current by
+:func:`copies_cached` (``training.gradients.mgrit_gradient`` makes one per gradient
+function, so each index array of each level's interval layout crosses once for the whole
+training run) and copy afresh outside one. Likewise the sweeps' gathers of the layers'
+weights (the same rows in every cycle, and the weights do not change during one gradient):
+within :func:`gathers_cached` (one gradient call on a GPU backend) each distinct gather is
+made once (:func:`gathered_once`), at the price of keeping the gathered stacks (about two
+copies of the stacked weights) until the call ends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
 
 #: The GPU backends (one launch per array operation or kernel).
 DEVICE_BACKENDS = ("cuda", "cupy")
@@ -98,3 +114,102 @@ def batches(layer, bk, sweeps_on: bool) -> bool:
     if not sweeps_on:
         return False
     return pays(layer, bk) if on_device(bk) else bool(getattr(layer, "batched_sweeps_pay", False))
+
+
+# ----------------------------------------------------------------------------- host→device copies
+class DeviceCopies:
+    """One device copy per distinct host array (content, dtype, shape) and device; the copies
+    are read only (index arrays, step sizes), so sharing them is safe. ``limit`` bounds the
+    entries (oldest dropped first)."""
+
+    def __init__(self, limit: int = 4096):
+        self.limit = int(limit)
+        self._copies: dict[tuple, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self._copies)
+
+    def get(self, where, values: np.ndarray, make: Callable[[np.ndarray], Any]):
+        """``make(values)`` (a host→device copy to ``where``) the first time, the same device
+        array after."""
+        key = (where, values.dtype.str, values.shape, values.tobytes())
+        found = self._copies.get(key)
+        if found is None:
+            if len(self._copies) >= self.limit:
+                self._copies.pop(next(iter(self._copies)))
+            found = self._copies[key] = make(values)
+        return found
+
+
+_COPIES: list[DeviceCopies] = []  # copies_cached's stack
+
+
+@contextmanager
+def copies_cached(cache: DeviceCopies) -> Iterator[DeviceCopies]:
+    """``with copies_cached(cache):`` — :func:`copied_once` and :func:`index_on` answer from
+    ``cache`` within the block."""
+    _COPIES.append(cache)
+    try:
+        yield cache
+    finally:
+        _COPIES.pop()
+
+
+def copied_once(where, values: np.ndarray, make: Callable[[np.ndarray], Any]):
+    """``make(values)``: from the current :class:`DeviceCopies` (:func:`copies_cached`), else
+    made afresh. ``where`` names the device (hashable)."""
+    values = np.ascontiguousarray(values)
+    if not _COPIES:
+        return make(values)
+    return _COPIES[-1].get(where, values, make)
+
+
+def device_of(like) -> tuple:
+    """A hashable name of the device array ``like`` lives on (library and device)."""
+    return (type(like).__module__, repr(getattr(like, "device", None)))
+
+
+def values_on(like, values, dtype):
+    """Host ``values`` (step sizes) as an array of ``dtype`` (``like``'s kind of dtype) where
+    ``like`` lives, copied once per content within :func:`copies_cached`."""
+    from .dtypes import numpy_dtype
+    from .portable import asarray_on
+
+    host = np.asarray(values, dtype=numpy_dtype(dtype))
+    return copied_once(device_of(like), host, lambda v: asarray_on(like, v))
+
+
+def index_on(like, positions):
+    """``positions`` (host integers) as an int64 index array where ``like`` lives, copied
+    once per content within :func:`copies_cached`."""
+    from .portable import asarray_on
+
+    idx = np.asarray(positions, dtype=np.int64)
+    return copied_once(device_of(like), idx, lambda v: asarray_on(like, v))
+
+
+_GATHERS: list[dict] = []  # gathers_cached's stack
+
+
+@contextmanager
+def gathers_cached(on: bool = True) -> Iterator[None]:
+    """``with gathers_cached():`` — :func:`gathered_once` keeps its gathers until the block
+    ends (the arrays gathered from must not change inside it); ``on=False``: a no-op."""
+    _GATHERS.append({} if on else None)
+    try:
+        yield
+    finally:
+        _GATHERS.pop()
+
+
+def gathered_once(rows, idx: np.ndarray, gather: Callable[[], Any]):
+    """``gather()`` (rows ``idx`` of ``rows``), made once per (``rows``, ``idx``) within
+    :func:`gathers_cached`, else every time."""
+    cache = _GATHERS[-1] if _GATHERS else None
+    if cache is None:
+        return gather()
+    key = (id(rows), np.asarray(idx, dtype=np.int64).tobytes())
+    hit = cache.get(key)
+    if hit is None or hit[0] is not rows:  # the source is kept: its id cannot be reused
+        hit = cache[key] = (rows, gather())
+    return hit[1]

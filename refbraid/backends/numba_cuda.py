@@ -1,7 +1,7 @@
 """Numba CUDA kernels (backend ``"cuda"``), part 1: the activations, and the host side the
 other CUDA modules share.
 
-The ``cuda`` backend is eight modules, one concept each (``refbraid.backends._MODULES``):
+The ``cuda`` backend is ten modules, one concept each (``refbraid.backends._MODULES``):
 
 ========================  ==================================================================
 numba_cuda                activations and the Euler update; dtype checks, launch sizes and
@@ -14,6 +14,8 @@ numba_cuda_attention      bmm, softmax, layer norm, GRU cell (transformer and GR
 numba_cuda_conv3d         'same' 3-D convolution and its adjoint as direct gather kernels
 numba_cuda_pool           2×2 and 2×2×2 average and max pooling and their adjoints
 numba_cuda_batchnorm      batch norm over (batch, space): statistics, apply, adjoint
+numba_cuda_batched        the dense ODE step on k intervals at once (MGRIT's sweeps)
+numba_cuda_step           the dense step's adjoint as its GEMMs plus two fused kernels
 ========================  ==================================================================
 
 The stride-2 convolution runs the reference kernel on the backend's (device) arrays.

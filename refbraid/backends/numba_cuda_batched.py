@@ -7,8 +7,10 @@ its own weights ``W[j]``, bias ``b[j]`` and step size ``h[j]``::
     forward   Z[j] = Y[j] W[j]ᵀ + b[j]              one batched GEMM launch (grid z = j)
               Y_next[j] = Y[j] + h[j] σ(Z[j])       one element-wise launch over the stack
     adjoint   S[j] = h[j] (σ'(Z[j]) ⊙ dY_next[j])   one element-wise launch (h· fused)
-              dY[j] = dY_next[j] + S[j] W[j]        one batched GEMM launch, + in the glue
-              dW[j] = S[j]ᵀ Y[j],  db[j] = Σ_B S[j]   one batched GEMM, one column-sum launch
+              P[j] = S[j] W[j],  dW[j] = S[j]ᵀ Y[j]  two batched GEMM launches
+              dY[j] = dY_next[j] + P[j],  db[j] = Σ_B S[j]   one launch
+                                                    (numba_cuda_step.add_column_sums;
+                                                    without grads: + in the glue)
 
 k launches and 2k host↔device copies per array become one of each. Every row does what the
 per-step path does (:mod:`refbraid.backends.numba_cuda_dense`'s tiled or per-element GEMM,
@@ -29,8 +31,8 @@ this backend's activation kernels.
 :func:`refbraid.backends.batched_sweeps_on`): one launch set per sweep instead of one per
 interval cuts a layer-parallel gradient's launches 3–5× at N = 64–256 with the same dependency
 depth (:mod:`refbraid.backends.device_batching`, counted without a GPU by
-``benchmarks/count_launches.py``); ``benchmarks/bench_gpu.py``'s ``sweeps`` rows time it on a
-GPU.
+``python -m benchmarks quick counts``); the ``gpu`` suite's ``LP per-step`` / ``LP batched``
+rows time it on a GPU (``python -m benchmarks quick gpu``).
 
 Shape legend: k rows, B batch, C width; op(A) is A or Aᵀ per row.
 """
@@ -41,6 +43,7 @@ import numpy as np
 
 from . import numba_cpu_batched
 from . import numba_cuda_memory as mem
+from .device_batching import copied_once
 from .numba_cpu import activation_code
 from .numba_cuda import (
     THREADS,
@@ -54,6 +57,7 @@ from .numba_cuda import (
 )
 from .numba_cuda_dense import SHARED_TILE, SMALL_BLOCK, TILE
 from .numba_cuda_memory import KernelCall, Output
+from .numba_cuda_step import add_column_sums
 from .reference_batched import _dense_adjoint, _dense_forward
 
 #: Whether MGRIT's sweeps on ``cuda`` use batched steps (module docstring): on, by launch counts
@@ -82,10 +86,11 @@ def _step_sizes(call: KernelCall, h, dtype):
     """The k step sizes as a kernel argument of ``dtype``: copied in with the inputs (host
     mode) or made on the device (one host→device copy of k numbers)."""
     h = np.asarray(h, dtype=dtype)
-    if call.on_device:
-        if mem.DEVICE is not None:
-            return call.arg(mem.xp.asarray(h, device=mem.DEVICE), dtype)
-        return call.arg(mem.xp.asarray(h), dtype)
+    if call.on_device:  # once per distinct set of step sizes (device_batching.copied_once)
+        where = {} if mem.DEVICE is None else {"device": mem.DEVICE}
+        copy = copied_once(("cuda", id(mem.xp), repr(mem.DEVICE)), h,
+                           lambda v: mem.xp.asarray(v, **where))
+        return call.arg(copy, dtype)
     return call.arg(h, dtype)
 
 
@@ -180,19 +185,6 @@ def _scaled_adjoint_rows_kernel(z, dy, h, n, code, out):
         out[i] = h[i // n] * out[i]
 
 
-@cuda_jit
-def _column_sums_kernel(S, out):
-    """out[j, c] = Σ_n S[j, n, c]: one thread per (j, c), n in order."""
-    t = cuda.grid(1)
-    C = S.shape[2]
-    if t < S.shape[0] * C:
-        j, c = t // C, t % C
-        acc = 0.0
-        for n in range(S.shape[1]):
-            acc += S[j, n, c]
-        out[j, c] = acc
-
-
 # ----------------------------------------------------------------------------- host side
 def _gemm(call: KernelCall, A, B, trans_a: bool, trans_b: bool, k: int, M: int, N: int, dtype,
           bias=None) -> Output:
@@ -240,13 +232,12 @@ def dense_adjoint_batched(Y, Z, dY_next, W, h, act: str, grads: bool = True):
                                                     _step_sizes(call, h, dtype), B * C,
                                                     activation_code(act), S.arg)
     Sd, Wd = S.arg.reshape((k, B, C)), call.arg(W, dtype)
-    dY = dY_next + call.result(_gemm(call, Sd, Wd, False, False, k, B, C, dtype))
+    P = _gemm(call, Sd, Wd, False, False, k, B, C, dtype)
     if not grads:
-        return dY, None, None
+        return dY_next + call.result(P), None, None
     dW = _gemm(call, Sd, call.arg(Y, dtype), True, False, k, C, C, dtype)
-    db = call.out((k, C), dtype)
-    _column_sums_kernel[blocks(k * C), THREADS](Sd, db.arg)
-    return dY, call.result(dW), call.result(db)
+    dY, db = add_column_sums(call, P.arg, dY_next, Sd, dtype, k, B, C)  # + and Σ_B, one launch
+    return call.result(dY), call.result(dW), call.result(db)
 
 
 # ----------------------------------------------------------------------------- catalogue entries

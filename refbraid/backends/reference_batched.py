@@ -1,4 +1,11 @@
-"""k layers at once, each with its own weights: MGRIT's batched sweeps of a dense or conv network.
+"""Whole dense ODE steps (one, and k at once), and k conv layers at once: MGRIT's batched sweeps.
+
+One dense ODE step (catalogue kernels ``dense_step`` / ``dense_step_adjoint``): the
+composition :class:`refbraid.layers.DenseStep` makes of the per-operation kernels, ``z =
+linear(y, W, b)``, ``y_next = euler_act(y, z, h)``; ``s = h σ'(z) ⊙ dy_next``, ``dy = dy_next
++ s W``, ``dW = sᵀ y``, ``db = Σ_B s``. A GPU backend overrides them to issue one GEMM per
+product and one fused kernel per element-wise chain (:mod:`refbraid.backends.cupy_gpu`,
+:mod:`refbraid.backends.numba_cuda_step`); the layer calls them only where a backend does.
 
 Dense ODE steps (catalogue kernels ``dense_step_batched`` / ``dense_step_batched_adjoint``,
 :data:`refbraid.backends.KERNELS`; the numba and cuda backends override them with fused
@@ -34,15 +41,25 @@ from __future__ import annotations
 
 import numpy as np
 
-from .portable import asarray_on, contiguous, zeros_on
-from .reference import activation, activation_adjoint, array_namespace, check_activation
+from .device_batching import values_on
+from .portable import contiguous, zeros_on
+from .reference import (
+    activation,
+    activation_adjoint,
+    array_namespace,
+    check_activation,
+    euler_act,
+    linear,
+    linear_adjoint,
+    matmul,
+)
 
 
 def _dense_forward(Y, W, b, h, act: str, sigma):
     """(Y_next, Z) of :func:`dense_step_batched` with the activation kernel ``sigma``."""
     check_activation(act)
     xp = array_namespace(Y)
-    h = asarray_on(Y, h, dtype=Y.dtype)[:, None, None]  # as a Python float h is: Y's dtype
+    h = values_on(Y, h, Y.dtype)[:, None, None]  # as a Python float h is: Y's dtype
     Z = xp.matmul(Y, xp.permute_dims(W, (0, 2, 1)))  # k,B,C
     Z += b[:, None, :]
     # Y + h σ(Z), updating the fresh σ(Z) in place (h σ, then + Y: the same two roundings
@@ -57,7 +74,7 @@ def _dense_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool, sigma_adjoint):
     """(dY, dW, db) of :func:`dense_step_batched_adjoint` with the kernel ``sigma_adjoint``."""
     check_activation(act)
     xp = array_namespace(dY_next)
-    h = asarray_on(dY_next, h, dtype=dY_next.dtype)[:, None, None]
+    h = values_on(dY_next, h, dY_next.dtype)[:, None, None]  # copied once per content
     S = sigma_adjoint(Z, dY_next, act)  # k,B,C, a fresh array
     S *= h  # h σ'(Z) ⊙ dY_next
     dY = xp.matmul(S, W)
@@ -65,6 +82,21 @@ def _dense_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool, sigma_adjoint):
     if not grads:
         return dY, None, None
     return dY, xp.matmul(xp.permute_dims(S, (0, 2, 1)), Y), xp.sum(S, axis=1)
+
+
+def dense_step(y, W, b, h: float, act: str):
+    """One dense ODE step: y (B,C), W (C,C), b (C,), h -> (y_next, z) (module docstring)."""
+    z = linear(y, W, b)  # B,C
+    return euler_act(y, z, h, act), z
+
+
+def dense_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True):
+    """Its adjoint -> (dy, dW (C,C), db (C,)); dW and db None unless ``grads``."""
+    s = h * activation_adjoint(z, dy_next, act)  # B,C
+    if not grads:
+        return dy_next + matmul(s, W), None, None
+    ds_W, dW, db = linear_adjoint(y, W, s)
+    return dy_next + ds_W, dW, db
 
 
 def dense_step_batched(Y, W, b, h, act: str):

@@ -59,19 +59,31 @@ class DenseStep:
 
     def forward(self, params, y, h: float, bk, out=None):
         """y_next = y + h σ(y Wᵀ + b); returns (y_next, cache). ``out``: an array to write
-        y_next into where the backend can (backends/into.py; else y_next is new)."""
+        y_next into where the backend can (backends/into.py; else y_next is new). A backend
+        that overrides the catalogue kernel ``dense_step`` (cupy: the GEMM, then bias,
+        activation and Euler update in one kernel) computes the step whole; the others
+        compose ``linear`` and ``euler_act``, the same arithmetic."""
         h = check_step_size("h", h)
         check_features("y", y, params["W"].shape[1])
         check_dtype("y", y, params)
+        if "dense_step" in bk.overrides:  # one GEMM and one fused kernel (a GPU backend)
+            y_next, z = bk.dense_step(y, params["W"], params["b"], h, self.activation)
+            return y_next, (y, z)
         z = bk.linear(y, params["W"], params["b"])  # B,C
         return euler_act_into(bk, y, z, h, self.activation, out), (y, z)
 
     def adjoint(self, params, cache, dy_next, h: float, bk, grads: bool = True, out=None):
         """dy = dy_next + (h σ'(z) ⊙ dy_next) W; with grads, also dW, db. Returns (dy, dparams).
-        ``out``: where dy may be written (NumPy, backends/into.py; else dy is new)."""
+        ``out``: where dy may be written (NumPy, backends/into.py; else dy is new). Whole
+        (``dense_step_adjoint``: GEMMs and two fused kernels) where the backend overrides it
+        (cupy, cuda)."""
         y, z = cache
         h = check_step_size("h", h)
         check_adjoint("dy_next", dy_next, y.shape)
+        if "dense_step_adjoint" in bk.overrides:  # GEMMs and fused kernels (a GPU backend)
+            dy, dW, db = bk.dense_step_adjoint(y, z, dy_next, params["W"], h, self.activation,
+                                               grads)
+            return dy, (None if dW is None else {"W": dW, "b": db})
         s = h * bk.activation_adjoint(z, dy_next, self.activation)  # B,C
         if not grads:
             return add_into(dy_next, bk.matmul(s, params["W"]), out), None

@@ -39,8 +39,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends import reference
-from ..backends.device_batching import chunk_rows
-from ..backends.portable import asarray_on, contiguous
+from ..backends.device_batching import chunk_rows, values_on
+from ..backends.portable import contiguous
 from ..indexing import signed_even_slice
 from .attention import _merge_heads, _split_heads, _t
 from .mlp import ACTIVATION
@@ -224,7 +224,7 @@ def _forward_rows(step, params, Y, h, bk):
     k, B, T, E = Y.shape
     R, nh = B * T, step.heads
     sa = step.parts()["sa"]
-    hs = asarray_on(Y, h, dtype=Y.dtype)[:, None, None, None]
+    hs = values_on(Y, h, Y.dtype)[:, None, None, None]  # copied once per content
     l1, mean1, rstd1 = _layernorm(bk, Y, params["ln1.gamma"], params["ln1.beta"], step.eps)
     qkv = xp.reshape(_linear(xp, xp.reshape(l1, (k, R, E)), params["sa.W_in"],
                              params["sa.b_in"]), (k * R, 3 * E))
@@ -288,7 +288,7 @@ def _adjoint_rows(step, params, Y, Z, dY_next, h, bk, grads: bool):
     R, nh = B * T, step.heads
     c = _gather(xp, Z)
     scale = step.parts()["sa"].scale
-    hs = asarray_on(Y, h, dtype=dY_next.dtype)[:, None, None, None]
+    hs = values_on(Y, h, dY_next.dtype)[:, None, None, None]
     g = hs * dY_next
     # MLP: dl2 = φ2'ᵀ g (before LN2)
     da, dW2, db2 = _linear_adjoint(xp, c["a"], params["mlp.W2"], xp.reshape(g, (k, R, E)),

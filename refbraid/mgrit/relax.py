@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.portable import asarray_on
+from ..backends.device_batching import index_on
 from ..indexing import even_slice
 from .arrays import namespace
 
@@ -45,7 +45,7 @@ def copy(u):
 def take_rows(u, positions):
     """Rows ``u[positions]`` as one stacked array, shape (len(positions), *S)."""
     xp = namespace(u)
-    return xp.take(u, asarray_on(u, np.asarray(positions, dtype=np.int64)), axis=0)
+    return xp.take(u, index_on(u, positions), axis=0)  # the index: copied once per cache
 
 
 def rows_view(u, positions):

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..backends import Backend, get_backend
-from ..backends.device_batching import chunk_rows
+from ..backends.device_batching import chunk_rows, index_on
 from ..backends.dtypes import dtype_kind
 from ..backends.host import all_finite
 from ..backends.portable import zeros_on
@@ -206,9 +206,10 @@ class GRUModel:
             for lo in range(0, self.seq_len, per_call):
                 at = np.arange(lo, min(lo + per_call, self.seq_len))
                 p = {**cell, "x": _inputs_at(x, at, bk)}
-                _, cache = self.step.forward_batched(p, states[at, ...], self.dt, bk)
-                d = self.step.weight_gradients_batched(cell, cache, adjoints[at + 1, ...],
-                                                       self.dt, bk)
+                _, cache = self.step.forward_batched(p, states[index_on(states, at), ...],
+                                                     self.dt, bk)
+                after = adjoints[index_on(adjoints, at + 1), ...]
+                d = self.step.weight_gradients_batched(cell, cache, after, self.dt, bk)
                 for j in range(at.size):
                     for name in CELL_WEIGHTS:
                         dcell[name] += d[name][j, ...]
@@ -300,14 +301,14 @@ class GRUAdjoint:
 
 def _inputs_at(x, positions, bk):
     """x[:, p, :] for each p, stacked: (k, B, I)."""
-    return bk.xp.permute_dims(x[:, positions, :], (1, 0, 2))
+    return bk.xp.permute_dims(x[:, index_on(x, positions), :], (1, 0, 2))
 
 
 def _states_at(states, positions, bk):
     """states[p, ...] for each p, stacked: a stacked trajectory is indexed, a row view
     (the distributed trainer's, indexable one row at a time) gathered row by row."""
     if getattr(states, "ndim", None) is not None:
-        return states[positions, ...]
+        return states[index_on(states, positions), ...]  # the index: copied once per content
     return bk.xp.stack([states[int(p), ...] for p in positions])
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..backends import Backend, get_backend, with_host_arrays
+from ..backends.device_batching import DeviceCopies, copies_cached, gathers_cached, on_device
 from ..distributed.engine import DEVICE_RESIDENT_MPI
 from ..errors import CollectiveError
 from ..layer_parallel import (
@@ -92,10 +93,15 @@ def mgrit_gradient(net: Network, settings: LayerParallelSettings, bk: Backend | 
     calls = 0
     workspace = GradientWorkspace()  # the solves' arrays, reused by every call (info is
     # read only inside the call: the next call may overwrite its trajectories)
+    copies = DeviceCopies()  # batched sweeps' index arrays: each copied to the device once
 
     def gradient(params, x, labels):
         nonlocal calls
         calls += 1
+        with copies_cached(copies), gathers_cached(on_device(bk)):
+            return _gradient(params, x, labels)
+
+    def _gradient(params, x, labels):
         if isinstance(net, Network):
             loss, grads, info = layer_parallel_gradient(net, params, x, labels, settings, bk,
                                                         workspace)
