@@ -16,6 +16,8 @@ are in cache, by the loop that visits it anyway::
         w[j] = v[j];   g_Δ[j] = r[j] + (v[j] − Φ_Δ(w[j − 1]))
     c_relax_rows (per C-point j):  u[c_j] = Φ(u[c_j − 1]) + g[c_j]  (and, if asked, the
         residual pu − u[c_j] of the old value first)
+    FiniteWatch: the solver's finiteness check of its solution, row by row in the last
+        fine sweep, each row checked as it is written (not a pass over the block after)
 
 Why the order is allowed: the residual at ``c_j`` reads ``u[c_j − 1]``, the last point of
 interval ``j − 1``, which is final once that interval is swept, and ``u[c_j]``, corrected
@@ -61,6 +63,36 @@ class Correction(NamedTuple):
     interpolate: Any = None
 
 
+#: the sweep checks rows of at least this many values one by one (FiniteWatch); a block of
+#: smaller rows is checked in one pass afterwards, cheaper than a Python call per row
+WATCH_MIN_ROW = 4096
+
+
+class FiniteWatch:
+    """Whether every row shown to it holds only finite values (``ok``), and how many rows it
+    saw (``rows``). The solver checks that its solution is finite; the sweep that writes
+    the F-rows last shows each row here while the row is still in cache, so the check is no
+    second pass over the whole block (the solver checks only the C-rows after).
+
+    A real row is finite if ``Σ r²`` is (an inf or NaN anywhere makes the sum inf or NaN):
+    one BLAS pass, no temporary. Only a non-finite sum (or an overflow of finite squares)
+    falls back to ``isfinite(row).all()``, the test of
+    :func:`refbraid.backends.host.all_finite`: the same answer either way."""
+
+    def __init__(self) -> None:
+        self.ok = True
+        self.rows = 0
+
+    def see(self, row) -> None:
+        self.rows += 1
+        if not self.ok:
+            return
+        if row.dtype.kind == "f" and row.flags.c_contiguous \
+                and np.isfinite(np.vdot(row, row)):
+            return
+        self.ok = bool(np.isfinite(row).all())
+
+
 def _correct_row(u, k: int, corr: Correction, j: int) -> None:
     """``u[k] += P(w[j] − v[j])`` (coarse.correct on one row: the same operations)."""
     d = corr.w[j, ...] - corr.v[j, ...]
@@ -80,9 +112,11 @@ def _phi_plus_g(prev, p0: int, p1: int, g_row, step: StepFn, out_row):
 
 
 def sweep_residual(u, g_sweep, g_res, points, c_pos, step: StepFn,
-                   correction: Correction | None = None, residual: bool = True):
+                   correction: Correction | None = None, residual: bool = True,
+                   watch: FiniteWatch | None = None):
     """F-sweep of a block in place, the pending ``correction`` applied at each C-point just
-    before its interval, and (``residual``) the C-point residual rows j ≥ 1.
+    before its interval, and (``residual``) the C-point residual rows j ≥ 1; ``watch`` (a
+    :class:`FiniteWatch`) sees every F-row as it is written.
 
     ``g_sweep``: the F-sweep's right-hand side (None: zero forcing); ``g_res``: the
     residual's (the level's g). Returns the residual (c, *S) with row 0 still to be written
@@ -103,7 +137,9 @@ def sweep_residual(u, g_sweep, g_res, points, c_pos, step: StepFn,
         stop = cs[j + 1] if j + 1 < len(cs) else n
         for k in range(c + 1, stop):
             g_row = None if g_sweep is None else g_sweep[k, ...]
-            _phi_plus_g(u[k - 1, ...], p[k - 1], p[k], g_row, step, u[k, ...])
+            row = _phi_plus_g(u[k - 1, ...], p[k - 1], p[k], g_row, step, u[k, ...])
+            if watch is not None:
+                watch.see(row)
     return r
 
 

@@ -21,8 +21,10 @@ arrays (CuPy, the ``cuda`` backend's) the textbook's block operations, one launc
 a row loop would launch per row: there the residual and the FAS right-hand side are formed in
 place where NumPy allows, and the correction is applied as a block before the first sweep.
 Either way FCF forms only the residuals someone reads and nested iteration skips the copies
-it never reads. Every value equals the textbook cycle's bit for bit (fused.py's docstring;
-tests/mgrit/test_fused.py).
+it never reads. When the solver knows a level-0 relaxation is its last (``watch_finite``), the
+row-by-row sweep also checks each (large) F-row it writes for NaN/inf (``f_rows_finite``), so
+the solver's finiteness check of the solution reads only the C-rows afterwards. Every value
+equals the textbook cycle's bit for bit (fused.py's docstring; tests/mgrit/test_fused.py).
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from ..parallel.comm import exchange_ghost
 from .coarse import correct
 from .cycle import Cycler, LevelState
 from .fused import (
+    WATCH_MIN_ROW,
     Correction,
+    FiniteWatch,
     c_relax_rows,
     first_residual_row,
     restrict_fas,
@@ -62,6 +66,12 @@ class FusedCycler(Cycler):
         # the row-by-row forms: NumPy states, per-point sweeps (else block operations)
         self._rows = (not self.batched and bool(self.states)
                       and isinstance(self.states[0].step.problem.u0, np.ndarray))
+        #: set by the solver before the level-0 relaxation it knows is its last: that
+        #: relaxation's final F-sweep checks the rows it writes (fused.FiniteWatch)
+        self.watch_finite = False
+        #: after a level-0 relaxation: (all its final F-sweep's rows finite, rows seen), or
+        #: None when that sweep checked none (not watched, or not the row-by-row path)
+        self.f_rows_finite: tuple[bool, int] | None = None
 
     # -- sweeps ----------------------------------------------------------------------------
     def _sweep(self, s: LevelState, residual: bool):
@@ -81,9 +91,13 @@ class FusedCycler(Cycler):
             pu = self._propagate_c(s)  # a new block (Φ + g)
             uc = rows_view(s.u, s.c_pos)
             return np.subtract(pu, uc, out=pu) if _in_place_ok(pu, uc) else pu - uc
-        r = sweep_residual(s.u, g_sweep, s.g, s.points, s.c_pos, s.step, corr, residual)
+        watch = (FiniteWatch() if residual and ell == 0 and self.watch_finite
+                 and s.u[0, ...].size >= WATCH_MIN_ROW else None)
+        r = sweep_residual(s.u, g_sweep, s.g, s.points, s.c_pos, s.step, corr, residual, watch)
         if not residual:
             return None
+        if ell == 0:
+            self.f_rows_finite = None if watch is None else (watch.ok, watch.rows)
         ghost = exchange_ghost(self.comm, s.u[-1, ...])
         return first_residual_row(r, s.u, s.g, s.points, s.step, ghost, s.ghost_point)
 

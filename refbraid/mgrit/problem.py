@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from time import perf_counter
 from typing import Any
 
@@ -203,6 +204,20 @@ def as_problem(obj) -> Problem:
     )
 
 
+@lru_cache(maxsize=64)
+def _function_takes_out(fn) -> bool:
+    """:func:`~refbraid.backends.into.takes_out` of a plain function, read once."""
+    return takes_out(fn)
+
+
+def step_takes_out(step) -> bool:
+    """Whether ``step`` takes ``out=``. A bound method (the layer-parallel propagators, made
+    anew for every gradient) is answered from its function's signature, read once per
+    function instead of once per level and solve; any other callable is inspected."""
+    fn = getattr(step, "__func__", None)
+    return _function_takes_out(fn) if fn is not None else takes_out(step)
+
+
 class CountingStep:
     """The problem's step in solver indices, counting applications and checking shapes.
 
@@ -225,7 +240,7 @@ class CountingStep:
         self._step = problem.step
         #: whether ``step`` takes ``out=`` (write its result there where it can, e.g. the
         #: layer-parallel propagators): :meth:`__call__` passes it on, else drops it
-        self.takes_out = takes_out(problem.step)
+        self.takes_out = step_takes_out(problem.step)
         # solver index -> fine index:  i = s (forward),  i = N - s (backward)
         self._flip = problem.n_steps if problem.direction == "backward" else None
         self.batched = problem.batched_step is not None

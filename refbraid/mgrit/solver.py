@@ -44,6 +44,7 @@ from ..parallel.comm import SerialComm
 from ..parallel.layout import Layout, check_layout, partition
 from .arrays import namespace
 from .cycle import Cycler, build_states
+from .fused import FiniteWatch
 from .fused_cycle import FusedCycler
 from .grid import build_hierarchy
 from .problem import Problem, as_problem, from_fine_order, rhs_solver_order, stacked
@@ -73,6 +74,23 @@ def _holds_nonfinite(u, comm) -> bool:
     if u is not None and u.shape[0]:
         bad = 0.0 if holds_only_finite(u) else 1.0
     return comm.allreduce_sum(bad) > 0
+
+
+def _block_finite(cycler: Cycler, u, c_pos) -> bool:
+    """Whether this rank's solution block ``u`` holds only finite values: every F-row when
+    the last fine F-sweep checked them as it wrote them (the fused cycle's
+    ``f_rows_finite``), then the C-rows; else the whole block."""
+    if not u.shape[0]:
+        return True
+    seen = getattr(cycler, "f_rows_finite", None)
+    if seen is None or seen[1] != u.shape[0] - len(c_pos):
+        return holds_only_finite(u)
+    if not seen[0]:
+        return False
+    watch = FiniteWatch()  # the C-rows, as the sweep checked the F-rows
+    for k in np.asarray(c_pos).tolist():
+        watch.see(u[k, ...])
+    return watch.ok
 
 
 def _divergence_level(records: list[IterationRecord], cycler: Cycler) -> int:
@@ -276,6 +294,8 @@ def solve(
     cycles = 0
     t_prev = time.perf_counter()
     while True:
+        # a relaxation known to be the last may check its rows for NaN/inf as it writes them
+        cycler.watch_finite = cycles >= settings.max_iter or len(hierarchy) == 1
         r, r_post, u_post = cycler.relax(0, snapshot=settings.keep_iterates)
         norm = cycler.norm(r)
         post = norm if r_post is r else cycler.norm(r_post)
@@ -313,7 +333,7 @@ def solve(
     if settings.final_fc_relax and len(hierarchy) > 1 and status != "diverged":
         u0_block = final_c_relax(u0_block, states[0].c_pos, r)
     xp = namespace(u0_block)
-    finite = holds_only_finite(u0_block) if u0_block.shape[0] else True
+    finite = _block_finite(cycler, u0_block, states[0].c_pos)
     all_finite = scomm.allreduce_sum(0.0 if finite else 1.0) == 0  # every rank's block
     if status != "diverged" and not all_finite:
         status, message = "diverged", "non-finite values in the solution"

@@ -21,6 +21,7 @@ from refbraid.mgrit import GradientWorkspace, MGRITSettings, Problem, Workspace,
 from refbraid.mgrit.coarse import correct, fas_rhs
 from refbraid.mgrit.fused import (
     Correction,
+    FiniteWatch,
     c_relax_rows,
     first_residual_row,
     restrict_fas,
@@ -206,6 +207,76 @@ def test_sweep_residual_equals_f_relax_then_c_residual_after_correct(start):
     r = sweep_residual(got, g, g, points, c_pos, step, Correction(w, got[c_pos].copy()))
     r = first_residual_row(r, got, g, points, step, ghost, start - 1 if start else None)
     assert got.tobytes() == want.tobytes() and r.tobytes() == r_want.tobytes()
+
+
+def test_finite_watch_sees_every_f_row_the_sweep_writes():
+    u, g, points, c_pos, step = _block(3)
+    want = f_relax(u, g, points, np.setdiff1d(np.arange(len(u)), c_pos), step)
+    watch = FiniteWatch()
+    got = u.copy()
+    sweep_residual(got, g, g, points, c_pos, step, watch=watch)
+    assert got.tobytes() == want.tobytes()  # watching changes no value
+    assert watch.ok and watch.rows == len(u) - len(c_pos)
+    for bad in (np.nan, np.inf, -np.inf):
+        g_bad = g.copy()
+        g_bad[len(u) - 1, 1] = bad  # the last F-row only
+        watch = FiniteWatch()
+        sweep_residual(u.copy(), g_bad, g_bad, points, c_pos, step, watch=watch)
+        assert not watch.ok and watch.rows == len(u) - len(c_pos)
+    for dtype, big in (("float32", 1e30), ("float64", 1e300)):  # Σ r² overflows: still finite
+        for bad, finite in ((big, True), (np.nan, False), (-np.inf, False)):
+            row = np.ones((2, 3), dtype)
+            row[1, 2] = bad
+            watch = FiniteWatch()
+            watch.see(row)
+            assert watch.ok is finite, (dtype, bad)
+
+
+def _nan_in_the_last_f_row(n=41):
+    """A step whose value at the grid's last point (an F-point no residual reads) is NaN:
+    only the finiteness check of the solution can see it."""
+    p = nonlinear_ode(n, T=1.0, dim=3)
+
+    def step(u, a, b):
+        return p.step(u, a, b) * (np.nan if b == n else 1.0)
+
+    return Problem(step, p.u0, n)
+
+
+@pytest.mark.parametrize("settings", [
+    MGRITSettings(levels=2, cfactor=4, abs_tol=None, max_iter=2, on_divergence="flag"),
+    MGRITSettings(levels=3, cfactor=4, relax="FCF", abs_tol=None, max_iter=1,
+                  final_fc_relax=True, on_divergence="flag"),
+    MGRITSettings(levels=2, cfactor=4, abs_tol=1.0, max_iter=5, on_divergence="flag"),
+], ids=["watched", "watched-FCF-final-FC", "converged-early"])
+@pytest.mark.parametrize("out", [False, True], ids=["plain", "out"])
+@pytest.mark.parametrize("rows_watched", [True, False], ids=["row-by-row", "small-rows"])
+def test_a_nan_only_in_the_solution_is_found_as_by_the_textbook(settings, out, rows_watched,
+                                                                 monkeypatch):
+    import refbraid.mgrit.fused_cycle as fused_cycle_module
+    import refbraid.mgrit.solver as solver_module
+
+    if rows_watched:  # these states have 3 values: watch them as if they were large
+        monkeypatch.setattr(fused_cycle_module, "WATCH_MIN_ROW", 1)
+    problem = _nan_in_the_last_f_row()
+    problem = _with_out(problem) if out else problem
+    clean = nonlinear_ode(41, T=1.0, dim=3)
+    clean = _with_out(clean) if out else _per_point(clean)
+    want = solve(problem, textbook(settings))
+    checked = []  # rows of every block the solver's whole-array check reads
+    inner = solver_module.holds_only_finite
+    monkeypatch.setattr(solver_module, "holds_only_finite",
+                        lambda a: checked.append(a.shape[0]) or inner(a))
+    got = solve(problem, settings)
+    assert got.status == "diverged" and "non-finite values in the solution" in got.message
+    assert got.message == want.message
+    assert_same(got, want)
+    # the last relaxation is known in advance (max_iter): its sweep checks the rows
+    watched = rows_watched and settings.abs_tol is None
+    assert (42 not in checked) if watched else (42 in checked)  # the whole block
+    checked.clear()
+    assert solve(clean, settings).status != "diverged"
+    assert checked == ([] if watched else [42])
 
 
 def test_c_relax_rows_equals_propagate_then_c_relax():
