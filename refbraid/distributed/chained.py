@@ -47,9 +47,8 @@ import numpy as np
 from ..backends import Backend
 from ..layer_parallel import LayerParallelSettings
 from ..network import Params
-from ..parallel.mpi import split_world
 from ..parallel.ops import Broadcast, RowExchange
-from .engine import gather_shards, host_backend, place_rows, replicated_rows, steps_key
+from .engine import gather_shards, place_rows, replicated_rows, steps_key
 from .network import DistributedGradient
 from .ownership import Rows
 
@@ -231,30 +230,3 @@ class Seq2SeqGradient:
         for a, row in rows.items():
             stacked[a] = row
         return xp.sum(stacked, axis=0)
-
-
-# ----------------------------------------------------------------------------- dispatch
-def chained_or_tied(model) -> bool:
-    """Whether :func:`sequence_distributed_gradient` distributes ``model``: a tied GPT or an
-    encoder–decoder (two chained MGRIT blocks)."""
-    from ..sequence.gpt_model import GPTModel
-    from ..sequence.seq2seq_model import Seq2SeqModel
-
-    return (isinstance(model, GPTModel) and model.tied) or isinstance(model, Seq2SeqModel)
-
-
-def sequence_distributed_gradient(model, settings: LayerParallelSettings | None = None,
-                                  bk: Backend | str = "numpy", data_parallel: int = 1,
-                                  world=None):
-    """The MPI gradient of a tied GPT or an encoder–decoder (None for other models); like
-    :func:`~refbraid.distributed.network.distributed_gradient`, collective."""
-    from ..sequence.gpt_model import GPTModel
-    from ..sequence.seq2seq_model import Seq2SeqModel
-
-    if isinstance(model, (GPTModel, Seq2SeqModel)):
-        host_backend(bk, "the chained/tied sequence MPI gradient")
-    if isinstance(model, GPTModel) and model.tied:
-        return TiedGPTGradient(model, split_world(data_parallel, world), settings, bk)
-    if isinstance(model, Seq2SeqModel):
-        return Seq2SeqGradient(model, split_world(data_parallel, world), settings, bk)
-    return None

@@ -29,7 +29,7 @@ from ..errors import CollectiveError
 from ..layer_parallel import LayerParallelSettings, as_settings
 from ..mgrit import Problem, build_hierarchy
 from ..network import Params, group
-from ..parallel.mpi import Topology, split_world
+from ..parallel.mpi import Topology
 from ..parallel.ops import Broadcast, RowExchange
 from ..sequence.gru_model import CELL_WEIGHTS, GRUAdjoint, GRUModel
 from ..sequence.losses import cross_entropy
@@ -180,13 +180,3 @@ class SequenceParallelGRU(Replicated, LayerRanks):
             return partial
         layer.send_next(pack(partial))
         return None
-
-
-def sequence_parallel_gradient(model: GRUModel, settings: LayerParallelSettings | None = None,
-                               bk: Backend | str = "numpy", data_parallel: int = 1,
-                               world=None) -> SequenceParallelGRU:
-    """The trainer's gradient callable for a GRU model over MPI: ``COMM_WORLD`` (or
-    ``world``) split into ``data_parallel`` groups of sequence ranks (module docstring)."""
-    topo = split_world(data_parallel, world)
-    return SequenceParallelGRU(model, topo, settings, bk)
-

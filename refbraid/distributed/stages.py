@@ -37,7 +37,7 @@ from ..backends.host import host_float
 from ..layer_parallel import LayerParallelSettings
 from ..mgrit import Problem
 from ..network import Params, group
-from ..parallel.mpi import Topology, split_world
+from ..parallel.mpi import Topology
 from ..parallel.ops import RowExchange
 from ..stages.batchnorm import final_sweep_stats, has_batch_norm
 from ..stages.layer_parallel import StagedAdjoint, StagedForward, stage_guesses
@@ -197,13 +197,3 @@ class StagedDistributedGradient(Replicated, LayerRanks):
         got = layer.alltoall([{a: made[a] for a in rows} if q != self.q else {}
                               for q, rows in enumerate(plan.send_to)])
         return {a: cache for part in got for a, cache in part.items()}
-
-
-def staged_distributed_gradient(model, settings: LayerParallelSettings | None = None,
-                                bk: Backend | str = "numpy", data_parallel: int = 1,
-                                world=None) -> StagedDistributedGradient:
-    """The trainer's gradient callable for a staged model over MPI: ``COMM_WORLD`` (or
-    ``world``) split into ``data_parallel`` groups of layer ranks (module docstring). Raises
-    the same error on every rank for a split or a combination that is not supported."""
-    topo = split_world(data_parallel, world)
-    return StagedDistributedGradient(model, topo, settings, bk)
