@@ -44,7 +44,7 @@ from ..stages.layer_parallel import StagedAdjoint, StagedForward, stage_guesses
 from ..stages.network import StagedNetwork, accumulate
 from ..stages.network import forward as staged_forward
 from ..stages.packing import PackedTransfer, Packing
-from .engine import LayerRanks, Replicated, host_backend
+from .engine import LayerRanks, Replicated, captured, host_backend
 from .sync_batchnorm import combined_batch_stats, synchronised_backend
 
 
@@ -117,12 +117,9 @@ class StagedChain:
                        transfer=self.transfers[1], guess=lambda i: pk.pack(lam_guess(i), 0))
 
     def gradient(self, rows: list[int], bwd=None) -> Params:
-        missing = [a for a in rows if a not in self.psi.grads]
-        if missing:  # cannot happen: the final relaxation makes every fine adjoint step
-            raise RuntimeError(f"rank {self.g.q}: no captured gradient for steps {missing[:8]}.")
         part = {k: np.zeros_like(v) for k, v in self.params.items()}  # full arrays: a world
-        for a in rows:                                                  # sum assembles them
-            accumulate(part, self.psi.grads[a])
+        for grads in captured(self.psi.grads, rows, self.g.q).values():  # sum assembles them
+            accumulate(part, grads)
         return part
 
     def open_adjoint(self, cache, lam0) -> Params:
