@@ -63,18 +63,31 @@ class MPIRun:
             or world_size() > 1
 
 
+def family(model) -> str | None:
+    """The adapter that distributes ``model``: "staged" (:mod:`.stages`), "gru" (:mod:`.gru`),
+    "tied" or "seq2seq" (:mod:`.chained`), "network" (:mod:`.network`: a Network, or a
+    sequence model's ``mpi_network``: transformer, untied GPT); None where none does."""
+    if staged_network_of(model) is not None:
+        return "staged"
+    if isinstance(model, GRUModel):
+        return "gru"
+    if isinstance(model, GPTModel) and model.tied:
+        return "tied"
+    if isinstance(model, Seq2SeqModel):
+        return "seq2seq"
+    return "network" if isinstance(mpi_block(model), Network) else None
+
+
 def mpi_block(model) -> Network | None:
-    """The Network whose layers :class:`~.network.DistributedGradient` distributes: the model
-    itself, or a sequence model's ``mpi_network`` (transformer, untied GPT); else None."""
+    """The Network whose layers :class:`~.network.DistributedGradient` distributes."""
     return model if isinstance(model, Network) else getattr(model, "mpi_network", None)
 
 
 def device_resident(run: MPIRun, model) -> bool:
     """Whether the run keeps its arrays on the device: a Network (or ``mpi_network``) trained
     by the plain (sharded) DistributedGradient, with none of the host-only policies."""
-    return (isinstance(mpi_block(model), Network) and run.model != "conv-stages"
-            and run.space_parallel == 1 and not run.daso and not run.bias_control
-            and not run.mgopt)
+    return (family(model) == "network" and run.space_parallel == 1 and not run.daso
+            and not run.bias_control and not run.mgopt)
 
 
 def mpi_backend(run: MPIRun, model, bk: Backend, say=None) -> Backend:
@@ -94,27 +107,21 @@ def mpi_backend(run: MPIRun, model, bk: Backend, say=None) -> Backend:
 
 def family_gradient(model, settings: LayerParallelSettings | None = None,
                     bk: Backend | str = "numpy", data_parallel: int = 1, world=None):
-    """The engine adapter of ``model``'s family over ``COMM_WORLD`` (or ``world``) split into
-    ``data_parallel`` groups: a staged network, a GRU (MGRIT over positions), a tied GPT, an
-    encoder–decoder, or a Network's layers. The same CollectiveError on every rank for a model
-    no adapter distributes. Collective."""
-    staged, gru = staged_network_of(model) is not None, isinstance(model, GRUModel)
-    tied = isinstance(model, GPTModel) and model.tied
-    chained = tied or isinstance(model, Seq2SeqModel)
-    block = mpi_block(model)
-    if not (staged or gru or chained or block is not None):
-        raise CollectiveError(f"training over MPI has no adapter for "
-                              f"{type(model).__name__}; train this model in one process.")
-    if chained:
+    """The engine adapter of ``model``'s :func:`family` over ``COMM_WORLD`` (or ``world``) split
+    into ``data_parallel`` groups; the same CollectiveError on every rank for a model no adapter
+    distributes. Collective."""
+    kind = family(model)
+    if kind is None:
+        raise CollectiveError(f"training over MPI has no adapter for {type(model).__name__}; "
+                              "train this model in one process.")
+    if kind in ("tied", "seq2seq"):
         host_backend(bk, "the chained/tied sequence MPI gradient")
     topology = split_world(data_parallel, world)
-    if staged:
-        return StagedDistributedGradient(model, topology, settings, bk)
-    if gru:
-        return SequenceParallelGRU(model, topology, settings, bk)
-    if chained:
-        return (TiedGPTGradient if tied else Seq2SeqGradient)(model, topology, settings, bk)
-    return DistributedGradient(block, topology, settings, bk)
+    if kind == "network":
+        return DistributedGradient(mpi_block(model), topology, settings, bk)
+    adapter = {"staged": StagedDistributedGradient, "gru": SequenceParallelGRU,
+               "tied": TiedGPTGradient, "seq2seq": Seq2SeqGradient}[kind]
+    return adapter(model, topology, settings, bk)
 
 
 def mpi_gradient(run: MPIRun, model, settings: LayerParallelSettings, bk: Backend,
@@ -122,8 +129,8 @@ def mpi_gradient(run: MPIRun, model, settings: LayerParallelSettings, bk: Backen
     """(name, gradient) for ``refbraid train`` under mpiexec (module docstring).
     ``controlled()`` makes the one-process bias controller (its rule and bookkeeping) that
     ``--bias-control`` runs around the gradient. Collective: every rank calls it."""
-    staged, gru = run.model == "conv-stages", isinstance(model, GRUModel)
-    if staged and (run.space_parallel > 1 or run.daso):
+    kind = family(model)
+    if kind == "staged" and (run.space_parallel > 1 or run.daso):
         raise CollectiveError("`--model conv-stages` over MPI trains with layer and data "
                               "parallelism only; `--space-parallel` and DASO (`--dp-groups`, "
                               "`--global-sync-every`) are not built for it.")
@@ -142,22 +149,14 @@ def mpi_gradient(run: MPIRun, model, settings: LayerParallelSettings, bk: Backen
                                   f"{world_size()}`.")
         schedule = DasoSchedule(groups=run.dp_groups, max_global_skips=run.global_sync_every)
         return "daso-mpi", daso_gradient(model, schedule, run.epochs, settings, bk)
-    chained = (isinstance(model, GPTModel) and model.tied) or isinstance(model, Seq2SeqModel)
-    if mpi_block(model) is None and not (staged or gru or chained):
-        raise CollectiveError(f"`--model {run.model}`: training over MPI supports the "
-                              "resnet, conv, conv-stages, transformer, transformer-"
-                              "decoder, transformer-seq2seq, gpt, gpt-untied, gru and "
-                              "implicit-gru models; train this model in one process.")
-    if run.bias_control and (staged or chained):  # bias control is tested on the others
+    if run.bias_control and kind in ("staged", "tied", "seq2seq"):  # tested on the others
         raise CollectiveError(f"`--bias-control` with `--model {run.model}` runs in one "
                               "process only (not under mpiexec); drop one of them.")
-    if staged:  # replicated: the owned-shard mode is not built for staged networks
-        return "layer-parallel-mpi", family_gradient(model, settings, bk, run.data_parallel)
-    name = "sequence-parallel-mpi" if gru else "layer-parallel-mpi"
+    name = "sequence-parallel-mpi" if kind == "gru" else "layer-parallel-mpi"
 
-    def build(s: LayerParallelSettings):  # a GRU replicated; each other rank its own layers
+    def build(s: LayerParallelSettings):  # each rank its own layers where they are steps
         inner = family_gradient(model, s, bk, run.data_parallel)
-        return inner if gru else ShardedGradient(inner)
+        return inner if kind in ("staged", "gru") else ShardedGradient(inner)
 
     if not run.bias_control:
         return name, build(settings)
