@@ -19,10 +19,12 @@ space.py           data × space × depth: every feature map split over space ra
 sharded.py         owned parameter shards: the optimizer step local to each rank
 daso.py            DASO: hierarchical data parallelism with stale global averages
 bias_control.py    ``--bias-control`` over ranks (the rule measured on rank 0)
+choose.py          which of them trains a run under mpiexec (``MPIRun``: its flags)
 =================  ==============================================================
 
-Nothing here imports :mod:`refbraid.training`: training chooses one of these gradients
-(:func:`refbraid.training.gradients.select_gradient`) and drives it.
+Nothing here imports :mod:`refbraid.training`: training hands :mod:`.choose` its flags as an
+:class:`~.choose.MPIRun` (:func:`refbraid.training.gradients.select_gradient`) and drives the
+gradient it gets.
 """
 
 from .network import DistributedGradient, distributed_gradient

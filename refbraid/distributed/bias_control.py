@@ -37,12 +37,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .engine import WorldHooks
+
 
 def _quiet(*args, **kwargs) -> None:
     return None
 
 
-class MPIControlledGradient:
+class MPIControlledGradient(WorldHooks):
     """The controlled layer-parallel gradient over MPI (module docstring).
 
     ``core`` is the single-process :class:`ControlledGradient` of the same model and flags
@@ -62,19 +64,12 @@ class MPIControlledGradient:
 
     # -- the trainer's hooks --------------------------------------------------------------
     @property
-    def is_root(self) -> bool:
-        return self.inner.is_root
-
-    @property
     def decisions(self) -> list[dict[str, Any]]:
         return self.core.decisions
 
     def summary(self) -> dict[str, Any]:
         """What ``bias_control.json`` holds (the same on every rank; rank 0 writes it)."""
         return self.core.summary()
-
-    def share(self, value: Any, root: int = 0) -> Any:
-        return self.world.bcast(value, root)
 
     def localize(self, state) -> None:
         self.inner.localize(state)

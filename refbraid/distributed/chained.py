@@ -47,9 +47,8 @@ import numpy as np
 from ..backends import Backend
 from ..layer_parallel import LayerParallelSettings
 from ..network import Params
-from ..parallel.mpi import split_world
 from ..parallel.ops import Broadcast, RowExchange
-from .engine import gather_shards, host_backend, place_rows, replicated_rows, steps_key
+from .engine import WorldHooks, gather_shards, replicated_rows, steps_key
 from .network import DistributedGradient
 from .ownership import Rows
 
@@ -126,10 +125,10 @@ def _combined_stats(enc: dict[str, float], dec: dict[str, float]) -> dict[str, f
 
 
 # ----------------------------------------------------------------------------- encoder–decoder
-class Seq2SeqGradient:
+class Seq2SeqGradient(WorldHooks):
     """An encoder–decoder's gradient over MPI (module docstring); the interface of
     :class:`DistributedGradient` (``__call__``, ``sharded``, ``shard``, ``gather``,
-    ``logits``, ``topo``, ``is_root``), so :class:`~refbraid.distributed.sharded.ShardedGradient`
+    ``logits``, ``world``, ``is_root``), so :class:`~refbraid.distributed.sharded.ShardedGradient`
     drives it. Construction is collective."""
 
     __name__ = "layer-parallel-mpi"
@@ -139,14 +138,11 @@ class Seq2SeqGradient:
         self.model = model
         self.enc = DistributedGradient(model.encoder, topology, settings, bk)
         self.dec = DistributedGradient(model.decoder, topology, settings, bk)
-        self.topo, self.settings, self.bk = topology, self.enc.settings, self.enc.bk
+        self.topo, self.world = topology, topology.world
+        self.settings, self.bk = self.enc.settings, self.enc.bk
         self.last = topology.layer.size - 1
         self.memory_bcast = Broadcast(topology.layer, root=self.last)
         self.last_solves: dict[str, Any] = {}
-
-    @property
-    def is_root(self) -> bool:
-        return self.topo.is_root
 
     def logits(self, params: Params, x):
         """The model's MGRIT forward on full params, decoding token by token when
@@ -173,10 +169,8 @@ class Seq2SeqGradient:
         rows = [replicated_rows(g.plan, g.q, p)
                 for g, p in zip((self.enc, self.dec), blocks, strict=True)]
         loss, (enc_part, dec_part), stats = self._gradient(rows, blocks, x, labels)
-        grads = {k: np.zeros_like(v) for k, v in params.items()}
-        for name, part in zip(BLOCKS, (enc_part, dec_part), strict=True):
-            place_rows(grads, _prefixed(part, name))
-        return loss, self.enc.sum_world(grads), stats
+        part = {**_prefixed(enc_part, "encoder"), **_prefixed(dec_part, "decoder")}
+        return loss, self.enc.assemble(part, params), stats
 
     def sharded(self, shard: Params, x, labels):
         """Sharded mode: ghosts fetched per block, rows sent home, groups summed."""
@@ -231,30 +225,3 @@ class Seq2SeqGradient:
         for a, row in rows.items():
             stacked[a] = row
         return xp.sum(stacked, axis=0)
-
-
-# ----------------------------------------------------------------------------- dispatch
-def chained_or_tied(model) -> bool:
-    """Whether :func:`sequence_distributed_gradient` distributes ``model``: a tied GPT or an
-    encoder–decoder (two chained MGRIT blocks)."""
-    from ..sequence.gpt_model import GPTModel
-    from ..sequence.seq2seq_model import Seq2SeqModel
-
-    return (isinstance(model, GPTModel) and model.tied) or isinstance(model, Seq2SeqModel)
-
-
-def sequence_distributed_gradient(model, settings: LayerParallelSettings | None = None,
-                                  bk: Backend | str = "numpy", data_parallel: int = 1,
-                                  world=None):
-    """The MPI gradient of a tied GPT or an encoder–decoder (None for other models); like
-    :func:`~refbraid.distributed.network.distributed_gradient`, collective."""
-    from ..sequence.gpt_model import GPTModel
-    from ..sequence.seq2seq_model import Seq2SeqModel
-
-    if isinstance(model, (GPTModel, Seq2SeqModel)):
-        host_backend(bk, "the chained/tied sequence MPI gradient")
-    if isinstance(model, GPTModel) and model.tied:
-        return TiedGPTGradient(model, split_world(data_parallel, world), settings, bk)
-    if isinstance(model, Seq2SeqModel):
-        return Seq2SeqGradient(model, split_world(data_parallel, world), settings, bk)
-    return None

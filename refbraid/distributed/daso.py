@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -51,7 +50,7 @@ from ..errors import CollectiveError
 from ..network import Network, Params
 from ..parallel.hierarchy import NodeSplit, ring_bytes_per_rank, split_nodes
 from ..parallel.mpi import split_world, sum_to_all
-from .engine import host_backend, pack, shard_sizes, unpack
+from .engine import WorldHooks, host_backend, pack, shard_sizes, unpack
 from .network import DistributedGradient
 
 PHASES = ("warm-up", "cycling", "cool-down")
@@ -146,7 +145,7 @@ def stale_merge(theta_now: np.ndarray, sent_sum: np.ndarray, n_nodes: int,
 
 
 # ----------------------------------------------------------------------------- the gradient
-class DasoGradient:
+class DasoGradient(WorldHooks):
     """The trainer's gradient callable for DASO under ``mpiexec`` (every rank one data shard).
 
     ``gradient(params, x, labels) -> (loss, grads, stats)``: every rank passes the same full
@@ -164,6 +163,7 @@ class DasoGradient:
         host_backend(bk, "DASO")
         self.schedule, self.epochs = schedule, int(epochs)
         self.nodes: NodeSplit = split_nodes(schedule.groups, world)
+        self.world = self.nodes.world
         D, L = self.nodes.world.size, self.nodes.ranks_per_node
         #: plain data parallelism over all D ranks: the synchronous steps
         self.sync = DistributedGradient(net, split_world(D, world), settings, bk)
@@ -180,14 +180,6 @@ class DasoGradient:
         self.counts = {"sync_steps": 0, "local_steps": 0, "global_averages": 0}
 
     # -- hooks ----------------------------------------------------------------------------
-    @property
-    def is_root(self) -> bool:
-        return self.nodes.world.rank == 0
-
-    def share(self, value: Any, root: int = 0) -> Any:
-        """World rank ``root``'s value on every rank. Collective."""
-        return self.nodes.world.bcast(value, root)
-
     @property
     def phase(self) -> str:
         return self.schedule.phase(self.epoch, self.epochs)

@@ -55,7 +55,7 @@ import numpy as np
 
 from ..backends import Backend, get_backend
 from ..backends.host import to_host
-from ..backends.portable import namespace
+from ..backends.portable import namespace, zeros_on
 from ..errors import CollectiveError
 from ..layer_parallel import LayerParallelSettings, as_settings
 from ..mgrit import Problem, solve
@@ -100,7 +100,23 @@ class Chain(Protocol):
 
 
 # ----------------------------------------------------------------------------- the engine
-class LayerRanks:
+class WorldHooks:
+    """What the trainer (:func:`refbraid.training.trainer.fit`) asks of every MPI gradient
+    besides the gradient: which rank is the root, and the root's values on every rank."""
+
+    world: Any  # the MPIComm of all ranks that train together
+
+    @property
+    def is_root(self) -> bool:
+        """World rank 0: the rank that evaluates, prints and writes files."""
+        return self.world.rank == 0
+
+    def share(self, value: Any, root: int = 0) -> Any:
+        """World rank ``root``'s ``value`` on every rank. Collective."""
+        return self.world.bcast(value, root)
+
+
+class LayerRanks(WorldHooks):
     """The engine on this rank: topology, MGRIT settings, the BlockPlan over ``n_steps``, the
     broadcasts of y[0] and λ[N], the state exchange of the adjoint, the batch share, the
     solve statistics. A family's gradient derives from it and supplies a :class:`Chain`."""
@@ -112,7 +128,7 @@ class LayerRanks:
         if not isinstance(topology, Topology):
             raise TypeError(f"`topology` must be a refbraid.parallel.mpi.Topology (from "
                             f"split_world), got {type(topology).__name__}.")
-        self.topo, self.bk = topology, bk
+        self.topo, self.world, self.bk = topology, topology.world, bk
         self.settings = as_settings(settings)
         self.plan = BlockPlan.build(n_steps, self.settings, topology.layer.size) \
             if plan is None else plan
@@ -126,13 +142,11 @@ class LayerRanks:
         self.bcast_y0 = Broadcast(layer, root=0)
         self.bcast_lam = Broadcast(layer, root=self.last)
         self.copies = topology.n_groups  # copies of the network that run (phi_calls)
+        #: one layer rank and one MGRIT level both ways: a group's gradient is backprop
+        self.sequential = layer.size == 1 and self.settings.forward.levels == 1 \
+            and self.settings.backward.levels == 1
         self.last_solves: dict[str, Any] = {}  # this rank's MGRIT records of the last call
         self.last_timings: dict[str, float] = {}  # and its seconds per phase
-
-    @property
-    def is_root(self) -> bool:
-        """World rank 0: the rank that evaluates, prints and writes files."""
-        return self.topo.is_root
 
     def batch_share(self, x, labels, tokens: bool | None = None):
         """(this group's samples, its labels, its weight in the mean loss): B_g/B, or S_g/S
@@ -182,17 +196,33 @@ class LayerRanks:
             lam0 = row(bwd.solution, list(bwd.fine_indices).index(0))
             part.update(chain.open_adjoint(open_cache, lam0))
         self.last_solves = {"forward": fwd, "backward": bwd}
-        world = self.topo.world
-        loss = world.allreduce_sum(loss_part)
-        stats = solve_stats(fwd, bwd, world, copies=self.copies)
+        loss = self.world.allreduce_sum(loss_part)
+        stats = solve_stats(fwd, bwd, self.world, copies=self.copies)
         self.last_timings = {"fwd_s": fwd.solve_seconds, "bwd_s": bwd.solve_seconds,
                              "gradient_s": time.perf_counter() - t_start}
         return loss, part, stats
 
+    def backprop_share(self, loss, grads: Params, weight: float):
+        """Pure data parallelism (one layer rank, one MGRIT level: :attr:`sequential`): the
+        world's loss and this group's part from its backprop on its shard, both weighted
+        B_g/B (``weight`` 1 for a seed already weighted); the counts of a 1-level solve pair."""
+        if weight != 1.0:
+            grads = {k: v * weight for k, v in grads.items()}
+        self.last_solves = {}
+        n = 2.0 * self.plan.n_layers  # N forward + N adjoint steps
+        return self.world.allreduce_sum(weight * loss), grads, {"phi_calls": n,
+                                                                 "rank_phi_calls": n}
+
+    def assemble(self, part: dict[str, Any], params: Params) -> Params:
+        """Replicated mode's full gradient on every rank: this rank's ``part`` written into
+        zeros shaped as ``params`` (:func:`place_rows`), summed over the world."""
+        return self.sum_world(place_rows({k: zeros_on(v, v.shape) for k, v in params.items()},
+                                         part))
+
     def sum_world(self, grads: Params) -> Params:
         """Replicated mode's assembly: Σ over every rank of the zero-filled parts (one
         message; the same bits on every rank)."""
-        return unpack(self.topo.world.sum_to_all(pack(grads)), grads)
+        return unpack(self.world.sum_to_all(pack(grads)), grads)
 
     def sum_groups(self, grads: Params) -> Params:
         """Σ over the data-parallel groups (every group's gradient of the same shard)."""
@@ -201,12 +231,10 @@ class LayerRanks:
         return grads
 
 
-class Replicated:
+class Replicated(WorldHooks):
     """The trainer's hooks (:func:`refbraid.training.trainer.fit`) of a gradient whose
     parameters every rank holds whole: nothing to shard, and only world rank ``root`` gets
     them back, so only it evaluates and writes checkpoints (the single-process format)."""
-
-    topo: Topology
 
     def localize(self, state) -> None:
         """Nothing to cut: every rank keeps all parameters and optimizer state."""
@@ -217,15 +245,11 @@ class Replicated:
 
     def gather_params(self, params: Params, root: int = 0) -> Params | None:
         """The full parameters on world rank ``root`` (already there), None elsewhere."""
-        return params if self.topo.world.rank == root else None
+        return params if self.world.rank == root else None
 
     def gather_optimizer(self, optimizer, params: Params | None, root: int = 0):
         """The optimizer (state of all parameters) on world rank ``root``, None elsewhere."""
-        return optimizer if self.topo.world.rank == root else None
-
-    def share(self, value: Any, root: int = 0) -> Any:
-        """World rank ``root``'s ``value`` on every rank. Collective."""
-        return self.topo.world.bcast(value, root)
+        return optimizer if self.world.rank == root else None
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -313,6 +337,16 @@ def replicated_rows(plan, q: int, params: Params) -> dict[str, Rows]:
     need = plan.weight_rows(q)
     return {k: Rows(f"steps.{k}", q, {int(n): row(v, int(n)) for n in need})
             for k, v in group(params, "steps").items()}
+
+
+def captured(grads: dict[int, Any], rows: list[int], rank: int) -> dict[int, Any]:
+    """The gradients ``grads[a]`` a capturing adjoint made for the ``rows`` (RuntimeError
+    naming the missing ones, which cannot happen: the solve's final relaxation makes every
+    fine adjoint step of the rank's block)."""
+    missing = [a for a in rows if a not in grads]
+    if missing:
+        raise RuntimeError(f"rank {rank}: no captured gradient for steps {missing[:8]}.")
+    return {a: grads[a] for a in rows}
 
 
 def place_rows(grads: Params, part: dict[str, Any]) -> Params:

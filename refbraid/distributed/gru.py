@@ -29,7 +29,7 @@ from ..errors import CollectiveError
 from ..layer_parallel import LayerParallelSettings, as_settings
 from ..mgrit import Problem, build_hierarchy
 from ..network import Params, group
-from ..parallel.mpi import Topology, split_world
+from ..parallel.mpi import Topology
 from ..parallel.ops import Broadcast, RowExchange
 from ..sequence.gru_model import CELL_WEIGHTS, GRUAdjoint, GRUModel
 from ..sequence.losses import cross_entropy
@@ -124,8 +124,6 @@ class SequenceParallelGRU(Replicated, LayerRanks):
                             f"levels or a smaller cfactor.") from None
         super().__init__(topology, settings, L, bk, plan)
         self.model = model
-        self.sequential = Q == 1 and settings.forward.levels == 1 \
-            and settings.backward.levels == 1
         self.positions = [k for k in self.y_owned if k < L]  # gradient terms made here
         self.lam_owned = plan.backward_points(self.q)
         self.lams_x = RowExchange(topology.layer, self.lam_owned,
@@ -143,23 +141,14 @@ class SequenceParallelGRU(Replicated, LayerRanks):
         t_start = time.perf_counter()
         self.model._check(params, x)
         xs, ys, weight = self.batch_share(x, labels)
-        if self.sequential:
-            loss, grads, stats = self._backprop(params, xs, ys, weight)
+        if self.sequential:  # one rank per group, one level: backprop through time
+            loss, grads, _ = self.model.backprop(params, xs, ys, self.bk)
+            loss, grads, stats = self.backprop_share(loss, grads, weight)
         else:
             loss, grads, stats = self.run(GRUChain(self, params, xs), xs, ys, weight)
         grads = self.sum_groups(grads)  # Σ over the groups' shards (round-off vs one process)
         self.last_timings["gradient_s"] = time.perf_counter() - t_start
         return loss, {k: grads[k] for k in params}, stats
-
-    def _backprop(self, params, xs, ys, weight):
-        """One rank per group and one level: backprop through time on the group's shard."""
-        loss, grads, _ = self.model.backprop(params, xs, ys, self.bk)
-        if weight != 1.0:
-            grads = {k: v * weight for k, v in grads.items()}
-        self.last_solves = {}
-        n = 2.0 * self.model.seq_len
-        return self.topo.world.allreduce_sum(weight * loss), grads, \
-            {"phi_calls": n, "rank_phi_calls": n}
 
     def ordered_sum(self, cell, xs, states: Rows, lams: Rows) -> dict[str, Any] | None:
         """Σ_k (∂Φ(h[k])/∂θ)ᵀ λ[k+1] in position order through the ranks: the terms of this
@@ -180,13 +169,3 @@ class SequenceParallelGRU(Replicated, LayerRanks):
             return partial
         layer.send_next(pack(partial))
         return None
-
-
-def sequence_parallel_gradient(model: GRUModel, settings: LayerParallelSettings | None = None,
-                               bk: Backend | str = "numpy", data_parallel: int = 1,
-                               world=None) -> SequenceParallelGRU:
-    """The trainer's gradient callable for a GRU model over MPI: ``COMM_WORLD`` (or
-    ``world``) split into ``data_parallel`` groups of sequence ranks (module docstring)."""
-    topo = split_world(data_parallel, world)
-    return SequenceParallelGRU(model, topo, settings, bk)
-

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..backends import Backend, get_backend
 from ..backends.host import host_float
-from ..backends.portable import copy_of, namespace, zeros_on
+from ..backends.portable import copy_of, namespace
 from ..layer_parallel import CachingForward, CapturingAdjoint, LayerParallelSettings, mgrit_forward
 from ..mgrit import GradientWorkspace, Problem
 from ..network import Network, Params, backprop, check_batch, group, row
@@ -31,7 +31,7 @@ from ..parallel.mpi import Topology, split_world
 from ..parallel.ops import RowExchange
 from ..sequence.block_gradient import block_backprop
 from ..sequence.losses import cross_entropy
-from .engine import LayerRanks, gather_shards, place_rows, replicated_rows, steps_key
+from .engine import LayerRanks, captured, gather_shards, replicated_rows, steps_key
 from .ownership import Rows
 
 
@@ -81,11 +81,7 @@ class NetworkChain:
                        transfer=g.transfers[1])
 
     def gradient(self, rows: list[int], bwd=None) -> Params:
-        grads = self.psi.grads
-        missing = [a for a in rows if a not in grads]
-        if missing:  # cannot happen: the final relaxation makes every fine adjoint step
-            raise RuntimeError(f"rank {self.g.q}: no captured gradient for layers "
-                               f"{missing[:8]}.")
+        grads = captured(self.psi.grads, rows, self.g.q)
         return {f"steps.{k}": {a: grads[a][k] for a in rows} for k in self.rows}
 
     def open_adjoint(self, cache, lam0) -> Params:
@@ -117,9 +113,6 @@ class DistributedGradient(LayerRanks):
         spatial = self.settings.spatial
         self.transfers = (self.settings.forward_transfer, self.settings.backward_transfer)
         self.restriction = spatial.restriction if spatial else "average"
-        #: one layer rank and one MGRIT level both ways: the group's gradient is backprop
-        self.sequential = topology.layer.size == 1 and self.settings.forward.levels == 1 \
-            and self.settings.backward.levels == 1
         layer, q = topology.layer, self.q
         self.owned = self.plan.owned_layers(q)
         weight_in = sorted(set(self.plan.weight_rows(q)) - set(self.owned))
@@ -159,8 +152,7 @@ class DistributedGradient(LayerRanks):
         rows = replicated_rows(self.plan, self.q, params)
         loss, part, stats = self._gradient(rows, params, x, labels)
         t0 = time.perf_counter()
-        grads = place_rows({k: zeros_on(v, v.shape) for k, v in params.items()}, part)
-        grads = self.sum_world(grads)
+        grads = self.assemble(part, params)
         self.last_timings["assemble_s"] = time.perf_counter() - t0
         return loss, grads, stats
 
@@ -230,20 +222,17 @@ class DistributedGradient(LayerRanks):
         """Pure data parallelism (one layer rank, one MGRIT level): the group's gradient is
         sequential backprop on its shard, scaled by B_g/B; no MGRIT machinery."""
         if dloss is not None:  # the seed is given, already weighted (a chained block)
-            loss, part, _ = block_backprop(self.net, params, xs,
-                                           lambda z: dloss(z, ys, weight), self.bk)
+            loss, grads, _ = block_backprop(self.net, params, xs,
+                                            lambda z: dloss(z, ys, weight), self.bk)
+            weight = 1.0
         elif ys.ndim == 1:
             loss, grads, _ = backprop(self.net, params, xs, ys, self.bk)
         else:  # a token model's per-token labels (IGNORE allowed)
             loss, grads, _ = block_backprop(self.net, params, xs,
                                             lambda z: cross_entropy(z, ys, self.bk), self.bk)
-        if dloss is None:
-            loss, part = weight * loss, {k: v * weight for k, v in grads.items()}
-        self.last_solves = {}
-        loss_total = self.topo.world.allreduce_sum(loss)
-        n = 2.0 * self.net.n_layers  # N forward + N adjoint steps, like a 1-level solve pair
+        result = self.backprop_share(loss, grads, weight)
         self.last_timings = {"gradient_s": time.perf_counter() - t_start}
-        return loss_total, part, {"phi_calls": n, "rank_phi_calls": n}
+        return result
 
 
 def distributed_gradient(net: Network, settings: LayerParallelSettings | None = None,

@@ -28,10 +28,11 @@ from typing import Any
 import numpy as np
 
 from ..network import Params
+from .engine import WorldHooks
 from .network import DistributedGradient
 
 #: what a sharded gradient offers (DistributedGradient, or chained.py's encoder–decoder)
-SHARDED_INTERFACE = ("sharded", "shard", "gather", "logits", "topo", "is_root")
+SHARDED_INTERFACE = ("sharded", "shard", "gather", "logits", "world", "is_root")
 
 
 def _check_gradient(gradient) -> DistributedGradient:
@@ -80,7 +81,7 @@ def device_asarray(gradient):
     return None if bk is None or bk.xp is np else bk.asarray
 
 
-class ShardedGradient:
+class ShardedGradient(WorldHooks):
     """The trainer's view of sharded MPI training: ``gradient(shard, x, labels)``.
 
     Returns ``(loss, ∂L/∂shard, stats)``, so the unchanged loop step ``optimizer.step(shard,
@@ -97,12 +98,7 @@ class ShardedGradient:
 
     def __init__(self, gradient: DistributedGradient):
         self.gradient = _check_gradient(gradient)
-        self.logits = gradient.logits
-
-    @property
-    def is_root(self) -> bool:
-        """World rank 0: the rank that evaluates, prints and writes files."""
-        return self.gradient.is_root
+        self.logits, self.world = gradient.logits, gradient.world
 
     def __call__(self, shard: Params, x, labels) -> tuple[float, Params, dict[str, float]]:
         return self.gradient.sharded(shard, x, labels)
@@ -121,10 +117,6 @@ class ShardedGradient:
                          root: int = 0):
         """See :func:`gather_optimizer`. Collective."""
         return gather_optimizer(self.gradient, optimizer, params, root)
-
-    def share(self, value: Any, root: int = 0) -> Any:
-        """World rank ``root``'s ``value`` on every rank. Collective."""
-        return self.gradient.topo.world.bcast(value, root)
 
 
 class ShardedTrainer:

@@ -37,14 +37,14 @@ from ..backends.host import host_float
 from ..layer_parallel import LayerParallelSettings
 from ..mgrit import Problem
 from ..network import Params, group
-from ..parallel.mpi import Topology, split_world
+from ..parallel.mpi import Topology
 from ..parallel.ops import RowExchange
 from ..stages.batchnorm import final_sweep_stats, has_batch_norm
 from ..stages.layer_parallel import StagedAdjoint, StagedForward, stage_guesses
 from ..stages.network import StagedNetwork, accumulate
 from ..stages.network import forward as staged_forward
 from ..stages.packing import PackedTransfer, Packing
-from .engine import LayerRanks, Replicated, host_backend
+from .engine import LayerRanks, Replicated, captured, host_backend
 from .sync_batchnorm import combined_batch_stats, synchronised_backend
 
 
@@ -117,12 +117,9 @@ class StagedChain:
                        transfer=self.transfers[1], guess=lambda i: pk.pack(lam_guess(i), 0))
 
     def gradient(self, rows: list[int], bwd=None) -> Params:
-        missing = [a for a in rows if a not in self.psi.grads]
-        if missing:  # cannot happen: the final relaxation makes every fine adjoint step
-            raise RuntimeError(f"rank {self.g.q}: no captured gradient for steps {missing[:8]}.")
         part = {k: np.zeros_like(v) for k, v in self.params.items()}  # full arrays: a world
-        for a in rows:                                                  # sum assembles them
-            accumulate(part, self.psi.grads[a])
+        for grads in captured(self.psi.grads, rows, self.g.q).values():  # sum assembles them
+            accumulate(part, grads)
         return part
 
     def open_adjoint(self, cache, lam0) -> Params:
@@ -197,13 +194,3 @@ class StagedDistributedGradient(Replicated, LayerRanks):
         got = layer.alltoall([{a: made[a] for a in rows} if q != self.q else {}
                               for q, rows in enumerate(plan.send_to)])
         return {a: cache for part in got for a, cache in part.items()}
-
-
-def staged_distributed_gradient(model, settings: LayerParallelSettings | None = None,
-                                bk: Backend | str = "numpy", data_parallel: int = 1,
-                                world=None) -> StagedDistributedGradient:
-    """The trainer's gradient callable for a staged model over MPI: ``COMM_WORLD`` (or
-    ``world``) split into ``data_parallel`` groups of layer ranks (module docstring). Raises
-    the same error on every rank for a split or a combination that is not supported."""
-    topo = split_world(data_parallel, world)
-    return StagedDistributedGradient(model, topo, settings, bk)

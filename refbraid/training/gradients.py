@@ -4,8 +4,9 @@
 * :func:`mgrit_gradient` — layer-parallel: MGRIT forward and adjoint solves
   (:mod:`refbraid.layer_parallel`), with solver statistics, optionally the gradient
   error against backprop every k steps, and the MGRIT forward pass it trains (``.logits``);
-* under ``mpiexec``, one of :mod:`refbraid.distributed`'s gradients (:func:`mpi_gradient`:
-  the family's engine adapter, sharded or replicated, and the bias controller around it);
+* under ``mpiexec``, the one :mod:`refbraid.distributed.choose` picks for the run's flags
+  (:func:`mpi_gradient`: the family's engine adapter, DASO, data × space × depth, the bias
+  controller around it);
 * ``--mgopt-levels``: one MG/Opt cycle per step (:mod:`refbraid.training.mgopt_step`).
 
 Every gradient is a callable ``gradient(params, x, labels) -> (loss, grads, stats)``;
@@ -17,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..backends import Backend, get_backend, with_host_arrays
+from ..backends import Backend, get_backend
 from ..backends.device_batching import DeviceCopies, copies_cached, gathers_cached, on_device
-from ..distributed.engine import DEVICE_RESIDENT_MPI
-from ..errors import CollectiveError
+from ..distributed import choose
+from ..distributed.choose import MPIRun
 from ..layer_parallel import (
     LayerParallelSettings,
     layer_parallel_gradient,
@@ -30,7 +31,6 @@ from ..layer_parallel import (
 from ..mgrit import GradientWorkspace, MGRITSettings, build_hierarchy
 from ..mgrit.transfer import SpatialCoarsening
 from ..network import Network, backprop, forward
-from ..sequence.gru_model import GRUModel
 from .config import TrainConfig
 
 Params = dict[str, Any]
@@ -141,50 +141,10 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend, multilevel: 
         fine = select_gradient(config, net, bk, multilevel=False)  # errors if unfit
         return "mgopt", mgopt_gradient(config, net, fine,
                                        lambda n: depth_gradient(config, n, bk)[1])
-    from ..parallel.mpi import world_size
-
-    if config.model == "conv-stages" and (config.space_parallel > 1 or config.dp_groups > 1
-                                          or config.global_sync_every > 1):
-        raise CollectiveError("`--model conv-stages` over MPI trains with layer and data "
-                              "parallelism only; `--space-parallel` and DASO (`--dp-groups`, "
-                              "`--global-sync-every`) are not built for it.")
-    if config.space_parallel > 1:  # data × space × depth (refbraid/distributed/space.py)
-        from ..distributed.space import space_depth_gradient
-
-        if config.dp_groups > 1 or config.global_sync_every > 1:
-            raise CollectiveError("`--space-parallel` with DASO (`--dp-groups`, "
-                                  "`--global-sync-every`) is not built; use one or the other.")
+    if mpi_run(config).distributed():  # under mpiexec (or split): refbraid.distributed's
         settings = LayerParallelSettings.exact() if config.serial else \
             layer_parallel_settings(config)
-        return "space-depth-mpi", space_depth_gradient(net, settings, bk, config.data_parallel,
-                                                       config.space_parallel)
-    if config.dp_groups > 1 or config.global_sync_every > 1:  # DASO (distributed/daso.py)
-        from ..distributed.daso import DasoSchedule, daso_gradient
-
-        if config.data_parallel != world_size():
-            raise CollectiveError(f"`--dp-groups`/`--global-sync-every` (DASO) need every rank "
-                                  f"to be a data-parallel rank: run mpiexec -n "
-                                  f"{config.data_parallel} with `--data-parallel "
-                                  f"{config.data_parallel}`, or `--data-parallel "
-                                  f"{world_size()}`.")
-        settings = LayerParallelSettings.exact() if config.serial else \
-            layer_parallel_settings(config)
-        schedule = DasoSchedule(groups=config.dp_groups,
-                                max_global_skips=config.global_sync_every)
-        return "daso-mpi", daso_gradient(net, schedule, config.epochs, settings, bk)
-    if config.data_parallel > 1 or world_size() > 1:  # under mpiexec: ranks share the work
-        from ..distributed.chained import chained_or_tied
-
-        block = net if isinstance(net, Network) else getattr(net, "mpi_network", None)
-        staged = config.model == "conv-stages"
-        if block is None and not (staged or sequence_parallel(net) or chained_or_tied(net)):
-            raise CollectiveError(f"`--model {config.model}`: training over MPI supports the "
-                                  "resnet, conv, conv-stages, transformer, transformer-"
-                                  "decoder, transformer-seq2seq, gpt, gpt-untied, gru and "
-                                  "implicit-gru models; train this model in one process.")
-        settings = LayerParallelSettings.exact() if config.serial else \
-            layer_parallel_settings(config)
-        return mpi_gradient(config, net, block, settings, bk)  # GRU, stages, bias control
+        return mpi_gradient(config, net, settings, bk)
     if config.serial:
         return "sequential", sequential_gradient(net, bk)
     settings = layer_parallel_settings(config)
@@ -261,74 +221,21 @@ def controlled_gradient(net, settings: LayerParallelSettings, bk: Backend,
 
 
 # ----------------------------------------------------------------------------- under mpiexec
-def device_resident_mpi(config: TrainConfig, net) -> bool:
-    """Whether ``refbraid train`` under mpiexec keeps this run's arrays on the device: a
-    :class:`~refbraid.network.Network` (or a sequence model's ``mpi_network``: transformer,
-    untied GPT) trained by the plain (sharded) DistributedGradient."""
-    block = net if isinstance(net, Network) else getattr(net, "mpi_network", None)
-    return (isinstance(block, Network) and config.model != "conv-stages"
-            and config.space_parallel == 1 and config.dp_groups == 1
-            and config.global_sync_every == 1 and config.bias_control == "off"
-            and not config.mgopt_levels)
+def mpi_run(config: TrainConfig) -> MPIRun:
+    """The flags that choose an MPI gradient (:mod:`refbraid.distributed.choose`)."""
+    return MPIRun(config.model, config.data_parallel, config.space_parallel, config.dp_groups,
+                  config.global_sync_every, config.epochs, config.bias_control != "off",
+                  bool(config.mgopt_levels))
 
 
 def mpi_backend(config: TrainConfig, net, bk: Backend, say=None) -> Backend:
-    """The backend of a run under mpiexec: ``bk`` itself where the run is device-resident
-    (:func:`device_resident_mpi`); otherwise ``bk`` on host arrays — the ``cuda`` backend's
-    kernels then copy in and out on every call, which ``say`` (world rank 0's warning) names.
-    A ``cupy`` backend stays as it is and the host-only gradient refuses it, naming what is
-    device-resident."""
-    if device_resident_mpi(config, net):
-        return bk
-    host = with_host_arrays(bk)
-    if host is not bk and say is not None:
-        say(f"under mpiexec `--model {config.model}` (with these flags) trains on host "
-            f"arrays: the cuda kernels copy their inputs in and outputs out on every call. "
-            f"Device-resident MPI training covers {DEVICE_RESIDENT_MPI}.")
-    return host
+    """The backend of a run under mpiexec (:func:`refbraid.distributed.choose.mpi_backend`)."""
+    return choose.mpi_backend(mpi_run(config), net, bk, say)
 
 
-def sequence_parallel(net: Any) -> bool:
-    """Whether ``net`` runs MGRIT over its sequence positions (the GRU models)."""
-    return isinstance(net, GRUModel)
-
-
-def mpi_gradient(config: TrainConfig, net, block, settings: LayerParallelSettings,
+def mpi_gradient(config: TrainConfig, net, settings: LayerParallelSettings,
                  bk: Backend) -> tuple[str, Any]:
-    """(name, gradient) for ``refbraid train`` under mpiexec; ``block`` is the network whose
-    layers are distributed (None for a GRU). Collective: every rank calls it."""
-    from ..distributed.chained import sequence_distributed_gradient
-    from ..distributed.gru import sequence_parallel_gradient
-    from ..distributed.network import distributed_gradient
-    from ..distributed.sharded import ShardedGradient
-
-    D = config.data_parallel
-    staged = config.model == "conv-stages"
-    tested = not staged and (block is not None or sequence_parallel(net))
-    if config.bias_control != "off" and not tested:  # bias control is tested on the others
-        raise CollectiveError(f"`--bias-control` with `--model {config.model}` runs in one "
-                              "process only (not under mpiexec); drop one of them.")
-    if staged:  # a staged network (distributed/stages.py)
-        from ..distributed.stages import staged_distributed_gradient
-
-        return "layer-parallel-mpi", staged_distributed_gradient(net, settings, bk, D)
-    if sequence_parallel(net):
-        name = "sequence-parallel-mpi"
-
-        def build(s: LayerParallelSettings):
-            return sequence_parallel_gradient(net, s, bk, D)
-    else:
-        name = "layer-parallel-mpi"
-
-        def build(s: LayerParallelSettings):  # each rank steps its own layers
-            if block is None:  # a tied GPT or an encoder–decoder
-                return ShardedGradient(sequence_distributed_gradient(net, s, bk, D))
-            return ShardedGradient(distributed_gradient(block, s, bk, D))
-
-    if config.bias_control == "off":
-        return name, build(settings)
-    from ..distributed.bias_control import MPIControlledGradient
-    from ..parallel.mpi import MPIComm
-
-    core = controlled_gradient(net, settings, bk, config)  # the rule and its bookkeeping
-    return name + "-bias-control", MPIControlledGradient(core, build, MPIComm.world())
+    """(name, gradient) under mpiexec: :func:`refbraid.distributed.choose.mpi_gradient`, with
+    this run's bias controller. Collective: every rank calls it."""
+    return choose.mpi_gradient(mpi_run(config), net, settings, bk,
+                               lambda: controlled_gradient(net, settings, bk, config))

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from refbraid.layer_parallel import relative_gradient_error
-from refbraid.network import Network
 from refbraid.training.config import TrainConfig
 from refbraid.training.gradients import controlled_gradient, mpi_gradient
 from refbraid.training.run import setup
@@ -61,8 +60,7 @@ def test_controller_over_mpi_decides_and_trains_as_in_one_process(world, name, m
     serial = fit(net, state, data, one, epochs=1, batch_size=config.batch_size, bk=bk,
                  quiet=True)
     net, data, state, bk = setup(config)
-    block = net if isinstance(net, Network) else getattr(net, "mpi_network", None)
-    label, grad = mpi_gradient(config, net, block, settings, bk)
+    label, grad = mpi_gradient(config, net, settings, bk)
     assert label.endswith("-bias-control")
     result = fit(net, state, data, grad, epochs=1, batch_size=config.batch_size, bk=bk,
                  quiet=True)
@@ -95,7 +93,7 @@ def test_controller_over_mpi_decides_and_trains_as_in_one_process(world, name, m
 def test_controller_over_mpi_prints_its_decisions_once(world, capsys):
     config = dataclasses.replace(_config("resnet", "serial"), quiet=False)
     net, data, state, bk = setup(config)
-    _, grad = mpi_gradient(config, net, net, layer_parallel_settings(config), bk)
+    _, grad = mpi_gradient(config, net, layer_parallel_settings(config), bk)
     fit(net, state, data, grad, epochs=1, batch_size=config.batch_size, bk=bk, quiet=True)
     said = capsys.readouterr().out.count("bias control at step")
     assert world.allgather(said) == [1] + [0] * (world.size - 1)

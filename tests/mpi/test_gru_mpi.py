@@ -11,7 +11,7 @@ round-off with data parallelism) and ``fit`` in one process, checkpoints resumed
 import numpy as np
 import pytest
 
-from refbraid.distributed.gru import sequence_parallel_gradient
+from refbraid.distributed.choose import family_gradient
 from refbraid.errors import CollectiveError
 from refbraid.layer_parallel import LayerParallelSettings, relative_gradient_error
 from refbraid.models import as_network_input
@@ -44,7 +44,7 @@ def test_gru_gradient_over_mpi_equals_one_process(world, model, levels, split):
     y = data.y_train[:11]
     loss, g, info = net.layer_parallel_gradient(state.params, x, y, settings, bk)
     D = 1 if split == "sequence" else _largest_divisor(world.size)
-    grad = sequence_parallel_gradient(net, settings, bk, data_parallel=D)
+    grad = family_gradient(net, settings, bk, data_parallel=D)
     loss_mpi, g_mpi, stats = grad(state.params, x, y)
     assert set(g_mpi) == set(g)
     assert stats["phi_calls"] == info.stats()["phi_calls"]
@@ -70,7 +70,7 @@ def test_odd_length_gru_with_unmirrored_adjoint_blocks_equals_one_process(world,
     x, y = rng.standard_normal((6, 13, 3)), rng.integers(0, 3, 6)
     settings = LayerParallelSettings.with_iterations(2, 1, levels=2, cfactor=2)
     loss, g, _ = model.layer_parallel_gradient(params, x, y, settings)
-    grad = sequence_parallel_gradient(model, settings)
+    grad = family_gradient(model, settings)
     assert world.size == 1 or not grad.plan.mirrored
     loss_mpi, g_mpi, _ = grad(params, x, y)
     assert loss_mpi == loss
@@ -96,11 +96,11 @@ def test_one_level_over_several_sequence_ranks_is_refused(world):
     config = _config()
     net, _, _, bk = setup(config)
     with pytest.raises(CollectiveError, match="cannot be split over"):
-        sequence_parallel_gradient(net, LayerParallelSettings.exact(), bk)
+        family_gradient(net, LayerParallelSettings.exact(), bk)
     one_interval = LayerParallelSettings.with_iterations(1, 1, levels=3, cfactor=4)
     with pytest.raises(CollectiveError, match="exceed the 1 coarsest interval of the MGRIT grid "
                                               "over the 16 sequence positions"):
-        sequence_parallel_gradient(net, one_interval, bk)
+        family_gradient(net, one_interval, bk)
 
 
 def test_gru_fit_over_mpi_equals_one_process_and_resumes_across_modes(world, shared_tmp,
@@ -117,7 +117,7 @@ def test_gru_fit_over_mpi_equals_one_process_and_resumes_across_modes(world, sha
                  batch_size=config.batch_size, bk=bk, quiet=True)
 
     def over_mpi(state, out, epochs, D):
-        grad = sequence_parallel_gradient(net, settings, bk, data_parallel=D)
+        grad = family_gradient(net, settings, bk, data_parallel=D)
         return fit(net, state, data, grad, epochs=epochs, batch_size=config.batch_size, bk=bk,
                    out_dir=out if grad.is_root else None, checkpoint_every=1, quiet=True,
                    meta={"config": config.to_dict()})

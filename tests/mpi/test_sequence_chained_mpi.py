@@ -12,7 +12,7 @@ process, including the autoregressive decoder's token-by-token evaluation on ran
 import numpy as np
 import pytest
 
-from refbraid.distributed.chained import sequence_distributed_gradient
+from refbraid.distributed.choose import family_gradient
 from refbraid.distributed.sharded import ShardedGradient
 from refbraid.layer_parallel import relative_gradient_error
 from refbraid.models import as_network_input
@@ -47,7 +47,7 @@ def test_chained_or_tied_gradient_over_mpi_equals_one_process(world, name):
     y = data.y_train[:12]
     loss, g, _ = model.layer_parallel_gradient(state.params, x, y, settings, bk)
     for D in _splits(world.size):
-        grad = sequence_distributed_gradient(model, settings, bk, data_parallel=D)
+        grad = family_gradient(model, settings, bk, data_parallel=D)
         for mode in ("replicated", "sharded") if D == 1 else ("sharded",):  # training's
             if mode == "replicated":
                 loss_mpi, g_mpi, _ = grad(state.params, x, y)
@@ -75,7 +75,7 @@ def test_sharded_fit_of_a_chained_or_tied_model_equals_one_process(world, shared
                  batch_size=config.batch_size, bk=bk, quiet=True)
     model, data, state, bk = setup(config)
     D = _splits(world.size)[-1] if data_parallel else 1
-    grad = ShardedGradient(sequence_distributed_gradient(model, settings, bk, data_parallel=D))
+    grad = ShardedGradient(family_gradient(model, settings, bk, data_parallel=D))
     result = fit(model, state, data, grad, epochs=1, batch_size=config.batch_size, bk=bk,
                  out_dir=shared_tmp / "run" if grad.is_root else None, quiet=True)
     if grad.is_root:

@@ -14,10 +14,8 @@ matches to round-off, with BN through synchronised (full-batch) statistics.
 import numpy as np
 import pytest
 
-from refbraid.distributed.stages import (
-    StagedDistributedGradient,
-    staged_distributed_gradient,
-)
+from refbraid.distributed.choose import family_gradient
+from refbraid.distributed.stages import StagedDistributedGradient
 from refbraid.layer_parallel import LayerParallelSettings, relative_gradient_error
 from refbraid.mgrit import MGRITSettings
 from refbraid.mgrit.transfer import SpatialCoarsening
@@ -67,7 +65,7 @@ def test_layer_parallel_gradient_is_bit_identical_to_one_process(world, batch_no
     x, y = _batch()
     loss0, g0, info0 = serial.layer_parallel_gradient(params, x, y, settings)
     serial.record_batch_stats(info0)
-    grad = staged_distributed_gradient(model, settings)
+    grad = family_gradient(model, settings)
     loss, g, stats = grad(params, x, y)
     assert loss == loss0
     _assert_same_bits(g, g0, f"gradient, {world.size} ranks")
@@ -85,7 +83,7 @@ def test_batch_norm_training_matches_one_process(world, opt="adam"):
     p0 = {k: v.copy() for k, v in start.items()}
     p1 = {k: v.copy() for k, v in start.items()}
     opt0, opt1 = make_optimizer(opt, 1e-2, momentum=0.9), make_optimizer(opt, 1e-2, momentum=0.9)
-    grad = staged_distributed_gradient(model, settings)
+    grad = family_gradient(model, settings)
     for seed in range(3):
         x, y = _batch(B=6, seed=seed)
         _, g0, info = serial.layer_parallel_gradient(p0, x, y, settings)
@@ -113,7 +111,7 @@ def test_data_parallel_splits_equal_the_full_batch(world, batch_norm, transition
     serial.record_batch_stats(info)
     for D in divisors(world.size):
         model = _model(batch_norm, transition)
-        grad = staged_distributed_gradient(model, settings, data_parallel=D)
+        grad = family_gradient(model, settings, data_parallel=D)
         assert grad.topo.n_groups == D and grad.topo.layer.size == world.size // D
         assert grad.sync_bn == (batch_norm and D > 1)
         loss, g, _ = grad(params, x, y)
@@ -148,7 +146,7 @@ def test_a_bare_staged_network_gives_sequential_backprop(world):
     params = _model(False, "strided").init_params(np.random.default_rng(4))
     x, y = _batch(seed=4)
     loss0, g0, _ = backprop(net, params, x, y)
-    grad = staged_distributed_gradient(net, SETTINGS["exact"])
+    grad = family_gradient(net, SETTINGS["exact"])
     loss, g, _ = grad(params, x, y)
     assert loss == pytest.approx(loss0, rel=TOL)
     assert relative_gradient_error(g, g0) <= TOL
