@@ -50,6 +50,8 @@ NAMES: frozenset[str] = _standard_names()
 def asarray(a, dtype=None, copy=None, device=None, **kwargs):
     """``cupy.asarray``: stand-in arrays pass through (a launch only for a cast or a copy),
     a list of them is stacked, host data is copied over."""
+    if device not in (None, DEVICE):
+        raise ValueError(f"`device` must be the stand-in's device or None, got {device!r}.")
     if isinstance(a, ndarray):
         if (dtype is None or np.dtype(dtype) == a.dtype) and not copy:
             return a
