@@ -78,6 +78,16 @@ def test_the_cupy_standin_counts_operations_as_cupy_launches_them_under_a_tracke
         np.asarray(x)
 
 
+def test_the_standin_counts_only_under_a_tracker_and_names_a_foreign_device():
+    x = xp.asarray(np.arange(4.0))
+    with tracking() as t:
+        y = xp.tanh(x)
+    np.testing.assert_array_equal(xp.tanh(y).get(), np.tanh(np.tanh(np.arange(4.0))))
+    assert (t.tally.launches, t.tally.h2d, t.tally.d2h) == (1, 0, 0)  # the rest ran untracked
+    with pytest.raises(ValueError, match="`device`"):
+        xp.asarray(np.zeros(2), device="cpu")
+
+
 # ----------------------------------------------------------------------------- the networks
 def test_counts_are_deterministic_and_batched_sweeps_shorten_the_dense_gradient():
     one = {m: launch_count.gradient_counts("cupy", "dense", 64, m) for m in launch_count.MODES}
