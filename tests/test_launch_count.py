@@ -1,4 +1,4 @@
-"""Launch counts without a GPU (refbraid.backends.launch_model, counting_device, launch_count).
+"""Launch counts without a GPU (refbraid.backends.launch_model, standin_array, launch_count).
 
 The oracle for the model is hand-built event sequences whose critical path is known; for the
 networks, the invariants that make batched sweeps the GPU default
@@ -14,9 +14,12 @@ import numpy as np
 import pytest
 
 from refbraid.backends import launch_count
-from refbraid.backends.counting_device import DeviceArray, xp
 from refbraid.backends.cupy_fused import fused
+from refbraid.backends.cupy_standin import module
+from refbraid.backends.cupy_standin import ndarray as DeviceArray
 from refbraid.backends.launch_model import Tracker, tracking
+
+xp = module()  # the CuPy-like stand-in, which counts under a tracker
 
 
 # ----------------------------------------------------------------------------- the model
@@ -58,7 +61,7 @@ def test_new_memory_carries_no_history():
     assert t.tally.critical_path == 2
 
 
-def test_the_counting_device_counts_operations_as_cupy_launches_them():
+def test_the_cupy_standin_counts_operations_as_cupy_launches_them_under_a_tracker():
     with tracking() as t:
         x = xp.asarray(np.arange(6.0).reshape(2, 3))  # host data: a copy, no launch
         y = xp.reshape(x, (3, 2))  # a view: nothing
@@ -73,6 +76,16 @@ def test_the_counting_device_counts_operations_as_cupy_launches_them():
     assert r.shape == (2, 3)
     with pytest.raises(TypeError, match="Implicit conversion"):
         np.asarray(x)
+
+
+def test_the_standin_counts_only_under_a_tracker_and_names_a_foreign_device():
+    x = xp.asarray(np.arange(4.0))
+    with tracking() as t:
+        y = xp.tanh(x)
+    np.testing.assert_array_equal(xp.tanh(y).get(), np.tanh(np.tanh(np.arange(4.0))))
+    assert (t.tally.launches, t.tally.h2d, t.tally.d2h) == (1, 0, 0)  # the rest ran untracked
+    with pytest.raises(ValueError, match="`device`"):
+        xp.asarray(np.zeros(2), device="cpu")
 
 
 # ----------------------------------------------------------------------------- the networks

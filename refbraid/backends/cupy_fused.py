@@ -18,8 +18,8 @@ with σ, σ' in :data:`ACT` / :data:`ACT_ADJOINT` (tanh, relu, gelu, identity); 
 ``RawKernel`` with one thread per column (an element-wise kernel cannot sum), accumulating in
 double, on (B, C) or stacked (k, B, C) arrays of one dtype. On CuPy arrays
 the CUDA source runs (compiled by CuPy on first use; the source is compiled for sm_90 with
-NVRTC in tests/test_gpu_fused.py, no GPU needed). On any other array (NumPy, the counting
-device of :mod:`refbraid.backends.counting_device`) :meth:`Fused.__call__` runs the
+NVRTC in tests/test_gpu_fused.py, no GPU needed). On any other array (NumPy, the CuPy
+stand-in of :mod:`refbraid.backends.cupy_standin`) :meth:`Fused.__call__` runs the
 NumPy-equivalent reference path — the same operations, one at a time — and reports ONE
 launch to the launch counter: what the fused kernel costs a GPU.
 
@@ -114,7 +114,7 @@ class Fused:
         return self._counted(act, *args)
 
     def _counted(self, act, *args):
-        from .counting_device import DeviceArray
+        from .standin_array import ndarray as DeviceArray
 
         device = any(isinstance(a, DeviceArray) for a in args)
         raw = [a._a if isinstance(a, DeviceArray) else a for a in args]

@@ -2,11 +2,12 @@
 counted on the CPU (:mod:`.launch_model` defines each count).
 
 ``counting_backend("cupy")`` is the ``cupy`` backend's code (the reference kernels and the
-cupy overrides) on the counting device of :mod:`.counting_device`: every CuPy operation the
-backend would execute is one counted launch, and the arithmetic is NumPy's.
+cupy overrides) on the CuPy-like stand-in (:mod:`.cupy_standin`), which counts while a tracker
+is active (:mod:`.standin_array`): every CuPy operation the backend would execute is one
+counted launch, and the arithmetic is NumPy's.
 ``counting_backend("cuda")`` is the ``cuda`` backend in Numba's CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1`` before Numba is imported) with its glue arrays on the same
-counting device: each Numba kernel launch and each glue operation is counted (the glue is
+stand-in: each Numba kernel launch and each glue operation is counted (the glue is
 CuPy on a GPU), and the Numba kernels read and write the counting arrays' memory in place.
 
 :func:`count` runs a function under a tracker and returns its
@@ -25,8 +26,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from . import Backend, get_backend
-from .counting_device import DeviceArray, as_cupy_module, xp
+from . import Backend, cupy_standin, get_backend
+from .cupy_standin import ndarray
 from .launch_model import Tally, current, tracking
 
 MODELS = ("dense", "conv", "transformer", "gru")
@@ -34,7 +35,7 @@ MODES = ("serial", "lp-per-step", "lp-batched")
 
 
 def counting_backend(name: str) -> Backend:
-    """``"cupy"`` or ``"cuda"`` with arrays on the counting device (module docstring); use
+    """``"cupy"`` or ``"cuda"`` with arrays on the CuPy stand-in (module docstring); use
     inside :func:`counting` (cuda: the simulator's kernels are pointed at the counted memory
     there)."""
     from . import _REFERENCE_MODULES, KERNELS
@@ -45,7 +46,7 @@ def counting_backend(name: str) -> Backend:
         kernels = {k: getattr(m, k) for m in _REFERENCE_MODULES for k in KERNELS
                    if hasattr(m, k)}
         kernels.update({k: getattr(cupy_gpu, k) for k in cupy_gpu.OVERRIDES})
-        return Backend("cupy", xp, kernels, tuple(cupy_gpu.OVERRIDES))
+        return Backend("cupy", cupy_standin.module(), kernels, tuple(cupy_gpu.OVERRIDES))
     if name == "cuda":
         from .numba_cuda import simulated
 
@@ -53,17 +54,17 @@ def counting_backend(name: str) -> Backend:
             raise ValueError("counting the `cuda` backend needs Numba's CUDA simulator: set "
                              "NUMBA_ENABLE_CUDASIM=1 before importing numba.")
         cuda = get_backend("cuda")
-        return Backend("cuda", xp, cuda.kernels, cuda.overrides)
+        return Backend("cuda", cupy_standin.module(), cuda.kernels, cuda.overrides)
     raise ValueError(f"`name` must be 'cupy' or 'cuda', got {name!r}.")
 
 
 def _is_counted(a) -> bool:
-    return isinstance(a, DeviceArray)
+    return isinstance(a, ndarray)
 
 
 @contextmanager
 def _numba_on_counted_memory() -> Iterator[None]:
-    """Point the cuda backend's kernel wrappers (numba_cuda_memory) at the counting device,
+    """Point the cuda backend's kernel wrappers (numba_cuda_memory) at the CuPy stand-in,
     and report each simulated kernel launch: it reads its array arguments and writes those
     that are outputs of the wrapper call (``KernelCall.out``) not yet handed back."""
     from numba.cuda.simulator import kernel as sim_kernel
@@ -78,12 +79,12 @@ def _numba_on_counted_memory() -> Iterator[None]:
 
     def counted_out(call, shape, dtype):
         o = out(call, shape, dtype)
-        if isinstance(o.array, DeviceArray):
+        if isinstance(o.array, ndarray):
             live.add(o.array._a.__array_interface__["data"][0])
         return o
 
     def counted_result(call, output, shape=None, dtype=None):
-        if isinstance(output.array, DeviceArray):
+        if isinstance(output.array, ndarray):
             live.discard(output.array._a.__array_interface__["data"][0])
         return result(call, output, shape, dtype)
 
@@ -96,7 +97,7 @@ def _numba_on_counted_memory() -> Iterator[None]:
             t.launch(reads, writes, getattr(kernel.fn, "__name__", "numba kernel"))
         return launch(kernel, *args)
 
-    mem.xp, mem.DEVICE = xp, None
+    mem.xp, mem.DEVICE = cupy_standin.module(), None
     original = mem.is_backend_array
     importers = [m for n, m in sys.modules.items()  # modules that imported it by name
                  if n.startswith("refbraid.backends.numba_cuda")
@@ -122,19 +123,12 @@ def counting(name: str) -> Iterator[Backend]:
     """``with counting("cupy") as bk:`` — the counting backend, ready to run (cuda: the
     simulator's kernels on counted memory for the duration)."""
     bk = counting_backend(name)
-    saved = sys.modules.get("cupy")
-    sys.modules["cupy"] = as_cupy_module()
-    try:
+    with cupy_standin.install(replace_real=True):
         if name == "cuda":
             with _numba_on_counted_memory():
                 yield bk
         else:
             yield bk
-    finally:
-        if saved is None:
-            del sys.modules["cupy"]
-        else:
-            sys.modules["cupy"] = saved
 
 
 def count(fn: Callable[[], object]) -> Tally:

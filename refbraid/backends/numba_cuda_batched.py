@@ -13,10 +13,10 @@ its own weights ``W[j]``, bias ``b[j]`` and step size ``h[j]``::
                                                     without grads: + in the glue)
 
 k launches and 2k host↔device copies per array become one of each. Every row does what the
-per-step path does (:mod:`refbraid.backends.numba_cuda_dense`'s tiled or per-element GEMM,
-chosen per row by the same rule, float64 accumulation in the same order; the element-wise
-kernels of :mod:`refbraid.backends.numba_cuda`; ``h`` in float64 in the Euler update and in
-the array dtype in the adjoint's host multiply, as the per-step calls take it), so the two are
+per-step path does (:mod:`refbraid.backends.numba_cuda_dense`'s tiled or per-element GEMM
+device function on the row's 2-D views, chosen by the same rule; the element-wise kernels of
+:mod:`refbraid.backends.numba_cuda`; ``h`` in float64 in the Euler update and in the array
+dtype in the adjoint's host multiply, as the per-step calls take it), so the two are
 bit-identical (tests/test_numba_batched.py, in the CUDA simulator).
 
 Catalogue kernels ``dense_step_batched`` / ``dense_step_batched_adjoint``
@@ -55,7 +55,7 @@ from .numba_cuda import (
     element_type,
     kernel_factory,
 )
-from .numba_cuda_dense import SHARED_TILE, SMALL_BLOCK, TILE
+from .numba_cuda_dense import SHARED_TILE, SMALL_BLOCK, TILE, gemm_element, gemm_tile
 from .numba_cuda_memory import KernelCall, Output
 from .numba_cuda_step import add_column_sums
 from .reference_batched import _dense_adjoint, _dense_forward
@@ -104,62 +104,26 @@ def gemm_batched_kernel(dtype: str):
     @cuda_jit
     def _gemm_batched_kernel(A, B, C, trans_a, trans_b, bias, has_bias):
         """C[j] = op(A[j]) op(B[j]) (+ bias[j]) for j = blockIdx.z: the tiled GEMM of
-        numba_cuda_dense.gemm_kernel on one row of the stack per grid layer."""
+        numba_cuda_dense (:func:`~refbraid.backends.numba_cuda_dense.gemm_tile`) on row j of
+        the stack per grid layer (``bias`` is a one-element placeholder without a bias)."""
         sA = cuda.shared.array(SHARED_TILE, elem)
         sB = cuda.shared.array(SHARED_TILE, elem)
         j = cuda.blockIdx.z
-        tx = cuda.threadIdx.x
-        ty = cuda.threadIdx.y
-        row0 = cuda.blockIdx.y * TILE
-        col0 = cuda.blockIdx.x * TILE
-        row = row0 + ty
-        col = col0 + tx
-        M, N = C.shape[1], C.shape[2]
-        K = A.shape[1] if trans_a else A.shape[2]
-        acc = 0.0
-        for t0 in range(0, K, TILE):
-            if trans_a:
-                k, i = t0 + ty, row0 + tx
-                sA[tx, ty] = A[j, k, i] if k < K and i < M else 0.0
-            else:
-                i, k = row, t0 + tx
-                sA[ty, tx] = A[j, i, k] if i < M and k < K else 0.0
-            if trans_b:
-                jj, k = col0 + ty, t0 + tx
-                sB[tx, ty] = B[j, jj, k] if jj < N and k < K else 0.0
-            else:
-                k, jj = t0 + ty, col
-                sB[ty, tx] = B[j, k, jj] if k < K and jj < N else 0.0
-            cuda.syncthreads()
-            for kk in range(TILE):
-                acc += sA[ty, kk] * sB[kk, tx]
-            cuda.syncthreads()
-        if row < M and col < N:
-            if has_bias:
-                acc += bias[j, col]
-            C[j, row, col] = acc
+        gemm_tile(A[j], B[j], C[j], trans_a, trans_b, bias[j if has_bias else 0], has_bias,
+                  sA, sB)
 
     return _gemm_batched_kernel
 
 
 @cuda_jit
 def _gemm_batched_small_kernel(A, B, C, trans_a, trans_b, bias, has_bias):
-    """The per-element GEMM of numba_cuda_dense._gemm_small_kernel, row j = blockIdx.z."""
+    """The per-element GEMM of numba_cuda_dense
+    (:func:`~refbraid.backends.numba_cuda_dense.gemm_element`), row j = blockIdx.z."""
     j = cuda.blockIdx.z
     row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     col = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
-    M, N = C.shape[1], C.shape[2]
-    if row >= M or col >= N:
-        return
-    K = A.shape[1] if trans_a else A.shape[2]
-    acc = 0.0
-    for k in range(K):
-        a = A[j, k, row] if trans_a else A[j, row, k]
-        b = B[j, col, k] if trans_b else B[j, k, col]
-        acc += a * b
-    if has_bias:
-        acc += bias[j, col]
-    C[j, row, col] = acc
+    gemm_element(A[j], B[j], C[j], row, col, trans_a, trans_b, bias[j if has_bias else 0],
+                 has_bias)
 
 
 @cuda_jit

@@ -6,6 +6,10 @@ arrays out), memory through :mod:`refbraid.backends.numba_cuda_memory`. Kernels:
 
     gemm_kernel(dtype)   C = op(A) op(B) (+ bias[None, :])    TILE×TILE blocks, shared memory
     _gemm_small_kernel   the same, one thread per output      outputs smaller than one tile
+
+Both are one device function each, :func:`gemm_tile` and :func:`gemm_element`, on 2-D
+arrays: the batched GEMMs of :mod:`refbraid.backends.numba_cuda_batched` call the same ones
+on the 2-D views ``A[j]``, ``B[j]``, ``C[j]`` of their stacks.
     _column_sum_kernel   db[c] = Σ_n dz[n, c]                 one thread per column
 
 Shape legend: ``B`` batch, ``K`` inner dimension, ``C`` features; ``op(A)`` is ``A`` or
@@ -57,63 +61,51 @@ SHARED_TILE = (TILE, TILE + 1)
 SMALL_BLOCK = 8  # block side of the per-element GEMM used for outputs smaller than a tile
 
 
-# ----------------------------------------------------------------------------- kernels
-@kernel_factory
-def gemm_kernel(dtype: str):
-    """The tiled GEMM for ``dtype`` (a name: "float32", "float64"), its shared tiles of that
-    type (a shared array's shape and type are compile-time constants)."""
-    elem = element_type(dtype)
-
-    @cuda_jit
-    def _gemm_kernel(A, B, C, trans_a, trans_b, bias, has_bias):
-        """C = op(A) op(B) (+ bias[None, :]),  op(A): (M, K), op(B): (K, N), C: (M, N)."""
-        sA = cuda.shared.array(SHARED_TILE, elem)  # TILE + 1 columns: no bank conflicts
-        sB = cuda.shared.array(SHARED_TILE, elem)  # when a column is written
-        tx = cuda.threadIdx.x
-        ty = cuda.threadIdx.y
-        row0 = cuda.blockIdx.y * TILE
-        col0 = cuda.blockIdx.x * TILE
-        row = row0 + ty
-        col = col0 + tx
-        M, N = C.shape
-        K = A.shape[0] if trans_a else A.shape[1]
-        acc = 0.0
-        for t0 in range(0, K, TILE):
-            # sA[i, k] = op(A)[row0 + i, t0 + k], sB[k, j] = op(B)[t0 + k, col0 + j]. Threads
-            # next to each other in x read neighbouring addresses of the stored (row-major)
-            # matrix, whether op is the identity or the transpose: coalesced loads.
-            if trans_a:  # A is (K, M): thread (ty, tx) reads A[t0 + ty, row0 + tx]
-                k, i = t0 + ty, row0 + tx
-                sA[tx, ty] = A[k, i] if k < K and i < M else 0.0
-            else:  # A is (M, K): thread (ty, tx) reads A[row0 + ty, t0 + tx]
-                i, k = row, t0 + tx
-                sA[ty, tx] = A[i, k] if i < M and k < K else 0.0
-            if trans_b:  # B is (N, K): thread (ty, tx) reads B[col0 + ty, t0 + tx]
-                j, k = col0 + ty, t0 + tx
-                sB[tx, ty] = B[j, k] if j < N and k < K else 0.0
-            else:  # B is (K, N): thread (ty, tx) reads B[t0 + ty, col0 + tx]
-                k, j = t0 + ty, col
-                sB[ty, tx] = B[k, j] if k < K and j < N else 0.0
-            cuda.syncthreads()
-            for kk in range(TILE):
-                acc += sA[ty, kk] * sB[kk, tx]
-            cuda.syncthreads()
-        if row < M and col < N:
-            if has_bias:
-                acc += bias[col]
-            C[row, col] = acc
-
-    return _gemm_kernel
+# ----------------------------------------------------------------------------- device functions
+@cuda_jit(device=True)
+def gemm_tile(A, B, C, trans_a, trans_b, bias, has_bias, sA, sB):
+    """This block's TILE×TILE tile of C = op(A) op(B) (+ bias[None, :]) on 2-D arrays (or 2-D
+    views of a stack), op(A): (M, K), op(B): (K, N), C: (M, N); ``sA``, ``sB`` the block's
+    shared tiles (:data:`SHARED_TILE`, the kernel's element type)."""
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    row0 = cuda.blockIdx.y * TILE
+    col0 = cuda.blockIdx.x * TILE
+    row = row0 + ty
+    col = col0 + tx
+    M, N = C.shape
+    K = A.shape[0] if trans_a else A.shape[1]
+    acc = 0.0
+    for t0 in range(0, K, TILE):
+        # sA[i, k] = op(A)[row0 + i, t0 + k], sB[k, j] = op(B)[t0 + k, col0 + j]. Threads
+        # next to each other in x read neighbouring addresses of the stored (row-major)
+        # matrix, whether op is the identity or the transpose: coalesced loads.
+        if trans_a:  # A is (K, M): thread (ty, tx) reads A[t0 + ty, row0 + tx]
+            k, i = t0 + ty, row0 + tx
+            sA[tx, ty] = A[k, i] if k < K and i < M else 0.0
+        else:  # A is (M, K): thread (ty, tx) reads A[row0 + ty, t0 + tx]
+            i, k = row, t0 + tx
+            sA[ty, tx] = A[i, k] if i < M and k < K else 0.0
+        if trans_b:  # B is (N, K): thread (ty, tx) reads B[col0 + ty, t0 + tx]
+            j, k = col0 + ty, t0 + tx
+            sB[tx, ty] = B[j, k] if j < N and k < K else 0.0
+        else:  # B is (K, N): thread (ty, tx) reads B[t0 + ty, col0 + tx]
+            k, j = t0 + ty, col
+            sB[ty, tx] = B[k, j] if k < K and j < N else 0.0
+        cuda.syncthreads()
+        for kk in range(TILE):
+            acc += sA[ty, kk] * sB[kk, tx]
+        cuda.syncthreads()
+    if row < M and col < N:
+        if has_bias:
+            acc += bias[col]
+        C[row, col] = acc
 
 
-@cuda_jit
-def _gemm_small_kernel(A, B, C, trans_a, trans_b, bias, has_bias):
-    """C = op(A) op(B) (+ bias), one thread per output element, no shared memory.
-
-    Used when C has fewer elements than one TILE×TILE tile, where tiling cannot pay (and
-    where the CUDA simulator, one Python thread per CUDA thread, would idle 256 threads).
-    """
-    row, col = cuda.grid(2)
+@cuda_jit(device=True)
+def gemm_element(A, B, C, row, col, trans_a, trans_b, bias, has_bias):
+    """C[row, col] = (op(A) op(B))[row, col] (+ bias[col]), no shared memory; 2-D arrays or
+    2-D views of a stack, as :func:`gemm_tile`; nothing outside C."""
     M, N = C.shape
     if row >= M or col >= N:
         return
@@ -126,6 +118,34 @@ def _gemm_small_kernel(A, B, C, trans_a, trans_b, bias, has_bias):
     if has_bias:
         acc += bias[col]
     C[row, col] = acc
+
+
+# ----------------------------------------------------------------------------- kernels
+@kernel_factory
+def gemm_kernel(dtype: str):
+    """The tiled GEMM for ``dtype`` (a name: "float32", "float64"), its shared tiles of that
+    type (a shared array's shape and type are compile-time constants)."""
+    elem = element_type(dtype)
+
+    @cuda_jit
+    def _gemm_kernel(A, B, C, trans_a, trans_b, bias, has_bias):
+        """C = op(A) op(B) (+ bias[None, :]),  op(A): (M, K), op(B): (K, N), C: (M, N)."""
+        sA = cuda.shared.array(SHARED_TILE, elem)  # TILE + 1 columns: no bank conflicts
+        sB = cuda.shared.array(SHARED_TILE, elem)  # when a column is written
+        gemm_tile(A, B, C, trans_a, trans_b, bias, has_bias, sA, sB)
+
+    return _gemm_kernel
+
+
+@cuda_jit
+def _gemm_small_kernel(A, B, C, trans_a, trans_b, bias, has_bias):
+    """C = op(A) op(B) (+ bias), one thread per output element, no shared memory.
+
+    Used when C has fewer elements than one TILE×TILE tile, where tiling cannot pay (and
+    where the CUDA simulator, one Python thread per CUDA thread, would idle 256 threads).
+    """
+    row, col = cuda.grid(2)
+    gemm_element(A, B, C, row, col, trans_a, trans_b, bias, has_bias)
 
 
 @cuda_jit
