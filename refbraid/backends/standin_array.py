@@ -337,11 +337,29 @@ class ndarray:  # noqa: N801 - the name CuPy (and array-api-compat's detection) 
     __hash__ = None
 
 
+#: The array API's name of each operator, as a launch is reported (``a @ b`` is ``matmul``).
+OPERATOR_NAMES = {"add": "add", "sub": "subtract", "mul": "multiply", "truediv": "divide",
+                  "floordiv": "floor_divide", "mod": "remainder", "pow": "power",
+                  "matmul": "matmul", "and": "bitwise_and", "or": "bitwise_or",
+                  "xor": "bitwise_xor", "lshift": "bitwise_left_shift",
+                  "rshift": "bitwise_right_shift", "lt": "less", "le": "less_equal",
+                  "gt": "greater", "ge": "greater_equal", "eq": "equal", "ne": "not_equal"}
+
+
+def _reported(op: str) -> str:
+    """``__radd__``, ``__iadd__``, ``__add__`` → ``add`` (the function the launch runs)."""
+    bare = op.strip("_")
+    for prefix in ("", "r", "i"):
+        if bare.startswith(prefix) and bare[len(prefix):] in OPERATOR_NAMES:
+            return OPERATOR_NAMES[bare[len(prefix):]]
+    return op
+
+
 def _binary(op: str):
     def method(self, other):
         if isinstance(other, np.ndarray):
             _refuse_host(other)
-        return run(op, lambda a, b: getattr(a, op)(b), (self, other))
+        return run(_reported(op), lambda a, b: getattr(a, op)(b), (self, other))
 
     method.__name__ = op
     return method
@@ -351,7 +369,8 @@ def _inplace(op: str):
     def method(self, other):
         if isinstance(other, np.ndarray):
             _refuse_host(other)
-        return run(op, lambda a, b, out: getattr(a, op)(b), (self, other), {"out": self})
+        return run(_reported(op), lambda a, b, out: getattr(a, op)(b), (self, other),
+                   {"out": self})
 
     method.__name__ = op
     return method
