@@ -62,7 +62,8 @@ def row_slice(positions) -> slice | None:
     return even_slice(positions)
 
 
-def _numba_device_array(a) -> bool:
+def numba_device_array(a) -> bool:
+    """Whether ``a`` is a Numba CUDA array (real or simulated): no copies into strided views."""
     return type(a).__module__.startswith("numba")
 
 
@@ -74,7 +75,7 @@ def set_rows(u, positions, values, inplace: bool = False):
     API has no integer-array assignment); the same values. Numba's CUDA arrays keep the loop:
     they cannot copy into a strided view."""
     out = u if inplace else copy(u)
-    rows = None if _numba_device_array(out) else row_slice(positions)
+    rows = None if numba_device_array(out) else row_slice(positions)
     if rows is not None:
         out[rows, ...] = values
         return out
