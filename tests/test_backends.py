@@ -283,8 +283,26 @@ def _batched_cases() -> list[Case]:
     return cases
 
 
+def _conv_batched_cases() -> list[Case]:
+    """k convolutions at once (the conv step's batched sweeps): row j with W[j], b[j]."""
+    shapes = {"2x2x3to4-5x6-k3": (2, 2, 3, 4, 5, 6, 3), "1x1x1to1-1x1-k3": (1, 1, 1, 1, 1, 1, 3),
+              "3x1x2to1-4x1-k1": (3, 1, 2, 1, 4, 1, 1)}  # (k, B, Cin, Cout, H, W, s)
+    cases = [Case("conv2d_batched", "no-bias", lambda g, d: (
+        _r(g, (2, 1, 2, 3, 3), d), _r(g, (2, 2, 2, 3, 3), d), None))]
+    for sname, (k, B, C, O, H, W, s) in shapes.items():
+        cases += [
+            Case("conv2d_batched", sname, lambda g, d, k=k, B=B, C=C, O=O, H=H, W=W, s=s: (
+                _r(g, (k, B, C, H, W), d), _r(g, (k, O, C, s, s), d), _r(g, (k, O), d))),
+            Case("conv2d_adjoint_batched", sname,
+                 lambda g, d, k=k, B=B, C=C, O=O, H=H, W=W, s=s: (
+                     _r(g, (k, B, C, H, W), d), _r(g, (k, O, C, s, s), d),
+                     _r(g, (k, B, O, H, W), d))),
+        ]
+    return cases
+
+
 CASES = _elementwise_cases() + _dense_cases() + _conv_cases() + _loss_cases()
-CASES += _transformer_cases() + _spatial_cases() + _batched_cases()
+CASES += _transformer_cases() + _spatial_cases() + _batched_cases() + _conv_batched_cases()
 
 
 def _catalogue_params():

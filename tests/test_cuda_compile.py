@@ -95,7 +95,8 @@ def recorded_launches():
 def run_workload() -> None:
     """What the backends launch: the catalogue in both dtypes, the networks, the tiled bmm
     and the dense step's fused adjoint, batched and one step (tiled and per-element GEMMs),
-    in both dtypes."""
+    and the batched convolution (with and without bias and weight gradients), in both
+    dtypes."""
     from refbraid.verify.checks import check_network
     from refbraid.verify.suite import catalog, check_entry, default_networks
 
@@ -116,6 +117,12 @@ def run_workload() -> None:
             bk.dense_step_batched_adjoint(Y, Z, Y_next, W, h, "tanh")
             for grads in (True, False):  # one step's fused adjoint (numba_cuda_step)
                 bk.dense_step_adjoint(Y[0], Z[0], Y_next[0], W[0], 0.5, "tanh", grads)
+        X, Wc = rng.standard_normal((2, 1, 2, 3, 4)).astype(dtype), \
+            rng.standard_normal((2, 3, 2, 3, 3)).astype(dtype)  # k conv2d at once
+        for bias in (rng.standard_normal((2, 3)).astype(dtype), None):
+            Zc = bk.conv2d_batched(X, Wc, bias)
+        for grads in (True, False):
+            bk.conv2d_adjoint_batched(X, Wc, Zc, grads)
 
 
 def _launched(records) -> set[tuple[str, str]]:

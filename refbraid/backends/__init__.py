@@ -80,6 +80,10 @@ KERNELS = (
     "dense_step_adjoint",
     "dense_step_batched",
     "dense_step_batched_adjoint",
+    # k 'same' 2-D convolutions at once (refbraid.backends.reference_batched; the conv step's
+    # batched sweeps)
+    "conv2d_batched",
+    "conv2d_adjoint_batched",
 )
 
 #: The reference modules, whose functions every backend starts from.
@@ -103,6 +107,7 @@ _MODULES = {
         "refbraid.backends.numba_cuda",  # activations, Euler update
         "refbraid.backends.numba_cuda_dense",  # matmul, linear
         "refbraid.backends.numba_cuda_conv",  # conv2d
+        "refbraid.backends.numba_cuda_conv_batched",  # k conv2d at once
         "refbraid.backends.numba_cuda_attention",  # bmm, softmax, layer norm, GRU cell
         "refbraid.backends.numba_cuda_conv3d",  # conv3d
         "refbraid.backends.numba_cuda_pool",  # 2×2(×2) pooling

@@ -11,19 +11,21 @@ benchmarks quick counts [-o gpu_backend=cuda]``), launches with per-step → bat
 step         cupy, N = 64             cupy, N = 256            cuda, N = 64
 ===========  =======================  =======================  =======================
 dense        1,225 → 349 (0.28×)      4,501 → 493 (0.11×)      1,307 → 459 (0.35×)
-conv         10,097 → 2,377 (0.24×)   39,785 → 3,889 (0.10×)   1,483 → 1,957 (1.32×)
+conv         10,097 → 2,377 (0.24×)   39,785 → 3,889 (0.10×)   1,399 → 434 (0.31×)
 transformer  16,038 → 4,125 (0.26×)   63,606 → 10,389 (0.16×)  6,597 → 2,403 (0.36×)
 GRU          12,680 → 1,855 (0.15×)   50,348 → 3,835 (0.08×)   2,615 → 830 (0.32×)
 ===========  =======================  =======================  =======================
 
 The dependency depth (critical path) is the same either way (within ±13 %: the batched
 gathers): batching does not shorten the chain, it issues the independent intervals' launches
-together. Batched sweeps are on where they cut launches (:data:`BATCHED_ON_DEVICE`), and one
+together (the conv step on ``cuda`` is the exception, 305 against 246 at N = 64: its batched
+forward's ``Y + h σ(Z)`` is three launches where the per-step step fuses it into one).
+Batched sweeps are on where they cut launches (:data:`BATCHED_ON_DEVICE`), and one
 sweep is one launch set: the CPU's cache-sized chunks of the transformer and GRU batched calls
-do not apply on a device (:func:`chunk_rows`). The exception is the conv step on ``cuda``: a
-per-step convolution there is one Numba kernel per pass, while the batched form is the
-array-API reference (nine offsets of copies and GEMMs per call, run as CuPy operations), so
-batching issues *more* launches; it stays per step until a batched Numba conv kernel exists.
+do not apply on a device (:func:`chunk_rows`). On ``cuda`` the batched convolution is one
+Numba kernel per pass over all k intervals (:mod:`refbraid.backends.numba_cuda_conv_batched`),
+as the per-step convolution is one per interval (before it, the batched conv step ran the
+array-API reference there, nine stencil offsets of copies and GEMMs, 1,399 → 1,873 launches).
 ``tests/test_launch_count.py`` checks the rule on the counting device for each entry, so a
 change that breaks it fails there. With a GPU at hand, the ``gpu`` suite's
 (``python -m benchmarks quick gpu``) ``LP per-step`` / ``LP batched`` rows time the same comparison.
@@ -61,7 +63,7 @@ SWITCHED_ON = {"cuda": True, "cupy": True}
 #: counts in the module docstring.
 BATCHED_ON_DEVICE = {
     "cupy": frozenset({"DenseStep", "ConvStep", "EncoderStep", "GRUCell"}),
-    "cuda": frozenset({"DenseStep", "EncoderStep", "GRUCell"}),
+    "cuda": frozenset({"DenseStep", "ConvStep", "EncoderStep", "GRUCell"}),
 }
 
 

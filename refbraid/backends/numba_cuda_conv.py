@@ -10,6 +10,10 @@ no atomics (deterministic)::
     _conv2d_dw_kernel    dW[o,c,p,q] = Σ_{n,i,j} dz[n,o,i,j] x[n,c,i+p−r,j+q−r]  (one thread each)
     _channel_sum_kernel  db[o] = Σ_{n,i,j} dz[n,o,i,j]        one thread per channel
 
+The sums are device functions (``conv_sum``, ``conv_dx_sum``, ``conv_dw_sum``,
+``channel_sum``), which the batched kernels of
+:mod:`refbraid.backends.numba_cuda_conv_batched` call on each interval's views.
+
 Shape legend: ``B`` batch, ``C`` input channels, ``O`` output channels, ``H, W`` image size,
 ``k`` odd kernel size, ``r = k // 2``. Index terms outside the image are zero (the zero
 padding of the reference).
@@ -34,6 +38,69 @@ from .numba_cuda_memory import KernelCall
 OVERRIDES = ("conv2d", "conv2d_adjoint") if cuda is not None else ()
 
 
+# ----------------------------------------------------------------------------- sums
+# One output element's sum each, on 4-D arrays (the batched kernels of
+# numba_cuda_conv_batched call them on row j's views, so every row has these bits).
+@cuda_jit(device=True)
+def conv_sum(x, W, n, o, i, j):
+    """Σ_{c,p,q} W[o,c,p,q] x[n,c,i+p−r,j+q−r] (terms outside the image are zero)."""
+    H, Wd = x.shape[2], x.shape[3]
+    k = W.shape[3]
+    r = k // 2
+    acc = 0.0
+    for c in range(x.shape[1]):
+        for p in range(k):
+            ii = i + p - r
+            if 0 <= ii < H:
+                for q in range(k):
+                    jj = j + q - r
+                    if 0 <= jj < Wd:
+                        acc += W[o, c, p, q] * x[n, c, ii, jj]
+    return acc
+
+
+@cuda_jit(device=True)
+def conv_dx_sum(dz, W, n, c, i, j):
+    """Σ_{o,p,q} W[o,c,p,q] dz[n,o,i−p+r,j−q+r] (the transposed convolution)."""
+    H, Wd = dz.shape[2], dz.shape[3]
+    k = W.shape[3]
+    r = k // 2
+    acc = 0.0
+    for o in range(W.shape[0]):
+        for p in range(k):
+            ii = i - p + r
+            if 0 <= ii < H:
+                for q in range(k):
+                    jj = j - q + r
+                    if 0 <= jj < Wd:
+                        acc += W[o, c, p, q] * dz[n, o, ii, jj]
+    return acc
+
+
+@cuda_jit(device=True)
+def conv_dw_sum(x, dz, o, c, p, q, k):
+    """Σ_{n,i,j} dz[n,o,i,j] x[n,c,i+p−r,j+q−r] for the k×k kernel's weight (o, c, p, q)."""
+    r = k // 2
+    H, Wd = x.shape[2], x.shape[3]
+    acc = 0.0
+    for n in range(x.shape[0]):
+        for i in range(max(0, r - p), min(H, H + r - p)):
+            for j in range(max(0, r - q), min(Wd, Wd + r - q)):
+                acc += dz[n, o, i, j] * x[n, c, i + p - r, j + q - r]
+    return acc
+
+
+@cuda_jit(device=True)
+def channel_sum(dz, o):
+    """Σ_{n,i,j} dz[n,o,i,j]."""
+    acc = 0.0
+    for n in range(dz.shape[0]):
+        for i in range(dz.shape[2]):
+            for j in range(dz.shape[3]):
+                acc += dz[n, o, i, j]
+    return acc
+
+
 # ----------------------------------------------------------------------------- kernels
 @cuda_jit
 def _conv2d_kernel(x, W, bias, has_bias, z):
@@ -45,17 +112,7 @@ def _conv2d_kernel(x, W, bias, has_bias, z):
         i = (idx // Wd) % H
         o = (idx // (Wd * H)) % O
         n = idx // (Wd * H * O)
-        k = W.shape[3]
-        r = k // 2
-        acc = 0.0
-        for c in range(x.shape[1]):
-            for p in range(k):
-                ii = i + p - r
-                if 0 <= ii < H:
-                    for q in range(k):
-                        jj = j + q - r
-                        if 0 <= jj < Wd:
-                            acc += W[o, c, p, q] * x[n, c, ii, jj]
+        acc = conv_sum(x, W, n, o, i, j)
         if has_bias:
             acc += bias[o]
         z[n, o, i, j] = acc
@@ -71,18 +128,7 @@ def _conv2d_dx_kernel(dz, W, dx):
         i = (idx // Wd) % H
         c = (idx // (Wd * H)) % C
         n = idx // (Wd * H * C)
-        k = W.shape[3]
-        r = k // 2
-        acc = 0.0
-        for o in range(W.shape[0]):
-            for p in range(k):
-                ii = i - p + r
-                if 0 <= ii < H:
-                    for q in range(k):
-                        jj = j - q + r
-                        if 0 <= jj < Wd:
-                            acc += W[o, c, p, q] * dz[n, o, ii, jj]
-        dx[n, c, i, j] = acc
+        dx[n, c, i, j] = conv_dx_sum(dz, W, n, c, i, j)
 
 
 @cuda_jit
@@ -95,14 +141,7 @@ def _conv2d_dw_kernel(x, dz, dW):
         p = (idx // k) % k
         c = (idx // (k * k)) % C
         o = idx // (k * k * C)
-        r = k // 2
-        H, Wd = x.shape[2], x.shape[3]
-        acc = 0.0
-        for n in range(x.shape[0]):
-            for i in range(max(0, r - p), min(H, H + r - p)):
-                for j in range(max(0, r - q), min(Wd, Wd + r - q)):
-                    acc += dz[n, o, i, j] * x[n, c, i + p - r, j + q - r]
-        dW[o, c, p, q] = acc
+        dW[o, c, p, q] = conv_dw_sum(x, dz, o, c, p, q, k)
 
 
 @cuda_jit
@@ -110,12 +149,7 @@ def _channel_sum_kernel(dz, out):
     """out[o] = Σ_{n,i,j} dz[n,o,i,j], one thread per channel o."""
     o = cuda.grid(1)
     if o < dz.shape[1]:
-        acc = 0.0
-        for n in range(dz.shape[0]):
-            for i in range(dz.shape[2]):
-                for j in range(dz.shape[3]):
-                    acc += dz[n, o, i, j]
-        out[o] = acc
+        out[o] = channel_sum(dz, o)
 
 
 # ----------------------------------------------------------------------------- conv

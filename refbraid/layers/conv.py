@@ -22,7 +22,6 @@ import numpy as np
 from ..backends.device_batching import values_on
 from ..backends.into import add_into, euler_act_into
 from ..backends.reference import check_activation
-from ..backends.reference_batched import conv2d_adjoint_batched, conv2d_batched
 from .init import (
     check_adjoint,
     check_dtype,
@@ -86,14 +85,14 @@ class ConvStep:
         dys, dW, db = bk.conv2d_adjoint(y, params["W"], s)
         return add_into(dy_next, dys, out), ({"W": dW, "b": db} if grads else None)
 
-    # -- k steps at once (MGRIT's batched sweeps; NumPy reference backend) ----------------
+    # -- k steps at once (MGRIT's batched sweeps; the catalogue's conv2d_batched kernels) -----
     def forward_batched(self, params, Y, h, bk):
         """k steps at once, row j as :meth:`forward` with ``params[·][j]`` and ``h[j]``:
         ``Z = W * Y + b``, ``Y_next = Y + h σ(Z)``. Y (k,B,C,H,W), W (k,C,C,3,3), b (k,C),
         h (k,); returns (Y_next, Z). Bit-identical to k :meth:`forward` calls on the NumPy
         backend (:mod:`refbraid.backends.reference_batched`)."""
         h = values_on(Y, h, Y.dtype)[:, None, None, None, None]  # copied once per content
-        Z = conv2d_batched(Y, params["W"], params["b"])  # k,B,C,H,W
+        Z = bk.conv2d_batched(Y, params["W"], params["b"])  # k,B,C,H,W
         return Y + h * bk.activation(Z, self.activation), Z
 
     def adjoint_batched(self, params, Y, Z, dY_next, h, bk, grads: bool = True):
@@ -101,7 +100,7 @@ class ConvStep:
         W *ᵀ S``; with grads ``dW = S ⋆ Ỹ``, ``db = Σ_{B,H,W} S`` per row (stacked)."""
         h = values_on(dY_next, h, dY_next.dtype)[:, None, None, None, None]
         S = h * bk.activation_adjoint(Z, dY_next, self.activation)  # k,B,C,H,W
-        dYs, dW, db = conv2d_adjoint_batched(Y, params["W"], S, grads)
+        dYs, dW, db = bk.conv2d_adjoint_batched(Y, params["W"], S, grads)
         return dY_next + dYs, ({"W": dW, "b": db} if grads else None)
 
 
