@@ -175,9 +175,15 @@ def test_sigint_during_start_up_imports_is_one_line_and_exit_130(tmp_path):
 
 
 def test_importing_refbraid_as_a_library_leaves_sigint_alone():
-    done = _python("import signal, refbraid; "
-                   "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
-    assert done.stdout.strip() == "True", done.stderr
+    # The child starts with SIGINT at its default disposition whatever the test runner's is (a
+    # process that inherits SIGINT ignored keeps it ignored, and Python installs no handler).
+    code = ("import signal; before = signal.getsignal(signal.SIGINT); import refbraid; "
+            "after = signal.getsignal(signal.SIGINT); "
+            "print(after is before, after is signal.default_int_handler)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert done.stdout.split() == ["True", "True"], done.stdout + done.stderr
 
 
 def test_sigint_is_restored_after_a_command_in_process(tmp_path):
