@@ -33,8 +33,8 @@ def test_other_backends_do_not():
 
 def test_every_gpu_step_type_batches_on_the_gpu_backends_and_the_cpu_rule_elsewhere():
     """On cuda and cupy the launch counts decide (device_batching: every step type batches,
-    the conv step on cuda through its batched Numba kernels); on the CPU backends each layer's measured ``batched_sweeps_pay`` (the
-    conv step: off)."""
+    the conv step on cuda through its batched Numba kernels); on the CPU backends each
+    layer's measured ``batched_sweeps_pay`` (the conv step: off)."""
     from refbraid.backends.device_batching import sweeps_batched
     from refbraid.layer_parallel import batchable
     from refbraid.models import build_network
