@@ -32,7 +32,7 @@ import numpy as np
 
 from ..backends.into import add_into
 from .arrays import namespace
-from .relax import StepFn, copy, numba_device_array, propagate_at, row_slice, set_rows, take_rows
+from .relax import StepFn, copy, propagate_at, row_slice, set_rows, take_rows
 
 
 def restrict(u, c_pos):
@@ -86,7 +86,7 @@ def correct(u, c_pos, w, v, inplace: bool = False, interpolate=None):
     d = w - v
     if interpolate is not None:
         d = interpolate(d)
-    rows = None if numba_device_array(out) else row_slice(c_pos)
+    rows = row_slice(c_pos)
     if rows is not None and isinstance(out, np.ndarray):
         view = out[rows, ...]  # NumPy view of the C-rows: corrected in place
         view += d

@@ -62,20 +62,14 @@ def row_slice(positions) -> slice | None:
     return even_slice(positions)
 
 
-def numba_device_array(a) -> bool:
-    """Whether ``a`` is a Numba CUDA array (real or simulated): no copies into strided views."""
-    return type(a).__module__.startswith("numba")
-
-
 def set_rows(u, positions, values, inplace: bool = False):
     """``u`` (a copy, or ``u`` itself with ``inplace``) with ``u[positions[j]] = values[j]``.
 
     One assignment through a slice when the positions are evenly spaced (the array API's
     strided slice assignment: one copy, one launch on a GPU), else a loop over rows (the array
-    API has no integer-array assignment); the same values. Numba's CUDA arrays keep the loop:
-    they cannot copy into a strided view."""
+    API has no integer-array assignment); the same values."""
     out = u if inplace else copy(u)
-    rows = None if numba_device_array(out) else row_slice(positions)
+    rows = row_slice(positions)
     if rows is not None:
         out[rows, ...] = values
         return out
