@@ -135,6 +135,7 @@ class Cycler:
         self.comm = comm
         self.workspace = workspace  # kept coarse-level arrays (workspace.py), or None
         self.visits: list[LevelVisit] = []
+        self.pending = None  # a PendingNorms: coarse norms reduced at the end of the solve
         self.batched = (bool(states) and states[0].step.batched
                         and indexes_with_integer_arrays(states[0].step.problem.u0))
         self._propagate = batched.propagate_at if self.batched else propagate_at
@@ -151,19 +152,22 @@ class Cycler:
             s.u = f_relax(s.u, g, s.points, s.f_pos, s.step, inplace=True)
 
     # -- reductions ------------------------------------------------------------------------
-    def norm(self, r) -> float:
-        """Global 2-norm ``(Σ_ranks Σ r²)^½`` of a residual block: reduced where ``r`` lives,
-        one float to the host (the stopping test and the record need it there)."""
+    def local_sq(self, r) -> float:
+        """This rank's ``Σ r²`` of a residual block: reduced where ``r`` lives, one float to
+        the host."""
         xp = namespace(r)
         if not r.shape[0]:
-            local = 0.0
-        elif isinstance(r, np.ndarray) and r.dtype.kind == "f":
+            return 0.0
+        if isinstance(r, np.ndarray) and r.dtype.kind == "f":
             # NumPy's |r| ** 2 is square(|r|) = r·r exactly: the same numbers, two
             # whole-residual temporaries fewer (other arrays keep the general form)
-            local = host_float(xp.sum(r * r))
-        else:
-            local = host_float(xp.sum(xp.abs(r) ** 2))
-        return math.sqrt(self.comm.allreduce_sum(local))
+            return host_float(xp.sum(r * r))
+        return host_float(xp.sum(xp.abs(r) ** 2))
+
+    def norm(self, r) -> float:
+        """Global 2-norm ``(Σ_ranks Σ r²)^½`` of a residual block (the stopping test and the
+        record need it on the host)."""
+        return math.sqrt(self.comm.allreduce_sum(self.local_sq(r)))
 
     # -- building blocks -------------------------------------------------------------------
     def _level_copy(self, ell: int, block):
@@ -273,14 +277,19 @@ class Cycler:
         self.coarse_correction(ell, r, kind)
 
     def visit(self, ell: int, r) -> LevelVisit:
-        """Record of a relaxation of level ``ell`` (norm always, vectors as configured)."""
+        """Record of a relaxation of level ``ell`` (norm always, vectors as configured). With
+        ``pending`` (the solver's :class:`~refbraid.mgrit.norms.PendingNorms`) the norm is
+        stored when the solve ends (nothing decides on a coarse level's norm), else now."""
         s = self.states[ell]
-        return LevelVisit(
+        visit = LevelVisit(
             level=ell,
-            norm=self.norm(r),
+            norm=math.nan if self.pending is not None else self.norm(r),
             residual=r if self.settings.keep_residuals else None,
             iterate=copy(s.u) if self.settings.keep_iterates else None,
         )
+        if self.pending is not None:
+            self.pending.add(self.local_sq(r), lambda norm: setattr(visit, "norm", norm))
+        return visit
 
     def nested_iteration(self, vcycles: int) -> None:
         """Cold-start initial guess from the coarsest grid up (see module docstring)."""

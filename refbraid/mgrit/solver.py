@@ -47,6 +47,7 @@ from .cycle import Cycler, build_states
 from .fused import FiniteWatch
 from .fused_cycle import FusedCycler
 from .grid import build_hierarchy
+from .norms import PendingNorms, defer_norms, status_after
 from .problem import Problem, as_problem, from_fine_order, rhs_solver_order, stacked
 from .record import IterationRecord, LevelVisit, MGRITResult
 from .relax import copy, rows_view, set_rows, take_rows
@@ -220,18 +221,6 @@ def _check_spatial_relaxation(transfer, settings: MGRITSettings, n_levels: int) 
         )
 
 
-def _status(norm: float, first: float, s: MGRITSettings) -> tuple[str | None, str]:
-    if not math.isfinite(norm):
-        return "diverged", f"residual norm is {norm}"
-    if first > 0 and norm > s.max_growth * first:
-        return "diverged", f"residual grew by {norm / first:.3g} > max_growth={s.max_growth:g}"
-    if s.abs_tol is not None and norm <= s.abs_tol:
-        return "converged", f"||r|| = {norm:.3e} <= abs_tol={s.abs_tol:g}"
-    if s.rel_tol is not None and norm <= s.rel_tol * first:
-        return "converged", f"||r|| = {norm:.3e} <= rel_tol={s.rel_tol:g} * ||r_first||"
-    return None, ""
-
-
 def final_c_relax(u, c_pos, r):
     """XBraid's final FC relaxation on a block whose F-points are already relaxed (the last
     measurement's F-sweep): ``u[c] ← u[c] + r[c] = Φ(u[c-1]) + g[c]`` at the C-positions
@@ -286,19 +275,22 @@ def solve(
                                    _overwritten(problem, u_init, settings, len(hierarchy)),
                                    workspace)
     cycler = (FusedCycler if settings.fused else Cycler)(states, settings, scomm, workspace)
+    pending = cycler.pending = PendingNorms()  # norms nobody decides on: reduced at the end
     start = _start(cycler, len(hierarchy), settings, warm=u_init is not None)
     setup = time.perf_counter() - t0
 
     records: list[IterationRecord] = []
-    first = None
+    first = status = message = None
     cycles = 0
     t_prev = time.perf_counter()
     while True:
-        # a relaxation known to be the last may check its rows for NaN/inf as it writes them
-        cycler.watch_finite = cycles >= settings.max_iter or len(hierarchy) == 1
+        # a relaxation known to be the last may check its rows for NaN/inf as it writes them,
+        # and its norm may wait for the end-of-solve reduction (the loop ends whatever it is)
+        last = cycles >= settings.max_iter or len(hierarchy) == 1
+        cycler.watch_finite = last
         r, r_post, u_post = cycler.relax(0, snapshot=settings.keep_iterates)
-        norm = cycler.norm(r)
-        post = norm if r_post is r else cycler.norm(r_post)
+        deferred = last and not settings.final_fc_relax  # that relaxation needs the status
+        norm = math.nan if deferred else cycler.norm(r)
         u0_block = states[0].u
         visit = LevelVisit(
             0,
@@ -310,7 +302,7 @@ def solve(
         rec = IterationRecord(
             cycles,
             norm,
-            post,
+            norm if r_post is r else math.nan,  # a post-cycle norm of its own waits
             [visit],
             tuple(s.step.count for s in states),
             now - t_prev,
@@ -318,12 +310,11 @@ def solve(
         )
         t_prev = now
         records.append(rec)
+        defer_norms(pending, cycler.local_sq, rec, r, r_post, deferred)
+        if deferred:
+            break
         first = norm if first is None else first
-        status, message = _status(norm, first, settings)
-        if status is None and len(hierarchy) == 1:
-            status, message = "converged", "one level: exact sequential solve"
-        if status is None and cycles >= settings.max_iter:
-            status, message = "max_iter", f"max_iter={settings.max_iter} cycles done"
+        status, message = status_after(norm, first, settings, cycles, len(hierarchy))
         if status is not None:
             break
         cycler.visits = rec.visits
@@ -334,7 +325,13 @@ def solve(
         u0_block = final_c_relax(u0_block, states[0].c_pos, r)
     xp = namespace(u0_block)
     finite = _block_finite(cycler, u0_block, states[0].c_pos)
-    all_finite = scomm.allreduce_sum(0.0 if finite else 1.0) == 0  # every rank's block
+    # every rank's block, and the norms kept for the end: one collective
+    (bad,) = pending.resolve(scomm, extra=(0.0 if finite else 1.0,))
+    all_finite = bad == 0
+    if status is None:  # the last iteration's norm was one of them
+        first = records[-1].norm if first is None else first
+        status, message = status_after(records[-1].norm, first, settings, cycles,
+                                        len(hierarchy))
     if status != "diverged" and not all_finite:
         status, message = "diverged", "non-finite values in the solution"
     level = None

@@ -13,6 +13,10 @@ primitive           use in MGRIT
 ``gather(x)``       list of every rank's value on ``root`` (``None`` elsewhere)
 ==================  ==================================================================
 
+Optional: ``allreduce_sums(values)``, several such sums in one reduction (the solver's
+end-of-solve norms and finiteness flag); :func:`allreduce_sums` falls back to one
+``allreduce_sum`` per value for a communicator without it, with the same floats.
+
 "Next" and "previous" are in solver order. ``reverted()`` returns the same communicator with
 the rank order reversed (XBraid's ``braid_SetRevertedRanks``): the adjoint solve runs on the
 reversed grid, so block ``position = size - 1 - rank`` of the solver order lives on ``rank``
@@ -67,6 +71,21 @@ class Comm(Protocol):
     def gather(self, value: Any, root: int = 0) -> list[Any] | None: ...
 
 
+def allreduce_sums(comm: Comm, values) -> list[float]:
+    """``[Σ_ranks v for v in values]`` in one reduction where ``comm`` has ``allreduce_sums``,
+    else one ``allreduce_sum`` each: the same floats either way (each sum in rank order)."""
+    many = getattr(comm, "allreduce_sums", None)
+    if many is not None:
+        return many([float(v) for v in values])
+    return [comm.allreduce_sum(v) for v in values]
+
+
+def sums_in_rank_order(rows) -> list[float]:
+    """Element-wise sums of equally long rows (one per rank, in rank order), each summed as
+    ``allreduce_sum`` sums one float: ``0 + row_0[i] + row_1[i] + …``."""
+    return [float(sum(float(r[i]) for r in rows)) for i in range(len(rows[0]))]
+
+
 def exchange_ghost(comm: Comm, last: Any) -> Any | None:
     """Send ``last`` to the next block and return the previous block's last value (None first).
 
@@ -108,6 +127,13 @@ class SerialComm:
             t = time.perf_counter()
             rec.collective("allreduce", payload_bytes(value), t, t)
         return float(value)
+
+    def allreduce_sums(self, values) -> list[float]:
+        rec = active_recorder()
+        if rec is not None:
+            t = time.perf_counter()
+            rec.collective("allreduce", 8 * len(values), t, t)
+        return [float(v) for v in values]
 
     def gather(self, value: Any, root: int = 0) -> list[Any]:
         rec = active_recorder()
@@ -207,6 +233,14 @@ class ThreadComm(SolverOrder):
         out = float(sum(self._collect(float(value))))  # same order on every rank: same float
         if rec is not None:
             rec.collective("allreduce", payload_bytes(value), t0, time.perf_counter())
+        return out
+
+    def allreduce_sums(self, values) -> list[float]:
+        rec = active_recorder()
+        t0 = time.perf_counter() if rec is not None else 0.0
+        out = sums_in_rank_order(self._collect([float(v) for v in values]))
+        if rec is not None:
+            rec.collective("allreduce", 8 * len(values), t0, time.perf_counter())
         return out
 
     def gather(self, value: Any, root: int = 0) -> list[Any] | None:

@@ -49,7 +49,7 @@ from ..backends.host import to_host
 from ..backends.portable import copy_of
 from ..errors import CollectiveError
 from .codec import DirectHeader, decode_message, encode_message, travels_raw
-from .comm import SolverOrder
+from .comm import SolverOrder, sums_in_rank_order
 from .device_messages import (
     cuda_aware_mpi,
     exports_device_buffer,
@@ -210,6 +210,17 @@ class MPIComm(SolverOrder):
         if rec is not None:
             rec.collective("allreduce", 8, t0, time.perf_counter())
         return float(sum(float(v) for v in every))
+
+    def allreduce_sums(self, values) -> list[float]:
+        """:meth:`allreduce_sum` of each of ``values`` in one ``Allgather``: the same floats."""
+        t0 = time.perf_counter()
+        mine = np.array([float(v) for v in values], np.float64)
+        every = np.empty((self.reduce_mpi.Get_size(), mine.size), np.float64)
+        self.reduce_mpi.Allgather(mine, every)
+        rec = active_recorder()
+        if rec is not None:
+            rec.collective("allreduce", mine.nbytes, t0, time.perf_counter())
+        return sums_in_rank_order(every)
 
     def gather(self, value: Any, root: int = 0) -> list[Any] | None:
         """Every rank's ``value`` in rank order on ``root``; None elsewhere."""

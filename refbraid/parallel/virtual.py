@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from .comm import SolverOrder
+from .comm import SolverOrder, sums_in_rank_order
 from .costs import CostModel, StepCosts, as_cost, ceil_log2, check_seconds, collective_cost
 from .scheduler import Aborted, DeadlockError
 from .trace import RECV, Event, Trace, critical_path, path_breakdown, payload_bytes, recording
@@ -150,6 +150,13 @@ class VirtualComm(SolverOrder):
         rank = self.rank if group is self._group else group.members.index(self.world_rank)
         values = self._world.collective(group, rank, "allreduce", float(value))
         return float(sum(values))  # rank order on every rank: the same float
+
+    def allreduce_sums(self, values) -> list[float]:
+        group = self._reduce
+        rank = self.rank if group is self._group else group.members.index(self.world_rank)
+        mine = [float(v) for v in values]  # floats, not an array: never scaled as a state
+        return sums_in_rank_order(self._world.collective(group, rank, "allreduce", mine,
+                                                         nbytes=8 * len(mine)))
 
     def gather(self, value: Any, root: int = 0) -> list[Any] | None:
         root = _check_root(root, self.size)

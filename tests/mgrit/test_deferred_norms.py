@@ -1,0 +1,150 @@
+"""Norms reduced at the end of the solve (refbraid/mgrit/norms.py).
+
+Oracle: the norms the record would hold if each were reduced on its own — the square root of
+the rank-order sum of every rank's Σ r² of the kept residual vectors — and the number of
+collectives the trace records. Deferring changes when a norm is reduced, never its value.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from refbraid.mgrit import MGRITDiverged, MGRITSettings, Problem, solve
+from refbraid.mgrit.norms import PendingNorms
+from refbraid.mgrit.problems import dahlquist, nonlinear_ode
+from refbraid.parallel import SerialComm, run_ranks
+from refbraid.parallel.comm import allreduce_sums
+from refbraid.parallel.trace import Recorder, recording
+
+SETTINGS = {
+    "torchbraid": MGRITSettings.torchbraid(abs_tol=None),
+    "fcf-fine": MGRITSettings(levels=3, cfactor=2, relax="FCF", max_iter=3, abs_tol=None),
+    "two-level": MGRITSettings(levels=2, cfactor=4, max_iter=2, abs_tol=None),
+    "fmg": MGRITSettings(levels=3, cfactor=2, fmg=True, max_iter=1, abs_tol=None),
+}
+
+
+def _allreduces(fn) -> int:
+    rec = Recorder()
+    with recording(rec):
+        fn()
+    return sum(e.kind == "allreduce" for e in rec.trace())
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_every_recorded_norm_is_its_residual_reduced_in_rank_order(name, ranks):
+    problem = nonlinear_ode(64, T=1.0, dim=3)
+    settings = SETTINGS[name].replace(keep_residuals=True)
+    results = run_ranks(ranks, lambda comm: solve(problem, settings, comm=comm))
+
+    def reduced(vectors):  # rank order, as allreduce_sum adds: 0 + s_0 + s_1 + ...
+        return math.sqrt(float(sum(float(np.sum(v * v)) for v in vectors)))
+
+    records = [res.records for res in results]
+    for k, rec in enumerate(records[0]):
+        assert rec.norm == reduced([r[k].visits[0].residual for r in records])
+        assert rec.norm == rec.visits[0].norm
+        for j, visit in enumerate(rec.visits):
+            assert visit.norm == reduced([r[k].visits[j].residual for r in records])
+            assert all(r[k].visits[j].norm == visit.norm for r in records)
+        assert math.isfinite(rec.post_cycle_norm)
+
+
+def test_a_solve_reduces_once_per_decision_and_once_at_the_end():
+    """TorchBraid's settings, 2 iterations: the first norm decides (tolerance), the last
+    one, the coarse visit's and the finiteness flag share the end-of-solve reduction."""
+    problem = nonlinear_ode(64, T=2.0, dim=2)
+    s = MGRITSettings.torchbraid()  # max_iter 1: iterations 0 and 1
+    assert _allreduces(lambda: solve(problem, s)) == 2
+    assert _allreduces(lambda: solve(problem, s.replace(max_iter=0))) == 1
+    assert _allreduces(lambda: solve(problem, s.replace(max_iter=3, abs_tol=None))) == 4
+    # the final FC relaxation must know the status first: the last norm is reduced on its own
+    assert _allreduces(lambda: solve(problem, s.replace(final_fc_relax=True))) == 3
+
+
+class _OneByOne:
+    """SerialComm without allreduce_sums: the fallback path."""
+
+    rank, size, position = 0, 1, 0
+
+    def __init__(self):
+        self.calls = 0
+        self._serial = SerialComm()
+
+    def reverted(self):
+        return self
+
+    def send_next(self, value):
+        return None
+
+    def recv_prev(self):
+        return None
+
+    def allreduce_sum(self, value):
+        self.calls += 1
+        return float(value)
+
+    def gather(self, value, root=0):
+        return [value]
+
+
+def test_a_communicator_without_allreduce_sums_gets_the_same_record():
+    problem = nonlinear_ode(64, T=2.0, dim=2)
+    s = MGRITSettings.torchbraid(abs_tol=None, max_iter=2)
+    comm = _OneByOne()
+    a, b = solve(problem, s, comm=comm), solve(problem, s)
+    assert comm.calls > 2
+    np.testing.assert_array_equal(a.norms, b.norms)
+    assert [v.norm for r in a.records for v in r.visits] == \
+        [v.norm for r in b.records for v in r.visits]
+    assert a.solution.tobytes() == b.solution.tobytes()
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_allreduce_sums_equals_one_allreduce_sum_per_value(ranks):
+    def body(comm):
+        values = [0.1 * (comm.rank + 1), 1e-17 * comm.rank, 3.0]
+        return allreduce_sums(comm, values), [comm.allreduce_sum(v) for v in values]
+
+    for many, one_by_one in run_ranks(ranks, body):
+        assert many == one_by_one
+
+
+def test_pending_norms_store_the_square_roots_and_return_the_extras():
+    got = {}
+    pending = PendingNorms()
+    pending.add(9.0, lambda n: got.setdefault("a", n))
+    pending.add(2.0, lambda n: got.setdefault("b", n))
+    assert len(pending) == 2
+    assert pending.resolve(SerialComm(), extra=(1.0,)) == [1.0]
+    assert got == {"a": 3.0, "b": math.sqrt(2.0)} and len(pending) == 0
+
+
+@pytest.mark.parametrize("max_iter", [0, 1])
+def test_a_last_iteration_that_diverges_is_still_reported(max_iter):
+    """The deferred last norm still decides the status: NaN from the first relaxation on
+    (max_iter 0, the only iteration is the last) and NaN from late steps both raise
+    MGRITDiverged, and 'flag' returns the status."""
+    def step(u, a, b):
+        return u * np.nan if a >= 30 else 0.9 * u
+
+    problem = Problem(step, np.ones(2), 40)
+    s = MGRITSettings(levels=2, cfactor=4, max_iter=max_iter, abs_tol=None)
+    with pytest.raises(MGRITDiverged, match="NaN|nan") as info:
+        solve(problem, s)
+    assert info.value.result.status == "diverged"
+    assert not math.isfinite(info.value.result.records[-1].norm)
+    assert solve(problem, s.replace(on_divergence="flag")).status == "diverged"
+
+
+def test_growth_in_the_last_iteration_is_divergence():
+    """test_mgrit_solver's unstable coarse step with max_iter 1: the growth is measured by
+    the last iteration's (deferred) norm."""
+    problem = dahlquist(-50.0, 64, scheme="forward")
+    s = MGRITSettings(levels=2, cfactor=8, abs_tol=None, max_growth=10.0, on_divergence="flag")
+    grows = [solve(problem, s.replace(max_iter=k)) for k in range(1, 6)]
+    last = next(res for res in grows if res.status == "diverged")
+    assert "max_growth" in last.message and last.norms[-1] > 10 * last.norms[0]
+    assert all(res.status == "max_iter" for res in grows[: grows.index(last)])
