@@ -280,6 +280,17 @@ def _batched_cases() -> list[Case]:
                          _r(g, (k, B, C), d), _r(g, (k, B, C), d), _r(g, (k, B, C), d),
                          _r(g, (k, C, C), d), h, a)),
             ]
+    for act in ACTS:  # one conv ODE step whole: 3×3 (numba's fused kernels) and 1×1 / 5×5
+        for sname, (B, C, H, W, k) in {"2x4-5x6-k3": (2, 4, 5, 6, 3), "1x1-1x1-k3": (1, 1, 1, 1, 3),
+                                       "3x2-4x3-k5": (3, 2, 4, 3, 5)}.items():
+            cases += [
+                Case("conv_step", f"{act}-{sname}", lambda g, d, s=(B, C, H, W), k=k, a=act: (
+                    _r(g, s, d), _r(g, (s[1], s[1], k, k), d), _r(g, s[1], d), 0.375, a)),
+                Case("conv_step_adjoint", f"{act}-{sname}",
+                     lambda g, d, s=(B, C, H, W), k=k, a=act: (
+                         _r(g, s, d), _r(g, s, d), _r(g, s, d), _r(g, (s[1], s[1], k, k), d),
+                         0.375, a)),
+            ]
     return cases
 
 

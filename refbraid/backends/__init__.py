@@ -80,6 +80,9 @@ KERNELS = (
     "dense_step_adjoint",
     "dense_step_batched",
     "dense_step_batched_adjoint",
+    # one conv ODE step whole (refbraid.backends.reference_batched; numba: one pass an image)
+    "conv_step",
+    "conv_step_adjoint",
     # k 'same' 2-D convolutions at once (refbraid.backends.reference_batched; the conv step's
     # batched sweeps)
     "conv2d_batched",
@@ -96,6 +99,7 @@ _MODULES = {
         "refbraid.backends.numba_cpu",  # activations, Euler update
         "refbraid.backends.numba_cpu_dense",  # linear, softmax cross-entropy
         "refbraid.backends.numba_cpu_conv",  # conv2d
+        "refbraid.backends.numba_cpu_conv_step",  # the 3×3 conv ODE step whole
         "refbraid.backends.numba_cpu_attention",  # softmax, embedding
         "refbraid.backends.numba_cpu_layernorm",  # layer norm
         "refbraid.backends.numba_cpu_conv3d",  # conv3d

@@ -125,30 +125,36 @@ def _aligned_rows(n_rows, n_cols, like):
 
 
 @njit(inline="always")
+def accumulate_block(xp, W, Wp, L, o0, acc):
+    """acc[m, t] = Σ_{c,p,q} W[o0+m,c,p,q] xp[c, t + p·Wp + q] for m < O_BLOCK, t < L = H·Wp
+    (the output block o0 … o0+3 of one image, before its bias): one pass over t per (c, p),
+    three taps for O_BLOCK outputs."""
+    acc[:] = 0
+    a0, a1, a2, a3 = acc[0], acc[1], acc[2], acc[3]
+    for c in range(W.shape[1]):
+        row = xp[c]
+        for p in range(3):
+            x0, x1, x2 = row[p * Wp:], row[p * Wp + 1:], row[p * Wp + 2:]
+            u0, u1 = _taps3(W[o0, c, p]), _taps3(W[o0 + 1, c, p])
+            u2, u3 = _taps3(W[o0 + 2, c, p]), _taps3(W[o0 + 3, c, p])
+            for t in range(L):
+                v = (x0[t], x1[t], x2[t])
+                a0[t] += _dot3(u0, v)
+                a1[t] += _dot3(u1, v)
+                a2[t] += _dot3(u2, v)
+                a3[t] += _dot3(u3, v)
+
+
+@njit(inline="always")
 def _conv3x3_image(xp, W, Wp, b, acc, out):
     """out[o,i,j] = b[o] + Σ_{c,p,q} W[o,c,p,q] xp[c, (i+p)·Wp + j+q] for one image.
 
     xp: (≥ C, P) padded image; W: (O4, C, 3, 3), O4 ≥ O a multiple of O_BLOCK (extra rows zero);
-    b: (O,); acc: (O_BLOCK, ≥ H·Wp) scratch, rows 64-byte aligned; out: (O, H, W). One pass
-    over t per (c, p): three taps for O_BLOCK outputs.
+    b: (O,); acc: (O_BLOCK, ≥ H·Wp) scratch, rows 64-byte aligned; out: (O, H, W).
     """
     O, H, Wd = out.shape
-    L = H * Wp  # flat output positions, Wp − W dropped columns a line
     for o0 in range(0, W.shape[0], O_BLOCK):
-        acc[:] = 0
-        a0, a1, a2, a3 = acc[0], acc[1], acc[2], acc[3]
-        for c in range(W.shape[1]):
-            row = xp[c]
-            for p in range(3):
-                x0, x1, x2 = row[p * Wp:], row[p * Wp + 1:], row[p * Wp + 2:]
-                u0, u1 = _taps3(W[o0, c, p]), _taps3(W[o0 + 1, c, p])
-                u2, u3 = _taps3(W[o0 + 2, c, p]), _taps3(W[o0 + 3, c, p])
-                for t in range(L):
-                    v = (x0[t], x1[t], x2[t])
-                    a0[t] += _dot3(u0, v)
-                    a1[t] += _dot3(u1, v)
-                    a2[t] += _dot3(u2, v)
-                    a3[t] += _dot3(u3, v)
+        accumulate_block(xp, W, Wp, H * Wp, o0, acc)
         for m in range(min(O_BLOCK, O - o0)):
             bo = b[o0 + m]
             for i in range(H):

@@ -7,6 +7,12 @@ linear(y, W, b)``, ``y_next = euler_act(y, z, h)``; ``s = h σ'(z) ⊙ dy_next``
 product and one fused kernel per element-wise chain (:mod:`refbraid.backends.cupy_gpu`,
 :mod:`refbraid.backends.numba_cuda_step`); the layer calls them only where a backend does.
 
+One conv ODE step (``conv_step`` / ``conv_step_adjoint``): likewise the composition
+:class:`refbraid.layers.ConvStep` makes, ``z = conv2d(y, W, b)``, ``y_next = euler_act(y, z,
+h)``; ``s = h σ'(z) ⊙ dy_next``, ``dy = dy_next + W *ᵀ s``, ``dW = s ⋆ ỹ``, ``db = Σ s``.
+The numba backend computes it whole on the CPU (:mod:`refbraid.backends.numba_cpu_conv_step`:
+the same bits, fewer passes over memory, no weight gradient without ``grads``).
+
 Dense ODE steps (catalogue kernels ``dense_step_batched`` / ``dense_step_batched_adjoint``,
 :data:`refbraid.backends.KERNELS`; the numba and cuda backends override them with fused
 kernels, :mod:`refbraid.backends.numba_cpu_batched`, :mod:`refbraid.backends.numba_cuda_batched`),
@@ -48,6 +54,8 @@ from .reference import (
     activation_adjoint,
     array_namespace,
     check_activation,
+    conv2d,
+    conv2d_adjoint,
     euler_act,
     linear,
     linear_adjoint,
@@ -97,6 +105,21 @@ def dense_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True)
         return dy_next + matmul(s, W), None, None
     ds_W, dW, db = linear_adjoint(y, W, s)
     return dy_next + ds_W, dW, db
+
+
+def conv_step(y, W, b, h: float, act: str, out=None):
+    """One conv ODE step: y (B,C,H,W), W (C,C,k,k), b (C,), h -> (y_next, z): ``z = W * y +
+    b``, ``y_next = y + h σ(z)`` (module docstring); ``out`` where y_next may be written."""
+    z = conv2d(y, W, b)  # B,C,H,W
+    return euler_act(y, z, h, act, out=out), z
+
+
+def conv_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True, out=None):
+    """Its adjoint -> (dy, dW (C,C,k,k), db (C,)); dW and db None unless ``grads``; ``out``
+    is accepted for the signature (the reference makes dy new)."""
+    s = h * activation_adjoint(z, dy_next, act)  # B,C,H,W
+    dys, dW, db = conv2d_adjoint(y, W, s)
+    return dy_next + dys, (dW if grads else None), (db if grads else None)
 
 
 def dense_step_batched(Y, W, b, h, act: str):
