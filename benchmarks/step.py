@@ -3,7 +3,7 @@
 
     python -m benchmarks full step [-o layers=64,256] [-o conv_dtype=float32]
         [-o settings=torchbraid|2level|fast|fast-2level] [-o ranks=2] [-o repeat=5]
-        [-o same_process=True] [-o mpi=False] [-o workspace=True]
+        [-o same_process=True] [-o mpi=False] [-o workspace=True] [-o interleave=True]
 
 Case ``gradient`` (one process; a dense ResNet, width 32, batch 64, NumPy): one gradient by
 serial backprop (N forward + N adjoint steps) and by the layer-parallel gradient (MGRIT forward
@@ -34,6 +34,11 @@ o·calls^C_q) + max_q msgs_q · t_msg`` (coarsest-level work C_q is a pipeline: 
 larger P: ``T_P ≈ (T_1 − C_1)/P + C_1 + msgs · t_msg``; data parallelism, ring allreduce of n
 gradient bytes: ``T ≈ T_1(B/p) + 2(p−1)·α + 2(p−1)/p · n·β``.
 
+``interleave=True`` adds, on P ranks, ``repeat`` pairs of a serial step (rank 0, the other
+ranks asleep) and a P-rank step measured back to back in alternating order, and reports the
+median of the pairs' ratios (P ranks ÷ serial) and their range: on a machine whose speed
+drifts between minutes, the ratio of one pair is read under one state of it.
+
 Every case runs in a fresh ``mpiexec`` (its own processes) with malloc pinned
 (``same_process=True`` and ``REFBRAID_PIN_ALLOCATOR=0 python -m benchmarks …`` bring back the
 old ways, to show the effect: a case's time then depends on what ran before it,
@@ -52,7 +57,7 @@ SETTINGS = ("torchbraid", "2level", "fast", "fast-2level")
 OPTIONS = {"settings": "torchbraid", "ranks": 2, "repeat": 0, "layers": "", "width": 32,
            "batch": 64, "backend": "numpy", "conv_layers": "", "conv_backend": "numba",
            "conv_dtype": "float64", "torch": True, "same_process": False, "workspace": False,
-           "mpi": True, "timeout": 1800.0}
+           "mpi": True, "interleave": False, "timeout": 1800.0}
 #: per size: dense N, conv N, one-process gradient N, repeat, dense width and batch
 SIZES = {"full": ("64,128,256,512,1024", "32,128", (32, 128, 512), 5, 32, 64),
          "quick": ("64,128", "", (32, 128), 5, 32, 64),
@@ -214,14 +219,14 @@ def worker(spec: dict) -> None:
     for case in spec["cases"]:
         net, params, x, y, bk = problem(case)
         res = {"case": case, **meta}
+        p_serial = {k: v.copy() for k, v in params.items()}
+        opt = make_optimizer("adam", 1e-4)
+
+        def serial(p_serial=p_serial, opt=opt, net=net, x=x, y=y, bk=bk):
+            _, g, _ = backprop(net, p_serial, x, y, bk)
+            opt.step(p_serial, g)
+
         if P == 1:
-            p_serial = {k: v.copy() for k, v in params.items()}
-            opt = make_optimizer("adam", 1e-4)
-
-            def serial(p_serial=p_serial, opt=opt, net=net, x=x, y=y, bk=bk):
-                _, g, _ = backprop(net, p_serial, x, y, bk)
-                opt.step(p_serial, g)
-
             res["serial_s"] = measure(serial, repeat).median()
             res.update(unit_costs(net, params, x, bk))
             res["grad_bytes"] = int(sum(v.nbytes for v in params.values()))
@@ -239,6 +244,9 @@ def worker(spec: dict) -> None:
         comm = grad.topo.layer
         res["lp_s"] = measure(lambda tr=tr, x=x, y=y: tr.step(x, y), repeat,
                               comm=world).median()
+        if P > 1 and spec.get("interleave"):
+            res["paired"] = interleaved(world, serial, lambda tr=tr, x=x, y=y: tr.step(x, y),
+                                        repeat)
         sends0 = comm.counters["sends"]
         tr.step(x, y)  # one more, to read its counts
         solves = grad.last_solves
@@ -248,6 +256,52 @@ def worker(spec: dict) -> None:
         res["per_rank"] = world.gather(mine, root=0)
         if world.Get_rank() == 0:
             emit(res)
+
+
+def _idle_barrier(world) -> None:
+    """A barrier that sleeps while it waits (MPICH's blocking calls spin on a core)."""
+    import time
+
+    req = world.Ibarrier()
+    while not req.Test():
+        time.sleep(5e-4)
+
+
+def interleaved(world, serial, parallel, rounds: int) -> list[tuple[float, float]]:
+    """``rounds`` pairs (serial seconds, P-rank seconds), the two measured back to back in
+    alternating order: serial on rank 0 while the other ranks sleep in a barrier, then the
+    P-rank step (slowest rank). A pair shares the machine's state of the moment, so the
+    pair's ratio is steadier than a ratio of medians taken minutes apart."""
+    import time
+
+    from mpi4py import MPI
+
+    def serial_once() -> float:
+        _idle_barrier(world)
+        t = 0.0
+        if world.Get_rank() == 0:
+            t0 = time.perf_counter()
+            serial()
+            t = time.perf_counter() - t0
+        _idle_barrier(world)
+        return world.bcast(t, root=0)
+
+    def parallel_once() -> float:
+        world.Barrier()
+        t0 = time.perf_counter()
+        parallel()
+        return world.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+
+    serial_once()  # warm-up of the serial step (the P-rank one is warm)
+    pairs = []
+    for k in range(rounds):
+        if k % 2:
+            s = serial_once()
+            pairs.append((s, parallel_once()))
+        else:
+            p = parallel_once()
+            pairs.append((serial_once(), p))
+    return pairs
 
 
 # ----------------------------------------------------------------------------- the model
@@ -369,7 +423,8 @@ def mpi_cases(opts: dict, dense: list[dict], conv: list[dict], repeat: int, note
 
     def run_on(n):
         return [r for b in batches for r in launch(
-            n, "benchmarks.step", {"cases": b, "repeat": repeat, "settings": opts["settings"]},
+            n, "benchmarks.step", {"cases": b, "repeat": repeat, "settings": opts["settings"],
+                                   "interleave": opts["interleave"]},
             opts["timeout"])]
 
     one, many = run_on(1), run_on(P)
@@ -408,6 +463,12 @@ def mpi_cases(opts: dict, dense: list[dict], conv: list[dict], repeat: int, note
                 r.add(f"torch f32 ÷ {P} ranks", t["float32"] / m["lp_s"], "×")
             except ImportError:
                 notes.append("PyTorch is not installed: no torch columns")
+        if "paired" in m:
+            ratios = sorted(b / a for a, b in m["paired"])
+            r.add("paired serial", 1e3 * float(np.median([a for a, _ in m["paired"]])), "ms")
+            r.add(f"paired {P} ranks", 1e3 * float(np.median([b for _, b in m["paired"]])), "ms")
+            r.add(f"{P} ranks ÷ serial", float(np.median(ratios)), "× (paired median)")
+            r.add("÷ serial min", ratios[0], "×").add("÷ serial max", ratios[-1], "×")
         r.add("c_f", 1e6 * o["c_f"], "µs").add("c_bc", 1e6 * o["c_bc"], "µs")
         r.add("c_bg", 1e6 * o["c_bg"], "µs").add("o per Φ", 1e6 * md["o"], "µs")
         out.append(r.add("t_msg", 1e6 * md["t_msg"], "µs"))
