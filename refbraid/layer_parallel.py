@@ -164,14 +164,14 @@ class AdjointPropagator:
     bk: Backend
     restriction: str = "average"
 
-    def step(self, lam, start: int, stop: int):
+    def step(self, lam, start: int, stop: int, out=None):  # out: where λ[a] may be written
         theta = layer_params(self.steps, stop)
         hc = (start - stop) * self.net.h
         y = row(self.states, stop)
         if tuple(lam.shape) != tuple(y.shape):
             y = restrict_to_shape(y, tuple(lam.shape), self.restriction)
         _, cache = self.net.step.forward(theta, y, hc, self.bk)
-        lam_prev, _ = self.net.step.adjoint(theta, cache, lam, hc, self.bk, grads=False)
+        lam_prev, _ = adjoint_into(self.net.step, theta, cache, lam, hc, self.bk, False, out)
         return lam_prev
 
     @property
@@ -247,7 +247,7 @@ class CapturingAdjoint(AdjointPropagator):
 
     def step(self, lam, start: int, stop: int, out=None):  # out: where λ[a] may be written
         if start - stop != 1:
-            return super().step(lam, start, stop)
+            return super().step(lam, start, stop, out)
         theta = layer_params(self.steps, stop)
         cache = self.caches.get(stop)
         if cache is None:  # a step that started on another rank (MPI): recompute its cache

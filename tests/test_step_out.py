@@ -106,3 +106,24 @@ def test_batched_forced_sweeps_add_into_the_iterate():
     want = f_relax(u, g, np.arange(17), f_pos, CountingStep(problem))
     got = batched.f_relax(u, g, np.arange(17), batched.f_sweeps(f_pos), CountingStep(problem))
     assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("model, shape", [("resnet", (3, 4)), ("conv", (2, 2, 5, 5))])
+def test_a_coarse_adjoint_step_writes_into_out(backend, model, shape):
+    """The adjoint propagator's coarse step Ψ(λ; b → a), b − a = 2, writes λ[a] into ``out``
+    where the layer can, with the numbers of the step that returns a new array."""
+    from refbraid.layer_parallel import AdjointPropagator
+
+    bk = get_backend(backend)
+    net = build_network(model, (2,) if model == "resnet" else (1, 5, 5), 3, 4, shape[1], 1.0)
+    steps = group(init_params(net, 0), "steps")
+    rng = np.random.default_rng(3)
+    states = rng.standard_normal((5, *shape))
+    prop = AdjointPropagator(net, steps, states, bk)
+    lam = rng.standard_normal(shape)
+    want = prop.step(lam, 3, 1)
+    out = np.full_like(lam, np.nan)
+    got = prop.step(lam, 3, 1, out=out)
+    assert np.array_equal(got, want)
+    assert got is out or backend == "numpy" and model == "resnet"  # DenseStep's adjoint: new
