@@ -135,9 +135,10 @@ class ForwardPropagator:
     steps: dict[str, Any]
     bk: Backend
 
-    def step(self, y, start: int, stop: int, out=None):  # out: where y_next may be written
+    def step(self, y, start: int, stop: int, out=None, add=None):  # out: where y_next may be
+        # written; add: a row added to it (MGRIT's right-hand side, forward_into)
         theta, hc = layer_params(self.steps, start), (stop - start) * self.net.h
-        return forward_into(self.net.step, theta, y, hc, self.bk, out)[0]
+        return forward_into(self.net.step, theta, y, hc, self.bk, out, add)[0]
 
     @property
     def batched_step(self):
@@ -164,14 +165,15 @@ class AdjointPropagator:
     bk: Backend
     restriction: str = "average"
 
-    def step(self, lam, start: int, stop: int, out=None):  # out: where λ[a] may be written
+    def step(self, lam, start: int, stop: int, out=None, add=None):  # out: where λ[a] may
+        # be written; add: a row added to it (adjoint_into)
         theta = layer_params(self.steps, stop)
         hc = (start - stop) * self.net.h
         y = row(self.states, stop)
         if tuple(lam.shape) != tuple(y.shape):
             y = restrict_to_shape(y, tuple(lam.shape), self.restriction)
         _, cache = self.net.step.forward(theta, y, hc, self.bk)
-        lam_prev, _ = adjoint_into(self.net.step, theta, cache, lam, hc, self.bk, False, out)
+        lam_prev, _ = adjoint_into(self.net.step, theta, cache, lam, hc, self.bk, False, out, add)
         return lam_prev
 
     @property
@@ -204,11 +206,11 @@ class CachingForward(ForwardPropagator):
         object.__setattr__(self, "caches", {})
         object.__setattr__(self, "origins", {})  # layer -> batched call (step_caches.py)
 
-    def step(self, y, start: int, stop: int, out=None):
+    def step(self, y, start: int, stop: int, out=None, add=None):
         if stop - start != 1:
-            return super().step(y, start, stop, out)
+            return super().step(y, start, stop, out, add)
         y_next, cache = forward_into(self.net.step, layer_params(self.steps, start), y,
-                                     self.net.h, self.bk, out)
+                                     self.net.h, self.bk, out, add)
         self.caches[start] = cache
         self.origins.pop(start, None)
         return y_next
@@ -245,9 +247,10 @@ class CapturingAdjoint(AdjointPropagator):
         object.__setattr__(self, "grads", {})
         object.__setattr__(self, "counts", {"cache_hits": 0, "recomputed": 0})
 
-    def step(self, lam, start: int, stop: int, out=None):  # out: where λ[a] may be written
+    def step(self, lam, start: int, stop: int, out=None, add=None):  # out: where λ[a] may
+        # be written; add: a row added to it
         if start - stop != 1:
-            return super().step(lam, start, stop, out)
+            return super().step(lam, start, stop, out, add)
         theta = layer_params(self.steps, stop)
         cache = self.caches.get(stop)
         if cache is None:  # a step that started on another rank (MPI): recompute its cache
@@ -256,7 +259,7 @@ class CapturingAdjoint(AdjointPropagator):
         else:
             self.counts["cache_hits"] += 1
         lam_prev, dtheta = adjoint_into(self.net.step, theta, cache, lam, self.net.h, self.bk,
-                                        True, out)
+                                        True, out, add)
         self.grads[stop] = dtheta
         return lam_prev
 

@@ -139,3 +139,55 @@ def test_the_conv_layer_on_numba_is_the_composed_step(dtype):
     assert _same(dy, dy_ref) and _same(grads["W"], dW_ref) and _same(grads["b"], db_ref)
     dy, none = layer.adjoint(params, (y, z), dy_next, 0.125, NB, grads=False)
     assert _same(dy, dy_ref) and none is None
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_an_addend_is_added_to_the_rounded_step(act, dtype):
+    """``add`` (MGRIT's right-hand side row): ``(step) + add`` with the step rounded first,
+    the bits of the sum the sweep made after the step; into ``out`` or new; an addend the
+    kernel does not take (other dtype, strided) gives the same sum the composed way."""
+    y, W, b, g = _args((3, 4, 6, 5), dtype, seed=7)
+    dy_next = np.random.default_rng(8).standard_normal(y.shape).astype(dtype)
+    want = _composed_forward(y, W, b, 0.25, act)[0] + g
+    out = np.full_like(y, np.nan)
+    got, z = conv_step(y, W, b, 0.25, act, out=out, add=g)
+    assert got is out and _same(got, want)
+    assert _same(conv_step(y, W, b, 0.25, act, add=g)[0], want)
+    strided = np.repeat(g, 2, axis=-1)[..., ::2]
+    assert _same(conv_step(y, W, b, 0.25, act, add=strided)[0], want)
+    other = g.astype(np.float32 if dtype == np.float64 else np.float64)
+    assert _same(conv_step(y, W, b, 0.25, act, add=other)[0],
+                 _composed_forward(y, W, b, 0.25, act)[0] + other)
+
+    dy_ref = _composed_adjoint(y, z, dy_next, W, 0.25, act)[0] + g
+    out = np.full_like(y, np.nan)
+    dy, _, _ = conv_step_adjoint(y, z, dy_next, W, 0.25, act, grads=False, out=out, add=g)
+    assert dy is out and _same(dy, dy_ref)
+    assert _same(conv_step_adjoint(y, z, dy_next, W, 0.25, act, add=g)[0], dy_ref)
+    ref = reference_batched.conv_step(y, W, b, 0.25, act, add=g)[0]
+    np.testing.assert_allclose(ref, want, rtol=2e-5 if dtype == np.float32 else 1e-12,
+                               atol=2e-5 if dtype == np.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("model, shape", [("resnet", (3, 4)), ("conv", (2, 2, 5, 5))])
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_forward_and_adjoint_into_add_the_addend_for_every_layer(model, shape, backend):
+    """forward_into / adjoint_into with ``add``: inside the layer where its method takes
+    ``add=`` (ConvStep), after it otherwise (DenseStep): the same bits as adding after."""
+    from refbraid.layers.forward_into import adjoint_into, forward_into
+    from refbraid.models import build_network
+    from refbraid.network import group, init_params, layer_params
+
+    bk = get_backend(backend)
+    net = build_network(model, (2,) if model == "resnet" else (1, 5, 5), 3, 2, shape[1], 1.0)
+    layer, params = net.step, layer_params(group(init_params(net, 0), "steps"), 1)
+    rng = np.random.default_rng(9)
+    y, g, lam = (rng.standard_normal(shape) for _ in range(3))
+    y_next, cache = layer.forward(params, y, 0.25, bk)
+    out = np.full_like(y, np.nan)
+    got, _ = forward_into(layer, params, y, 0.25, bk, out, g)
+    assert _same(got, y_next + g) and (got is out or model == "resnet" and backend == "numpy")
+    dy, _ = layer.adjoint(params, cache, lam, 0.25, bk, grads=False)
+    got, _ = adjoint_into(layer, params, cache, lam, 0.25, bk, False, np.empty_like(y), g)
+    assert _same(got, dy + g)

@@ -5,7 +5,8 @@
 ``out`` of y's shape and dtype, C-contiguous): the same operations, another destination.
 Everywhere else (CUDA, CuPy, the strict stand-in, a mismatched ``out``) it returns a new
 array, and the caller copies it (``result is out`` tells which happened). ``add_into(a, b,
-out)`` is ``a + b`` the same way (the adjoint steps' last sum), on NumPy arrays.
+out)`` is ``a + b`` the same way (the adjoint steps' last sum), on NumPy arrays; ``plus(result,
+add, out)`` adds MGRIT's right-hand side row to a step's result (in place only into ``out``).
 """
 
 from __future__ import annotations
@@ -17,13 +18,26 @@ import numpy as np
 _INTO = ("numpy", "numba")  # backends whose euler_act takes out=
 
 
-def takes_out(fn) -> bool:
-    """Whether the callable ``fn`` has a parameter named ``out`` (where a result may be
-    written); False for anything ``inspect.signature`` cannot read."""
+def takes_out(fn, name: str = "out") -> bool:
+    """Whether the callable ``fn`` has a parameter called ``name`` (default ``out``: where a
+    result may be written; ``add``: an addend it adds to its result); False for anything
+    ``inspect.signature`` cannot read."""
     try:
-        return "out" in inspect.signature(fn).parameters
+        return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+
+
+def plus(result, add, out=None):
+    """``result + add``: into ``result`` itself when it is ``out`` (an array the caller gave
+    to be written) and NumPy allows (one dtype), else a new array. The same sum either way;
+    ``add`` None: ``result``."""
+    if add is None:
+        return result
+    if (out is not None and result is out and isinstance(out, np.ndarray)
+            and isinstance(add, np.ndarray) and out.dtype == add.dtype):
+        return np.add(out, add, out=out)
+    return result + add
 
 
 def writes_into(bk, out, y, z) -> bool:

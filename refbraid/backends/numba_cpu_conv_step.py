@@ -26,9 +26,13 @@ at a time) have ``FASTMATH``. A fast-math driver would let LLVM contract ``y + h
 an FMA (one rounding where ``euler_act`` makes two): measured, it did, even with the
 epilogue compiled apart, once inlined into it. The other way round, the convolution keeps
 its flags per instruction wherever it is inlined (tested bit for bit).
-The forward step with tanh (NumPy's SIMD tanh, see :mod:`refbraid.backends.numba_cpu`; the
-adjoint fuses what follows it), other kernel sizes, mixed dtypes, a NumPy-scalar ``h`` and anything that is not a float32/float64 NumPy array take the
-composed path, the same functions the layer would call.
+
+``add`` (both kernels): a state added to the result, ``(y + h σ(z)) + add``, as each line is
+written (MGRIT's coarse right-hand side ``Φ(u) + g``: the sum its sweep made in a pass of its
+own). The forward step with tanh (NumPy's SIMD tanh, see :mod:`refbraid.backends.numba_cpu`;
+the adjoint fuses what follows it), other kernel sizes, mixed dtypes, a NumPy-scalar ``h``,
+an addend that is not a C-contiguous array of the state's dtype, and anything that is not a
+float32/float64 NumPy array take the composed path, the same functions the layer would call.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from .into import add_into
+from .into import add_into, plus
 from .numba_cpu import (
     GELU,
     IDENTITY,
@@ -68,10 +72,18 @@ OVERRIDES = ("conv_step", "conv_step_adjoint")
 
 # ----------------------------------------------------------------------------- epilogues
 @njit(inline="always")
-def _euler_image(acc, b, y, h, code, Wp, z, out):
-    """z[o,i,j] = acc[o, i·Wp + j] + b[o], out[o,i,j] = y[o,i,j] + h σ(z[o,i,j]) for one
-    image (compiled into a driver without fast-math: the roundings of conv2d, then
-    euler_act)."""
+def _add_line(out, g, with_g):
+    """out[j] += g[j] along a line just written (in cache), when ``with_g``."""
+    if with_g:
+        for j in range(out.shape[0]):
+            out[j] = out[j] + g[j]
+
+
+@njit(inline="always")
+def _euler_image(acc, b, y, h, code, Wp, z, out, g, with_g):
+    """z[o,i,j] = acc[o, i·Wp + j] + b[o], out[o,i,j] = y[o,i,j] + h σ(z[o,i,j]) (+ g[o,i,j]
+    when ``with_g``, added to the rounded step) for one image (compiled into a driver without
+    fast-math: the roundings of conv2d, then euler_act, then the sum)."""
     C, H, Wd = z.shape
     for o in range(C):
         bo = b[o]
@@ -92,19 +104,21 @@ def _euler_image(acc, b, y, h, code, Wp, z, out):
                     zj = a[j] + bo
                     zi[j] = zj
                     oi[j] = yi[j] + h * _act(zj, IDENTITY)
+            _add_line(oi, g[o, i], with_g)
 
 
 @njit(inline="always")
-def _add_image(acc, zero, Wp, dy_next, out):
-    """out[o,i,j] = dy_next[o,i,j] + (acc[o, i·Wp + j] + 0) for one image: conv2d_adjoint's
-    dx (the transposed convolution, bias zero) and the adjoint's sum, rounded as those two
-    make it."""
+def _add_image(acc, zero, Wp, dy_next, out, g, with_g):
+    """out[o,i,j] = dy_next[o,i,j] + (acc[o, i·Wp + j] + 0) (+ g[o,i,j] when ``with_g``) for
+    one image: conv2d_adjoint's dx (the transposed convolution, bias zero), the adjoint's sum
+    and the addend, rounded as those make them."""
     C, H, Wd = out.shape
     for o in range(C):
         for i in range(H):
             a, di, oi = acc[o, i * Wp:], dy_next[o, i], out[o, i]
             for j in range(Wd):
                 oi[j] = di[j] + (a[j] + zero)
+            _add_line(oi, g[o, i], with_g)
 
 
 @njit(cache=True)
@@ -141,9 +155,9 @@ def _conv3x3_acc(xp, W, Wp, L, acc):
 
 
 @njit(cache=True)
-def _conv3x3_step(y, W, b, h, code, z, out):
-    """z = W * y + b and out = y + h σ(z), image by image. y, z, out: (B, C, H, W); W: (C4, C,
-    3, 3) blocked as for _conv3x3; b: (C,)."""
+def _conv3x3_step(y, W, b, h, code, g, with_g, z, out):
+    """z = W * y + b and out = y + h σ(z) (+ g), image by image. y, g, z, out: (B, C, H, W);
+    W: (C4, C, 3, 3) blocked as for _conv3x3; b: (C,)."""
     B, C, H, Wd = y.shape
     Wp = Wd + 1
     xp = _aligned_rows(C, (H + 2) * Wp + 2, y)
@@ -151,12 +165,12 @@ def _conv3x3_step(y, W, b, h, code, z, out):
     for n in range(B):
         _pad_image(y[n], Wp, xp)
         _conv3x3_acc(xp, W, Wp, H * Wp, acc)
-        _euler_image(acc, b, y[n], h, code, Wp, z[n], out[n])
+        _euler_image(acc, b, y[n], h, code, Wp, z[n], out[n], g[n], with_g)
 
 
 @njit(cache=True)
-def _conv3x3_step_adjoint(y, W_t, s, dy_next, zero, grads, dy, dW):
-    """dy = dy_next + W *ᵀ s image by image; with ``grads`` also dW += s ⋆ ỹ (as
+def _conv3x3_step_adjoint(y, W_t, s, dy_next, zero, g, with_g, grads, dy, dW):
+    """dy = dy_next + W *ᵀ s (+ g) image by image; with ``grads`` also dW += s ⋆ ỹ (as
     _conv3x3_adjoint, the same order over images). W_t: (C4, C, 3, 3) blocked flipped,
     transposed kernels; dW: (C8, C, 3, 3)."""
     B, C, H, Wd = y.shape
@@ -169,7 +183,7 @@ def _conv3x3_step_adjoint(y, W_t, s, dy_next, zero, grads, dy, dW):
     for n in range(B):
         _pad_image(s[n], Wp, sp)
         _conv3x3_acc(sp, W_t, Wp, H * Wp, acc)
-        _add_image(acc, zero, Wp, dy_next[n], dy[n])
+        _add_image(acc, zero, Wp, dy_next[n], dy[n], g[n], with_g)
         if grads:
             _pad_image(y[n], Wp, xp)
             _weight_grad3x3_image(xp, sp, Wp, H, dW)
@@ -187,47 +201,64 @@ def _fusable(code: int, h, *arrays, tanh: bool = False) -> bool:
             and W.shape == (y.shape[1], y.shape[1], 3, 3))
 
 
+def _addend(add, like) -> bool:
+    """No addend, or one the kernels take: a C-contiguous NumPy array of like's shape and
+    dtype."""
+    return add is None or (type(add) is np.ndarray and add.dtype == like.dtype
+                           and add.shape == like.shape and add.flags.c_contiguous)
+
+
+def _overlaps(out, other) -> bool:
+    return other is not None and np.may_share_memory(out, other)
+
+
 def _into(out, like) -> bool:
     return (isinstance(out, np.ndarray) and out.dtype == like.dtype and out.shape == like.shape
             and out.flags.c_contiguous and not np.may_share_memory(out, like))
 
 
-def conv_step(y, W, b, h: float, act: str, out=None):
+def conv_step(y, W, b, h: float, act: str, out=None, add=None):
     """The conv ODE step → ``(y_next, z)``: ``z = W * y + b``, ``y_next = y + h σ(z)``
-    (module docstring). ``out``: a C-contiguous array of y's shape and dtype to write y_next
-    into (check ``y_next is out``)."""
+    (module docstring), ``+ add`` when given (MGRIT's right-hand side row, added to the
+    rounded step in the same pass). ``out``: a C-contiguous array of y's shape and dtype to
+    write y_next into (check ``y_next is out``)."""
     code = activation_code(act)
-    if not _fusable(code, h, y, W, b) or b.shape != (y.shape[1],):
+    if not _fusable(code, h, y, W, b) or b.shape != (y.shape[1],) or not _addend(add, y):
         z = conv2d(y, W, b)
-        return euler_act(y, z, h, act, out=out), z
+        return plus(euler_act(y, z, h, act, out=out), add, out), z
     y = np.ascontiguousarray(y)
     z = np.empty_like(y)
-    y_next = out if _into(out, y) else np.empty_like(y)
+    y_next = out if _into(out, y) and not _overlaps(out, add) else np.empty_like(y)
     C = y.shape[1]
     _conv3x3_step(y, _blocked(W, _round_up(C, O_BLOCK), C), np.ascontiguousarray(b),
-                  y.dtype.type(h), code, z, y_next)
+                  y.dtype.type(h), code, y if add is None else add, add is not None, z, y_next)
     return y_next, z
 
 
-def conv_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True, out=None):
+def conv_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True, out=None,
+                      add=None):
     """The conv step's adjoint → ``(dy, dW, db)``, dW and db None unless ``grads`` (module
-    docstring). ``out``: where dy may be written (check ``dy is out``)."""
+    docstring), ``+ add`` in dy when given. ``out``: where dy may be written (check
+    ``dy is out``)."""
     code = activation_code(act)
     if not _fusable(code, h, y, W, z, dy_next, tanh=True) or z.shape != y.shape \
-            or dy_next.shape != y.shape:
+            or dy_next.shape != y.shape or not _addend(add, y):
         s = h * activation_adjoint(z, dy_next, act)
         dys, dW, db = conv2d_adjoint(y, W, s)
-        return add_into(dy_next, dys, out), (dW if grads else None), (db if grads else None)
+        dy = plus(add_into(dy_next, dys, out), add, out)
+        return dy, (dW if grads else None), (db if grads else None)
     y, z, dy_next = (np.ascontiguousarray(a) for a in (y, z, dy_next))
     B, C, H, Wd = y.shape
     dtype, hd = y.dtype, y.dtype.type(h)
     s = np.tanh(z) if code == TANH else np.empty_like(z)
     _scaled_act_adjoint(z.reshape(-1), dy_next.reshape(-1), hd, code, s.reshape(-1))
     W_t = W[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)  # C,C,3,3 flipped, transposed
-    dy = out if _into(out, y) and not np.may_share_memory(out, dy_next) else np.empty_like(y)
+    dy = out if _into(out, y) and not _overlaps(out, dy_next) and not _overlaps(out, add) \
+        else np.empty_like(y)
     dW = np.empty((_round_up(C, 8), C, 3, 3), dtype)
     _conv3x3_step_adjoint(y, _blocked(W_t, _round_up(C, O_BLOCK), C), s, dy_next,
-                          dtype.type(0), grads, dy, dW)
+                          dtype.type(0), y if add is None else add, add is not None, grads, dy,
+                          dW)
     if not grads:
         return dy, None, None
     db = np.empty(C, dtype)

@@ -48,6 +48,7 @@ from __future__ import annotations
 import numpy as np
 
 from .device_batching import values_on
+from .into import plus
 from .portable import contiguous, zeros_on
 from .reference import (
     activation,
@@ -107,19 +108,22 @@ def dense_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True)
     return dy_next + ds_W, dW, db
 
 
-def conv_step(y, W, b, h: float, act: str, out=None):
+def conv_step(y, W, b, h: float, act: str, out=None, add=None):
     """One conv ODE step: y (B,C,H,W), W (C,C,k,k), b (C,), h -> (y_next, z): ``z = W * y +
-    b``, ``y_next = y + h σ(z)`` (module docstring); ``out`` where y_next may be written."""
+    b``, ``y_next = y + h σ(z)`` (module docstring), ``+ add`` when given; ``out`` where
+    y_next may be written."""
     z = conv2d(y, W, b)  # B,C,H,W
-    return euler_act(y, z, h, act, out=out), z
+    return plus(euler_act(y, z, h, act, out=out), add, out), z
 
 
-def conv_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True, out=None):
-    """Its adjoint -> (dy, dW (C,C,k,k), db (C,)); dW and db None unless ``grads``; ``out``
-    is accepted for the signature (the reference makes dy new)."""
+def conv_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True, out=None,
+                      add=None):
+    """Its adjoint -> (dy, dW (C,C,k,k), db (C,)); dW and db None unless ``grads``; ``+ add``
+    in dy when given; ``out`` is accepted for the signature (the reference makes dy new)."""
     s = h * activation_adjoint(z, dy_next, act)  # B,C,H,W
     dys, dW, db = conv2d_adjoint(y, W, s)
-    return dy_next + dys, (dW if grads else None), (db if grads else None)
+    dy = dy_next + dys
+    return plus(dy, add), (dW if grads else None), (db if grads else None)
 
 
 def dense_step_batched(Y, W, b, h, act: str):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backends.device_batching import values_on
-from ..backends.into import add_into, euler_act_into
+from ..backends.into import add_into, euler_act_into, plus
 from ..backends.reference import check_activation
 from .init import (
     check_adjoint,
@@ -67,31 +67,36 @@ class ConvStep:
             "b": uniform_fan_in(rng, (C,), fan_in, dtype),
         }
 
-    def forward(self, params, y, h: float, bk, out=None):
-        """y_next = y + h σ(W * y + b); returns (y_next, cache). ``out``: an array to write
-        y_next into where the backend can (backends/into.py; else y_next is new)."""
+    def forward(self, params, y, h: float, bk, out=None, add=None):
+        """y_next = y + h σ(W * y + b) (+ add); returns (y_next, cache). ``out``: an array to
+        write y_next into where the backend can (backends/into.py; else y_next is new);
+        ``add``: a state to add to y_next (MGRIT's right-hand side row: in the same pass on
+        numba, else a sum after it — the same numbers)."""
         h = check_step_size("h", h)
         check_dtype("y", y, params)
         if "conv_step" in bk.overrides:  # the step whole (numba: bias, σ, Euler per image)
-            y_next, z = bk.conv_step(y, params["W"], params["b"], h, self.activation, out=out)
+            y_next, z = bk.conv_step(y, params["W"], params["b"], h, self.activation, out=out,
+                                     add=add)
             return y_next, (y, z)
         z = bk.conv2d(y, params["W"], params["b"])  # B,C,H,W
-        return euler_act_into(bk, y, z, h, self.activation, out), (y, z)
+        return plus(euler_act_into(bk, y, z, h, self.activation, out), add, out), (y, z)
 
-    def adjoint(self, params, cache, dy_next, h: float, bk, grads: bool = True, out=None):
-        """dy = dy_next + Wᵀ ⋆ (h σ'(z) ⊙ dy_next); with grads, also dW, db. ``out``: where dy
-        may be written (NumPy, backends/into.py; else dy is new)."""
+    def adjoint(self, params, cache, dy_next, h: float, bk, grads: bool = True, out=None,
+                add=None):
+        """dy = dy_next + Wᵀ ⋆ (h σ'(z) ⊙ dy_next) (+ add); with grads, also dW, db. ``out``:
+        where dy may be written (NumPy, backends/into.py; else dy is new); ``add`` as in
+        :meth:`forward`."""
         y, z = cache
         h = check_step_size("h", h)
         check_adjoint("dy_next", dy_next, y.shape)
         if "conv_step_adjoint" in bk.overrides:  # numba: one pass for s, dy without dx;
             # no weight gradient without grads
             dy, dW, db = bk.conv_step_adjoint(y, z, dy_next, params["W"], h, self.activation,
-                                              grads, out=out)
+                                              grads, out=out, add=add)
             return dy, ({"W": dW, "b": db} if grads else None)
         s = h * bk.activation_adjoint(z, dy_next, self.activation)  # B,C,H,W
         dys, dW, db = bk.conv2d_adjoint(y, params["W"], s)
-        return add_into(dy_next, dys, out), ({"W": dW, "b": db} if grads else None)
+        return plus(add_into(dy_next, dys, out), add, out), ({"W": dW, "b": db} if grads else None)
 
     # -- k steps at once (MGRIT's batched sweeps; the catalogue's conv2d_batched kernels) -----
     def forward_batched(self, params, Y, h, bk):

@@ -4,33 +4,49 @@
 ``out=`` where the layer's ``forward`` takes it (ConvStep, DenseStep: the Euler update is then
 written into ``out`` where the backend can, refbraid/backends/into.py). Any other layer — or a
 user's — is called as it is and returns a new array: the caller copies it (``y_next is out``
-tells which happened). ``adjoint_into`` likewise for ``layer.adjoint`` (its ``dy``). The same
-numbers either way.
+tells which happened). ``adjoint_into`` likewise for ``layer.adjoint`` (its ``dy``). ``add``: a
+row to add to the result (MGRIT's right-hand side on coarse levels), inside the layer's kernel
+where its method takes ``add=``. The same numbers either way.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 
-from ..backends.into import takes_out
+from ..backends.into import plus, takes_out
 
 
 @lru_cache(maxsize=64)
-def _takes_out(cls: type, method: str = "forward") -> bool:
-    """:func:`~refbraid.backends.into.takes_out` of ``cls.method``, once per class."""
-    return takes_out(getattr(cls, method, None))
+def _takes(cls: type, method: str = "forward", name: str = "out") -> bool:
+    """:func:`~refbraid.backends.into.takes_out` of ``cls.method`` for the parameter
+    ``name``, once per class."""
+    return takes_out(getattr(cls, method, None), name)
 
 
-def forward_into(layer, params, y, h: float, bk, out=None):
-    """``layer.forward(params, y, h, bk)``, with ``out=out`` where it takes it."""
-    if out is not None and _takes_out(type(layer)):
-        return layer.forward(params, y, h, bk, out=out)
-    return layer.forward(params, y, h, bk)
+def _options(cls: type, method: str, out, add) -> dict:
+    """The keywords ``out=`` and ``add=`` that ``cls.method`` takes, of those given."""
+    kw = {}
+    if out is not None and _takes(cls, method):
+        kw["out"] = out
+    if add is not None and _takes(cls, method, "add"):
+        kw["add"] = add
+    return kw
 
 
-def adjoint_into(layer, params, cache, dy_next, h: float, bk, grads: bool = True, out=None):
+def forward_into(layer, params, y, h: float, bk, out=None, add=None):
+    """``layer.forward(params, y, h, bk)``, with ``out=out`` where it takes it; with ``add``
+    (MGRIT's right-hand side row) the result is ``y_next + add``: the layer's own ``add=``
+    where it takes one (ConvStep on numba: one kernel), else added here (:func:`plus`)."""
+    kw = _options(type(layer), "forward", out, add)
+    y_next, cache = layer.forward(params, y, h, bk, **kw)
+    return (y_next if "add" in kw else plus(y_next, add, out)), cache
+
+
+def adjoint_into(layer, params, cache, dy_next, h: float, bk, grads: bool = True, out=None,
+                 add=None):
     """``layer.adjoint(params, cache, dy_next, h, bk, grads=grads)``, with ``out=out`` (where
-    its ``dy`` may be written) where the layer's ``adjoint`` takes it."""
-    if out is not None and _takes_out(type(layer), "adjoint"):
-        return layer.adjoint(params, cache, dy_next, h, bk, grads=grads, out=out)
-    return layer.adjoint(params, cache, dy_next, h, bk, grads=grads)
+    its ``dy`` may be written) where the layer's ``adjoint`` takes it, and ``add`` added to
+    ``dy`` as :func:`forward_into` adds it."""
+    kw = _options(type(layer), "adjoint", out, add)
+    dy, grads_ = layer.adjoint(params, cache, dy_next, h, bk, grads=grads, **kw)
+    return (dy if "add" in kw else plus(dy, add, out)), grads_

@@ -104,7 +104,11 @@ def _correct_row(u, k: int, corr: Correction, j: int) -> None:
 
 def _phi_plus_g(prev, p0: int, p1: int, g_row, step: StepFn, out_row):
     """``Φ(prev; p0 → p1) + g_row`` (g_row None: Φ) written into ``out_row``: the step writes
-    Φ there if it takes ``out=``, ``+ g`` is added in place (relax._write_row)."""
+    Φ there if it takes ``out=``, ``+ g`` is added in place (relax._write_row), or by the step
+    as it writes Φ if it takes ``add=`` (one pass: the same sum, ``(Φ rounded) + g``)."""
+    if g_row is not None and getattr(step, "takes_add", False):
+        _write_row(out_row, step(prev, p0, p1, out=out_row, add=g_row), None)
+        return out_row
     val = step(prev, p0, p1, out=out_row) if getattr(step, "takes_out", False) \
         else step(prev, p0, p1)
     _write_row(out_row, val, g_row)

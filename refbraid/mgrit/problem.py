@@ -70,7 +70,10 @@ def _check_state_array(name: str, value, what: str) -> None:
 class Problem:
     """``u[i] = step(u[i∓1], i∓1, i) + g[i]`` from ``u0`` over ``n_steps`` steps.
 
-    step       callable ``step(u, start, stop)`` (or an object with such a ``step`` method)
+    step       callable ``step(u, start, stop)`` (or an object with such a ``step`` method);
+               optionally with ``out=`` (an array it may write its result into, returning it)
+               and then ``add=`` (a state to add to its result: MGRIT passes ``g``'s row, so
+               ``Φ(u) + g`` can be formed in one pass; the result must be ``Φ(u) + add``)
     u0         initial value: at fine index 0 (forward) or N (backward); shape S; a floating
                (or complex) array, or a Python number (taken as float64 / complex128)
     n_steps    N ≥ 1
@@ -205,17 +208,18 @@ def as_problem(obj) -> Problem:
 
 
 @lru_cache(maxsize=64)
-def _function_takes_out(fn) -> bool:
+def _function_takes_out(fn, name: str = "out") -> bool:
     """:func:`~refbraid.backends.into.takes_out` of a plain function, read once."""
-    return takes_out(fn)
+    return takes_out(fn, name)
 
 
-def step_takes_out(step) -> bool:
-    """Whether ``step`` takes ``out=``. A bound method (the layer-parallel propagators, made
-    anew for every gradient) is answered from its function's signature, read once per
-    function instead of once per level and solve; any other callable is inspected."""
+def step_takes_out(step, name: str = "out") -> bool:
+    """Whether ``step`` takes ``out=`` (or the parameter ``name``: ``add``). A bound method
+    (the layer-parallel propagators, made anew for every gradient) is answered from its
+    function's signature, read once per function instead of once per level and solve; any
+    other callable is inspected."""
     fn = getattr(step, "__func__", None)
-    return _function_takes_out(fn) if fn is not None else takes_out(step)
+    return _function_takes_out(fn, name) if fn is not None else takes_out(step, name)
 
 
 class CountingStep:
@@ -241,20 +245,26 @@ class CountingStep:
         #: whether ``step`` takes ``out=`` (write its result there where it can, e.g. the
         #: layer-parallel propagators): :meth:`__call__` passes it on, else drops it
         self.takes_out = step_takes_out(problem.step)
+        #: whether it also takes ``add=`` (a row to add to its result: ``Φ(u) + g`` in one
+        #: pass where the layer can); only passed together with ``out``
+        self.takes_add = self.takes_out and step_takes_out(problem.step, "add")
         # solver index -> fine index:  i = s (forward),  i = N - s (backward)
         self._flip = problem.n_steps if problem.direction == "backward" else None
         self.batched = problem.batched_step is not None
 
-    def __call__(self, u, s_start: int, s_stop: int, out=None):
+    def __call__(self, u, s_start: int, s_stop: int, out=None, add=None):
         """``Φ(u; s_start → s_stop)``; ``out``: where the step may write it, if it takes
-        ``out=`` (the result ``is out`` then; otherwise a new array the caller copies)."""
+        ``out=`` (the result ``is out`` then; otherwise a new array the caller copies);
+        ``add`` (only where :attr:`takes_add`): the result is ``Φ(u) + add``."""
         flip = self._flip
         if flip is None:
             start, stop = int(s_start), int(s_stop)
         else:
             start, stop = flip - int(s_start), flip - int(s_stop)
         t0 = perf_counter()
-        if out is not None and self.takes_out:
+        if add is not None:
+            out = self._step(u, start, stop, out=out, add=add)
+        elif out is not None and self.takes_out:
             out = self._step(u, start, stop, out=out)
         else:
             out = self._step(u, start, stop)
