@@ -159,9 +159,11 @@ class Cycler:
         if not r.shape[0]:
             return 0.0
         if isinstance(r, np.ndarray) and r.dtype.kind == "f":
-            # NumPy's |r| ** 2 is square(|r|) = r·r exactly: the same numbers, two
-            # whole-residual temporaries fewer (other arrays keep the general form)
-            return host_float(xp.sum(r * r))
+            # NumPy's |r| ** 2 is square(|r|) = r·r exactly, and numba_cpu_sums forms
+            # numpy.sum(r * r) in one pass with its bits (other arrays: the general form)
+            from ..backends.numba_cpu_sums import sum_of_squares  # numba on first use only
+
+            return sum_of_squares(r)
         return host_float(xp.sum(xp.abs(r) ** 2))
 
     def norm(self, r) -> float:
