@@ -47,7 +47,6 @@ from .device_batching import copied_once
 from .numba_cpu import activation_code
 from .numba_cuda import (
     THREADS,
-    _act_adjoint_dev,
     _act_dev,
     blocks,
     cuda,
@@ -57,7 +56,7 @@ from .numba_cuda import (
 )
 from .numba_cuda_dense import SHARED_TILE, SMALL_BLOCK, TILE, gemm_element, gemm_tile
 from .numba_cuda_memory import KernelCall, Output
-from .numba_cuda_step import add_column_sums
+from .numba_cuda_step import add_column_sums, scaled_adjoint_at
 from .reference_batched import _dense_adjoint, _dense_forward
 
 #: Whether MGRIT's sweeps on ``cuda`` use batched steps (module docstring): on, by launch counts
@@ -145,8 +144,7 @@ def _scaled_adjoint_rows_kernel(z, dy, h, n, code, out):
     in the array dtype."""
     i = cuda.grid(1)
     if i < z.size:
-        out[i] = _act_adjoint_dev(z[i], dy[i], code)
-        out[i] = h[i // n] * out[i]
+        scaled_adjoint_at(z, dy, h[i // n], code, out, i)
 
 
 # ----------------------------------------------------------------------------- host side

@@ -35,21 +35,40 @@ import numpy as np
 
 from . import numba_cuda_memory as mem
 from .numba_cpu import activation_code
-from .numba_cuda import THREADS, _act_adjoint_dev, blocks, cuda, cuda_jit
+from .numba_cuda import THREADS, _act_adjoint_dev, _act_dev, blocks, cuda, cuda_jit
 from .numba_cuda_memory import KernelCall
 
 OVERRIDES = ("dense_step_adjoint",) if cuda is not None else ()
 
 
+# ----------------------------------------------------------------------------- device functions
+# One element of a fused chain each, at index ``i`` (an int on flat arrays, a tuple on N-D
+# ones); every intermediate is stored in ``out`` (rounded to its dtype) before the next
+# operation, as the per-operation launches round it.
+@cuda_jit(device=True)
+def scaled_adjoint_at(z, dy, h, code, out, i):
+    """out[i] = h · (σ'(z[i]) dy[i]), σ'·dy rounded to the dtype first; ``h`` a scalar of
+    the dtype."""
+    out[i] = _act_adjoint_dev(z[i], dy[i], code)
+    out[i] = h * out[i]
+
+
+@cuda_jit(device=True)
+def euler_at(y, z, h, code, out, i):
+    """out[i] = y[i] + h σ(z[i]), σ(z) and h σ each rounded to the dtype (the array path's
+    σ, ×h and + launches); ``h`` a scalar of the dtype."""
+    out[i] = _act_dev(z[i], code)
+    out[i] = h * out[i]
+    out[i] = y[i] + out[i]
+
+
 # ----------------------------------------------------------------------------- kernels
 @cuda_jit
 def _scaled_adjoint_kernel(z, dy, h, code, out):
-    """out[i] = h · (σ'(z[i]) dy[i]) on flat arrays, σ'·dy rounded to the dtype first; ``h``
-    a scalar of the dtype."""
+    """out[i] = h · (σ'(z[i]) dy[i]) on flat arrays (:func:`scaled_adjoint_at`)."""
     i = cuda.grid(1)
     if i < z.size:
-        out[i] = _act_adjoint_dev(z[i], dy[i], code)
-        out[i] = h * out[i]
+        scaled_adjoint_at(z, dy, h, code, out, i)
 
 
 @cuda_jit
