@@ -114,7 +114,8 @@ def run_workload() -> None:
                 rng.standard_normal((2, C, C)).astype(dtype)
             b, h = rng.standard_normal((2, C)).astype(dtype), np.full(2, 0.5)
             Y_next, Z = bk.dense_step_batched(Y, W, b, h, "tanh")
-            bk.dense_step_batched_adjoint(Y, Z, Y_next, W, h, "tanh")
+            for grads in (True, False):  # without: dY_next added in the GEMM's epilogue
+                bk.dense_step_batched_adjoint(Y, Z, Y_next, W, h, "tanh", grads)
             for grads in (True, False):  # one step's fused adjoint (numba_cuda_step)
                 bk.dense_step_adjoint(Y[0], Z[0], Y_next[0], W[0], 0.5, "tanh", grads)
         X, Wc = rng.standard_normal((2, 1, 2, 3, 4)).astype(dtype), \

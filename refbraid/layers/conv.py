@@ -72,6 +72,9 @@ class ConvStep:
         y_next into where the backend can (backends/into.py; else y_next is new)."""
         h = check_step_size("h", h)
         check_dtype("y", y, params)
+        if "conv_step" in bk.overrides:  # one fused kernel after the convolution (cupy)
+            y_next, z = bk.conv_step(y, params["W"], params["b"], h, self.activation)
+            return y_next, (y, z)
         z = bk.conv2d(y, params["W"], params["b"])  # B,C,H,W
         return euler_act_into(bk, y, z, h, self.activation, out), (y, z)
 
@@ -81,6 +84,10 @@ class ConvStep:
         y, z = cache
         h = check_step_size("h", h)
         check_adjoint("dy_next", dy_next, y.shape)
+        if "conv_step_adjoint" in bk.overrides:  # h σ'(z) ⊙ dy_next fused (cupy)
+            dy, dW, db = bk.conv_step_adjoint(y, z, dy_next, params["W"], h, self.activation,
+                                              grads)
+            return dy, ({"W": dW, "b": db} if grads else None)
         s = h * bk.activation_adjoint(z, dy_next, self.activation)  # B,C,H,W
         dys, dW, db = bk.conv2d_adjoint(y, params["W"], s)
         return add_into(dy_next, dys, out), ({"W": dW, "b": db} if grads else None)
