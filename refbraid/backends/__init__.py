@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from . import reference, reference_batched, reference_spatial
+from . import reference, reference_batched, reference_conv_step, reference_spatial
 from .host import to_host
 
 BACKENDS = ("numpy", "numba", "cuda", "cupy")
@@ -84,10 +84,15 @@ KERNELS = (
     # batched sweeps)
     "conv2d_batched",
     "conv2d_adjoint_batched",
+    # whole conv ODE steps, one and k at once (refbraid.backends.reference_conv_step)
+    "conv_step",
+    "conv_step_adjoint",
+    "conv_step_batched",
+    "conv_step_batched_adjoint",
 )
 
 #: The reference modules, whose functions every backend starts from.
-_REFERENCE_MODULES = (reference, reference_spatial, reference_batched)
+_REFERENCE_MODULES = (reference, reference_spatial, reference_batched, reference_conv_step)
 
 #: Modules whose OVERRIDES make up each backend, later modules taking precedence.
 _MODULES = {

@@ -161,71 +161,65 @@ def dense_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True
 
 
 # ----------------------------------------------------------------------------- conv ODE steps
-# ConvStep's forward and adjoint, one step and k at once: the reference convolutions (their
-# stencil GEMMs), the bias with the activation and Euler update in one fused launch (the
-# dense kernel, the bias (C,) broadcast over N×C×H×W as b[:, None, None]), h σ'(z) ⊙ dy in
-# one. The reference's arithmetic in its order (the bias added after the stencil sums, as
-# reference.conv2d adds it), so the stand-in gives NumPy's bits.
+# ConvStep's forward and adjoint, one step and k at once (reference_conv_step): the
+# reference convolutions (their stencil GEMMs), the bias with the activation and Euler update
+# in one fused launch (the dense kernel, the bias (C,) broadcast over B×C×H×W as
+# b[:, None, None]), h σ'(z) ⊙ dy in one. The reference's arithmetic in its order (the bias
+# added after the stencil sums, as reference.conv2d adds it), so the stand-in gives NumPy's
+# bits.
 def conv_step(y, W, b, h: float, act: str):
-    """ConvStep.forward: ``z = W * y + b``, ``y_next = y + h σ(z)``; returns (y_next, z)."""
-    from . import reference
+    """reference_conv_step.conv_step: ``z = W * y + b``, ``y_next = y + h σ(z)``; returns
+    (y_next, z)."""
+    from . import reference, reference_conv_step
     from .cupy_fused import BIAS_ACT_EULER
 
     reference.check_activation(act)
     if b is None or not _fusable(y, W, b):
-        z = reference.conv2d(y, W, b)
-        return reference.euler_act(y, z, h, act), z
+        return reference_conv_step.conv_step(y, W, b, h, act)
     z, y_next = BIAS_ACT_EULER(act, reference.conv2d(y, W, None), b[:, None, None], y, h)
     return y_next, z
 
 
 def conv_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True):
-    """ConvStep.adjoint: ``s = h σ'(z) ⊙ dy_next`` in one launch, ``dy = dy_next + W *ᵀ s``;
-    returns (dy, dW, db), dW and db None unless ``grads``."""
-    from . import reference
+    """reference_conv_step.conv_step_adjoint: ``s = h σ'(z) ⊙ dy_next`` in one launch, ``dy =
+    dy_next + W *ᵀ s``; returns (dy, dW, db), dW and db None unless ``grads``."""
+    from . import reference, reference_conv_step
     from .cupy_fused import SCALED_ACT_ADJOINT
 
     reference.check_activation(act)
-    if _fusable(z, dy_next):
-        s = SCALED_ACT_ADJOINT(act, z, dy_next, h)
-    else:
-        s = h * reference.activation_adjoint(z, dy_next, act)
-    dys, dW, db = reference.conv2d_adjoint(y, W, s)
+    if not _fusable(z, dy_next):
+        return reference_conv_step.conv_step_adjoint(y, z, dy_next, W, h, act, grads)
+    dys, dW, db = reference.conv2d_adjoint(y, W, SCALED_ACT_ADJOINT(act, z, dy_next, h))
     return (dy_next + dys, dW, db) if grads else (dy_next + dys, None, None)
 
 
 def conv_step_batched(Y, W, b, h, act: str):
-    """ConvStep.forward_batched: the batched convolution, then bias, activation and Euler
-    update of all k rows in one fused launch; returns (Y_next, Z)."""
-    from . import reference_batched
+    """reference_conv_step.conv_step_batched: the batched convolution, then bias, activation
+    and Euler update of all k rows in one fused launch; returns (Y_next, Z)."""
+    from . import reference_batched, reference_conv_step
     from .cupy_fused import BIAS_ACT_EULER
-    from .device_batching import values_on
-    from .reference import activation, check_activation
+    from .reference import check_activation
 
     check_activation(act)
     if not _fusable(Y, W, b):
-        Z = reference_batched.conv2d_batched(Y, W, b)
-        return Y + values_on(Y, h, Y.dtype)[:, None, None, None, None] * activation(Z, act), Z
+        return reference_conv_step.conv_step_batched(Y, W, b, h, act)
     Z, Y_next = BIAS_ACT_EULER(act, reference_batched.conv2d_batched(Y, W, None),
                                b[:, None, :, None, None], Y, _step_sizes(Y, h))
     return Y_next, Z
 
 
 def conv_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True):
-    """ConvStep.adjoint_batched: ``S = h σ'(Z) ⊙ dY_next`` in one fused launch, then the
-    batched transposed convolution (and dW, db with ``grads``) and ``dY_next + W *ᵀ S``."""
-    from . import reference_batched
+    """reference_conv_step.conv_step_batched_adjoint: ``S = h σ'(Z) ⊙ dY_next`` in one fused
+    launch, then the batched transposed convolution (and dW, db with ``grads``) and
+    ``dY_next + W *ᵀ S``."""
+    from . import reference_batched, reference_conv_step
     from .cupy_fused import SCALED_ACT_ADJOINT
-    from .device_batching import values_on
-    from .reference import activation_adjoint as act_adjoint
     from .reference import check_activation
 
     check_activation(act)
-    if _fusable(Z, dY_next):
-        S = SCALED_ACT_ADJOINT(act, Z, dY_next, _step_sizes(dY_next, h))
-    else:
-        hs = values_on(dY_next, h, dY_next.dtype)[:, None, None, None, None]
-        S = hs * act_adjoint(Z, dY_next, act)
+    if not _fusable(Z, dY_next):
+        return reference_conv_step.conv_step_batched_adjoint(Y, Z, dY_next, W, h, act, grads)
+    S = SCALED_ACT_ADJOINT(act, Z, dY_next, _step_sizes(dY_next, h))  # k,B,C,H,W
     dYs, dW, db = reference_batched.conv2d_adjoint_batched(Y, W, S, grads)
     return dY_next + dYs, dW, db
 
