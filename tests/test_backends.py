@@ -280,17 +280,6 @@ def _batched_cases() -> list[Case]:
                          _r(g, (k, B, C), d), _r(g, (k, B, C), d), _r(g, (k, B, C), d),
                          _r(g, (k, C, C), d), h, a)),
             ]
-    for act in ACTS:  # one conv ODE step whole: 3×3 (numba's fused kernels) and 1×1 / 5×5
-        for sname, (B, C, H, W, k) in {"2x4-5x6-k3": (2, 4, 5, 6, 3), "1x1-1x1-k3": (1, 1, 1, 1, 3),
-                                       "3x2-4x3-k5": (3, 2, 4, 3, 5)}.items():
-            cases += [
-                Case("conv_step", f"{act}-{sname}", lambda g, d, s=(B, C, H, W), k=k, a=act: (
-                    _r(g, s, d), _r(g, (s[1], s[1], k, k), d), _r(g, s[1], d), 0.375, a)),
-                Case("conv_step_adjoint", f"{act}-{sname}",
-                     lambda g, d, s=(B, C, H, W), k=k, a=act: (
-                         _r(g, s, d), _r(g, s, d), _r(g, s, d), _r(g, (s[1], s[1], k, k), d),
-                         0.375, a)),
-            ]
     return cases
 
 
@@ -312,8 +301,38 @@ def _conv_batched_cases() -> list[Case]:
     return cases
 
 
+def _conv_step_cases() -> list[Case]:
+    """Whole conv ODE steps (C → C channels), one (B, C, H, W) and k at once."""
+    cases = []
+    for act in ACTS:
+        for sname, (k, B, C, H, W, s) in {"2x2x3-4x5-k3": (2, 2, 3, 4, 5, 3),
+                                          "2x2x4-5x6-k3": (2, 2, 4, 5, 6, 3),
+                                          "1x1x1-1x1-k3": (1, 1, 1, 1, 1, 3),
+                                          "3x1x2-3x1-k1": (3, 1, 2, 3, 1, 1),
+                                          "2x3x2-4x3-k5": (2, 3, 2, 4, 3, 5)}.items():
+            h = [0.25 + 0.125 * j for j in range(k)]
+            cases += [
+                Case("conv_step", f"{act}-{sname}", lambda g, d, B=B, C=C, H=H, W=W, s=s, a=act: (
+                    _r(g, (B, C, H, W), d), _r(g, (C, C, s, s), d), _r(g, C, d), 0.375, a)),
+                Case("conv_step_adjoint", f"{act}-{sname}",
+                     lambda g, d, B=B, C=C, H=H, W=W, s=s, a=act: (
+                         *(_r(g, (B, C, H, W), d) for _ in range(3)), _r(g, (C, C, s, s), d),
+                         0.375, a)),
+                Case("conv_step_batched", f"{act}-{sname}",
+                     lambda g, d, k=k, B=B, C=C, H=H, W=W, s=s, h=h, a=act: (
+                         _r(g, (k, B, C, H, W), d), _r(g, (k, C, C, s, s), d),
+                         _r(g, (k, C), d), h, a)),
+                Case("conv_step_batched_adjoint", f"{act}-{sname}",
+                     lambda g, d, k=k, B=B, C=C, H=H, W=W, s=s, h=h, a=act: (
+                         *(_r(g, (k, B, C, H, W), d) for _ in range(3)),
+                         _r(g, (k, C, C, s, s), d), h, a)),
+            ]
+    return cases
+
+
 CASES = _elementwise_cases() + _dense_cases() + _conv_cases() + _loss_cases()
 CASES += _transformer_cases() + _spatial_cases() + _batched_cases() + _conv_batched_cases()
+CASES += _conv_step_cases()
 
 
 def _catalogue_params():

@@ -95,8 +95,8 @@ def recorded_launches():
 def run_workload() -> None:
     """What the backends launch: the catalogue in both dtypes, the networks, the tiled bmm
     and the dense step's fused adjoint, batched and one step (tiled and per-element GEMMs),
-    and the batched convolution (with and without bias and weight gradients), in both
-    dtypes."""
+    the batched convolution (with and without bias and weight gradients) and the fused
+    batched conv step, in both dtypes."""
     from refbraid.verify.checks import check_network
     from refbraid.verify.suite import catalog, check_entry, default_networks
 
@@ -114,7 +114,8 @@ def run_workload() -> None:
                 rng.standard_normal((2, C, C)).astype(dtype)
             b, h = rng.standard_normal((2, C)).astype(dtype), np.full(2, 0.5)
             Y_next, Z = bk.dense_step_batched(Y, W, b, h, "tanh")
-            bk.dense_step_batched_adjoint(Y, Z, Y_next, W, h, "tanh")
+            for grads in (True, False):  # without: dY_next added in the GEMM's epilogue
+                bk.dense_step_batched_adjoint(Y, Z, Y_next, W, h, "tanh", grads)
             for grads in (True, False):  # one step's fused adjoint (numba_cuda_step)
                 bk.dense_step_adjoint(Y[0], Z[0], Y_next[0], W[0], 0.5, "tanh", grads)
         X, Wc = rng.standard_normal((2, 1, 2, 3, 4)).astype(dtype), \
@@ -123,6 +124,11 @@ def run_workload() -> None:
             Zc = bk.conv2d_batched(X, Wc, bias)
         for grads in (True, False):
             bk.conv2d_adjoint_batched(X, Wc, Zc, grads)
+        Ws = rng.standard_normal((2, 2, 2, 3, 3)).astype(dtype)  # the fused conv step
+        Yn, Zs = bk.conv_step_batched(X, Ws, rng.standard_normal((2, 2)).astype(dtype),
+                                      np.array([0.5, 0.25]), "tanh")
+        for grads in (True, False):
+            bk.conv_step_batched_adjoint(X, Zs, Yn, Ws, np.array([0.5, 0.25]), "tanh", grads)
 
 
 def _launched(records) -> set[tuple[str, str]]:

@@ -9,7 +9,7 @@ finite differences of the step for the adjoint (float64).
 import numpy as np
 import pytest
 
-from refbraid.backends import get_backend, reference_batched
+from refbraid.backends import get_backend, reference_conv_step
 from refbraid.backends.numba_cpu_conv_step import conv_step, conv_step_adjoint
 from refbraid.layers import ConvStep
 
@@ -67,11 +67,11 @@ def test_the_step_has_the_bits_of_the_composed_kernels(shape, act, dtype):
 def test_the_step_equals_the_numpy_reference(dtype, tol):
     y, W, b, dy_next = _args((3, 4, 6, 5), dtype, seed=1)
     for act in ACTS:
-        y_ref, z_ref = reference_batched.conv_step(y, W, b, 0.25, act)
+        y_ref, z_ref = reference_conv_step.conv_step(y, W, b, 0.25, act)
         y1, z1 = conv_step(y, W, b, 0.25, act)
         np.testing.assert_allclose(y1, y_ref, rtol=tol, atol=tol)
         np.testing.assert_allclose(z1, z_ref, rtol=tol, atol=tol)
-        ref = reference_batched.conv_step_adjoint(y, z_ref, dy_next, W, 0.25, act)
+        ref = reference_conv_step.conv_step_adjoint(y, z_ref, dy_next, W, 0.25, act)
         for got, want in zip(conv_step_adjoint(y, z_ref, dy_next, W, 0.25, act), ref,
                              strict=True):
             np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
@@ -165,7 +165,7 @@ def test_an_addend_is_added_to_the_rounded_step(act, dtype):
     dy, _, _ = conv_step_adjoint(y, z, dy_next, W, 0.25, act, grads=False, out=out, add=g)
     assert dy is out and _same(dy, dy_ref)
     assert _same(conv_step_adjoint(y, z, dy_next, W, 0.25, act, add=g)[0], dy_ref)
-    ref = reference_batched.conv_step(y, W, b, 0.25, act, add=g)[0]
+    ref = reference_conv_step.conv_step(y, W, b, 0.25, act, add=g)[0]
     np.testing.assert_allclose(ref, want, rtol=2e-5 if dtype == np.float32 else 1e-12,
                                atol=2e-5 if dtype == np.float32 else 1e-12)
 

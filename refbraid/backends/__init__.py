@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from . import reference, reference_batched, reference_spatial
+from . import reference, reference_batched, reference_conv_step, reference_spatial
 from .host import to_host
 
 BACKENDS = ("numpy", "numba", "cuda", "cupy")
@@ -80,17 +80,19 @@ KERNELS = (
     "dense_step_adjoint",
     "dense_step_batched",
     "dense_step_batched_adjoint",
-    # one conv ODE step whole (refbraid.backends.reference_batched; numba: one pass an image)
-    "conv_step",
-    "conv_step_adjoint",
     # k 'same' 2-D convolutions at once (refbraid.backends.reference_batched; the conv step's
     # batched sweeps)
     "conv2d_batched",
     "conv2d_adjoint_batched",
+    # whole conv ODE steps, one and k at once (refbraid.backends.reference_conv_step)
+    "conv_step",
+    "conv_step_adjoint",
+    "conv_step_batched",
+    "conv_step_batched_adjoint",
 )
 
 #: The reference modules, whose functions every backend starts from.
-_REFERENCE_MODULES = (reference, reference_spatial, reference_batched)
+_REFERENCE_MODULES = (reference, reference_spatial, reference_batched, reference_conv_step)
 
 #: Modules whose OVERRIDES make up each backend, later modules taking precedence.
 _MODULES = {

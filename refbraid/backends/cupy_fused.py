@@ -13,6 +13,9 @@ float against a T array)::
     bias_act_euler      z = p + b,  y_next = y + (T)h · σ(z)          (forward, p = y Wᵀ)
     scaled_act_adjoint  s = (T)h · (σ'(z) · dy)                       (adjoint)
     add_column_sums     dy = dy_next + p,  db = Σ_B s                 (adjoint, p = s W)
+    scaled_act_adjoint_copy  s as scaled_act_adjoint, and a copy of dy  (adjoint without
+                        the weight gradient, one step: then ``gemm_accumulate`` adds s W
+                        into the copy, cuBLAS's GEMM with β = 1)
 
 with σ, σ' in :data:`ACT` / :data:`ACT_ADJOINT` (tanh, relu, gelu, identity); the last is a
 ``RawKernel`` with one thread per column (an element-wise kernel cannot sum), accumulating in
@@ -221,6 +224,44 @@ class AddColumnSums(Fused):
         return dy, db
 
 
+class GemmAccumulate:
+    """``out += a @ b`` on 2-D arrays in ONE launch: cuBLAS's GEMM with β = 1
+    (``cupy.cublas.gemm``) on a GPU; off it NumPy's product added in place (the product
+    rounded to the dtype, then the sum: the reference's ``dy_next + s W`` bits), counted as
+    one launch that reads a, b and out and writes out. On a GPU cuBLAS forms α·ab + β·out in
+    its epilogue, possibly with a fused multiply-add: the last bit of the sum may differ."""
+
+    name = "gemm_accumulate"
+
+    def __call__(self, a, b, out) -> None:
+        if _real_cupy(out):  # pragma: no cover - needs a GPU
+            import cupy
+            import cupy.cublas
+
+            cupy.cublas.gemm("N", "N", cupy.ascontiguousarray(a), cupy.ascontiguousarray(b),
+                             out=out, alpha=1.0, beta=1.0)
+            return
+        from .standin_array import ndarray as DeviceArray
+
+        raw = [x._a if isinstance(x, DeviceArray) else x for x in (a, b, out)]
+        raw[2] += np.matmul(raw[0], raw[1])
+        t = current()
+        if isinstance(out, DeviceArray) and t is not None:
+            t.launch(raw, [raw[2]], self.name)
+
+
+def _scaled_act_adjoint_copy_ref(act, z, dy, h):
+    return _scaled_act_adjoint_ref(act, z, dy, h), dy.copy()
+
+
+#: ``s = h σ'(z) ⊙ dy`` and a copy of dy, for :class:`GemmAccumulate` to add ``s W`` into
+#: (the dense adjoint without the weight gradient: two launches, ``dy_next + s W`` in the GEMM).
+SCALED_ACT_ADJOINT_COPY = Fused("scaled_act_adjoint_copy", "T z, T dy, T h", "T s, T dy_copy",
+                                "s = h * (SIGMA_PRIME_DY); dy_copy = dy",
+                                _scaled_act_adjoint_copy_ref)
+GEMM_ACCUMULATE = GemmAccumulate()
+
+
 def _add_column_sums_ref(act, p, dy_next, s):
     from .reference import array_namespace
 
@@ -231,5 +272,6 @@ def _add_column_sums_ref(act, p, dy_next, s):
 ADD_COLUMN_SUMS = AddColumnSums()
 
 #: Every fused kernel (the compile check walks this).
-KERNELS = (EULER_ACT, ACT_ADJOINT_KERNEL, BIAS_ACT_EULER, SCALED_ACT_ADJOINT, ADD_COLUMN_SUMS)
+KERNELS = (EULER_ACT, ACT_ADJOINT_KERNEL, BIAS_ACT_EULER, SCALED_ACT_ADJOINT, ADD_COLUMN_SUMS,
+           SCALED_ACT_ADJOINT_COPY)
 

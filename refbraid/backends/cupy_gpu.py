@@ -27,7 +27,9 @@ import importlib
 from types import ModuleType
 
 OVERRIDES: tuple[str, ...] = ("euler_act", "activation_adjoint", "dense_step", "dense_step_adjoint",
-                              "dense_step_batched", "dense_step_batched_adjoint")
+                              "dense_step_batched", "dense_step_batched_adjoint", "conv_step",
+                              "conv_step_adjoint", "conv_step_batched",
+                              "conv_step_batched_adjoint")
 
 
 # ----------------------------------------------------------------------------- fused kernels
@@ -63,14 +65,14 @@ def activation_adjoint(z, dy, act: str):
 
 def _step_sizes(like, h):
     """The k step sizes as a Python float when all equal (a kernel argument: no copy), else
-    an array (k, 1, 1) on ``like``'s device (one host→device copy per distinct set of step
-    sizes, :func:`refbraid.backends.device_batching.values_on`)."""
+    an array (k, 1, …, 1) of ``like``'s rank on its device (one host→device copy per distinct
+    set of step sizes, :func:`refbraid.backends.device_batching.values_on`)."""
     from .device_batching import values_on
 
     h = [float(v) for v in h]
     if all(v == h[0] for v in h):
         return h[0]
-    return values_on(like, h, like.dtype)[:, None, None]
+    return values_on(like, h, like.dtype)[(slice(None),) + (None,) * (like.ndim - 1)]
 
 
 def _one_float_dtype(*arrays) -> bool:
@@ -94,7 +96,8 @@ def dense_step(y, W, b, h: float, act: str):
 
 def dense_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True):
     """reference_batched.dense_step_adjoint: ``s = h σ'(z) ⊙ dy_next`` in one fused launch,
-    then the GEMMs, and ``dy_next + s W`` with the bias gradient in one (:func:`_products`)."""
+    then the GEMMs, and ``dy_next + s W`` with the bias gradient in one (:func:`_products`);
+    without ``grads`` two launches (cupy_fused.SCALED_ACT_ADJOINT_COPY, GEMM_ACCUMULATE)."""
     from . import reference_batched
     from .cupy_fused import SCALED_ACT_ADJOINT
     from .reference import check_activation
@@ -102,6 +105,12 @@ def dense_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True)
     check_activation(act)
     if not _one_float_dtype(y, z, dy_next, W):
         return reference_batched.dense_step_adjoint(y, z, dy_next, W, h, act, grads)
+    if not grads:  # s and a copy of dy_next in one launch, + s W in the GEMM (β = 1): two
+        from .cupy_fused import GEMM_ACCUMULATE, SCALED_ACT_ADJOINT_COPY
+
+        s, dy = SCALED_ACT_ADJOINT_COPY(act, z, dy_next, h)
+        GEMM_ACCUMULATE(s, W, dy)
+        return dy, None, None
     return _products(SCALED_ACT_ADJOINT(act, z, dy_next, h), y, dy_next, W, grads)
 
 
@@ -149,6 +158,74 @@ def dense_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True
         return reference_batched.dense_step_batched_adjoint(Y, Z, dY_next, W, h, act, grads)
     S = SCALED_ACT_ADJOINT(act, Z, dY_next, _step_sizes(dY_next, h))  # k,B,C
     return _products(S, Y, dY_next, W, grads)
+
+
+# ----------------------------------------------------------------------------- conv ODE steps
+# ConvStep's forward and adjoint, one step and k at once (reference_conv_step): the
+# reference convolutions (their stencil GEMMs), the bias with the activation and Euler update
+# in one fused launch (the dense kernel, the bias (C,) broadcast over B×C×H×W as
+# b[:, None, None]), h σ'(z) ⊙ dy in one. The reference's arithmetic in its order (the bias
+# added after the stencil sums, as reference.conv2d adds it), so the stand-in gives NumPy's
+# bits.
+def conv_step(y, W, b, h: float, act: str, out=None, add=None):
+    """reference_conv_step.conv_step: ``z = W * y + b``, ``y_next = y + h σ(z)`` (``+ add``);
+    returns (y_next, z), y_next new (``out`` is not written)."""
+    from . import reference, reference_conv_step
+    from .cupy_fused import BIAS_ACT_EULER
+    from .into import plus
+
+    reference.check_activation(act)
+    if b is None or not _fusable(y, W, b):
+        return reference_conv_step.conv_step(y, W, b, h, act, add=add)
+    z, y_next = BIAS_ACT_EULER(act, reference.conv2d(y, W, None), b[:, None, None], y, h)
+    return plus(y_next, add), z
+
+
+def conv_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True, out=None,
+                      add=None):
+    """reference_conv_step.conv_step_adjoint: ``s = h σ'(z) ⊙ dy_next`` in one launch, ``dy =
+    dy_next + W *ᵀ s`` (``+ add``); returns (dy, dW, db), dW and db None unless ``grads``."""
+    from . import reference, reference_conv_step
+    from .cupy_fused import SCALED_ACT_ADJOINT
+    from .into import plus
+
+    reference.check_activation(act)
+    if not _fusable(z, dy_next):
+        return reference_conv_step.conv_step_adjoint(y, z, dy_next, W, h, act, grads, add=add)
+    dys, dW, db = reference.conv2d_adjoint(y, W, SCALED_ACT_ADJOINT(act, z, dy_next, h))
+    dy = plus(dy_next + dys, add)
+    return (dy, dW, db) if grads else (dy, None, None)
+
+
+def conv_step_batched(Y, W, b, h, act: str):
+    """reference_conv_step.conv_step_batched: the batched convolution, then bias, activation
+    and Euler update of all k rows in one fused launch; returns (Y_next, Z)."""
+    from . import reference_batched, reference_conv_step
+    from .cupy_fused import BIAS_ACT_EULER
+    from .reference import check_activation
+
+    check_activation(act)
+    if not _fusable(Y, W, b):
+        return reference_conv_step.conv_step_batched(Y, W, b, h, act)
+    Z, Y_next = BIAS_ACT_EULER(act, reference_batched.conv2d_batched(Y, W, None),
+                               b[:, None, :, None, None], Y, _step_sizes(Y, h))
+    return Y_next, Z
+
+
+def conv_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True):
+    """reference_conv_step.conv_step_batched_adjoint: ``S = h σ'(Z) ⊙ dY_next`` in one fused
+    launch, then the batched transposed convolution (and dW, db with ``grads``) and
+    ``dY_next + W *ᵀ S``."""
+    from . import reference_batched, reference_conv_step
+    from .cupy_fused import SCALED_ACT_ADJOINT
+    from .reference import check_activation
+
+    check_activation(act)
+    if not _fusable(Z, dY_next):
+        return reference_conv_step.conv_step_batched_adjoint(Y, Z, dY_next, W, h, act, grads)
+    S = SCALED_ACT_ADJOINT(act, Z, dY_next, _step_sizes(dY_next, h))  # k,B,C,H,W
+    dYs, dW, db = reference_batched.conv2d_adjoint_batched(Y, W, S, grads)
+    return dY_next + dYs, dW, db
 
 
 def _import_cupy() -> ModuleType:

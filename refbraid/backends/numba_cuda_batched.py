@@ -10,7 +10,8 @@ its own weights ``W[j]``, bias ``b[j]`` and step size ``h[j]``::
               P[j] = S[j] W[j],  dW[j] = S[j]ᵀ Y[j]  two batched GEMM launches
               dY[j] = dY_next[j] + P[j],  db[j] = Σ_B S[j]   one launch
                                                     (numba_cuda_step.add_column_sums;
-                                                    without grads: + in the glue)
+                                                    without grads: in the GEMM, P = dY_next
+                                                    + S W, the product rounded first)
 
 k launches and 2k host↔device copies per array become one of each. Every row does what the
 per-step path does (:mod:`refbraid.backends.numba_cuda_dense`'s tiled or per-element GEMM
@@ -47,7 +48,6 @@ from .device_batching import copied_once
 from .numba_cpu import activation_code
 from .numba_cuda import (
     THREADS,
-    _act_adjoint_dev,
     _act_dev,
     blocks,
     cuda,
@@ -57,7 +57,7 @@ from .numba_cuda import (
 )
 from .numba_cuda_dense import SHARED_TILE, SMALL_BLOCK, TILE, gemm_element, gemm_tile
 from .numba_cuda_memory import KernelCall, Output
-from .numba_cuda_step import add_column_sums
+from .numba_cuda_step import add_column_sums, scaled_adjoint_at
 from .reference_batched import _dense_adjoint, _dense_forward
 
 #: Whether MGRIT's sweeps on ``cuda`` use batched steps (module docstring): on, by launch counts
@@ -102,28 +102,29 @@ def gemm_batched_kernel(dtype: str):
     elem = element_type(dtype)
 
     @cuda_jit
-    def _gemm_batched_kernel(A, B, C, trans_a, trans_b, bias, has_bias):
-        """C[j] = op(A[j]) op(B[j]) (+ bias[j]) for j = blockIdx.z: the tiled GEMM of
-        numba_cuda_dense (:func:`~refbraid.backends.numba_cuda_dense.gemm_tile`) on row j of
-        the stack per grid layer (``bias`` is a one-element placeholder without a bias)."""
+    def _gemm_batched_kernel(A, B, C, trans_a, trans_b, bias, has_bias, addend, has_addend):
+        """C[j] = op(A[j]) op(B[j]) (+ bias[j]) (+ addend[j]) for j = blockIdx.z: the tiled
+        GEMM of numba_cuda_dense (:func:`~refbraid.backends.numba_cuda_dense.gemm_tile`) on
+        row j of the stack per grid layer (``bias``, ``addend``: one-element placeholders
+        when not given)."""
         sA = cuda.shared.array(SHARED_TILE, elem)
         sB = cuda.shared.array(SHARED_TILE, elem)
         j = cuda.blockIdx.z
         gemm_tile(A[j], B[j], C[j], trans_a, trans_b, bias[j if has_bias else 0], has_bias,
-                  sA, sB)
+                  addend[j if has_addend else 0], has_addend, sA, sB)
 
     return _gemm_batched_kernel
 
 
 @cuda_jit
-def _gemm_batched_small_kernel(A, B, C, trans_a, trans_b, bias, has_bias):
+def _gemm_batched_small_kernel(A, B, C, trans_a, trans_b, bias, has_bias, addend, has_addend):
     """The per-element GEMM of numba_cuda_dense
     (:func:`~refbraid.backends.numba_cuda_dense.gemm_element`), row j = blockIdx.z."""
     j = cuda.blockIdx.z
     row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     col = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
     gemm_element(A[j], B[j], C[j], row, col, trans_a, trans_b, bias[j if has_bias else 0],
-                 has_bias)
+                 has_bias, addend[j if has_addend else 0], has_addend)
 
 
 @cuda_jit
@@ -145,26 +146,27 @@ def _scaled_adjoint_rows_kernel(z, dy, h, n, code, out):
     in the array dtype."""
     i = cuda.grid(1)
     if i < z.size:
-        out[i] = _act_adjoint_dev(z[i], dy[i], code)
-        out[i] = h[i // n] * out[i]
+        scaled_adjoint_at(z, dy, h[i // n], code, out, i)
 
 
 # ----------------------------------------------------------------------------- host side
 def _gemm(call: KernelCall, A, B, trans_a: bool, trans_b: bool, k: int, M: int, N: int, dtype,
-          bias=None) -> Output:
+          bias=None, addend=None) -> Output:
     """k GEMMs in one launch on kernel arguments (tiled, or per element below one tile of
-    output per row: the per-step rule); returns the output C (k, M, N)."""
+    output per row: the per-step rule), ``addend`` (k, M, N) added to the products; returns
+    the output C (k, M, N)."""
     C = call.out((k, M, N), dtype)
     b = bias if bias is not None else call.placeholder(dtype, 2)
+    add = addend if addend is not None else call.placeholder(dtype, 3)
+    flags = (b, bias is not None, add, addend is not None)
     if M * N < TILE * TILE:
         block = (min(M, SMALL_BLOCK), min(N, SMALL_BLOCK))
         grid = (blocks(M, block[0]), blocks(N, block[1]), k)
-        _gemm_batched_small_kernel[grid, block](A, B, C.arg, trans_a, trans_b, b,
-                                                bias is not None)
+        _gemm_batched_small_kernel[grid, block](A, B, C.arg, trans_a, trans_b, *flags)
         return C
     grid = (blocks(N, TILE), blocks(M, TILE), k)
     gemm_batched_kernel(np.dtype(dtype).name)[grid, (TILE, TILE)](A, B, C.arg, trans_a, trans_b,
-                                                                  b, bias is not None)
+                                                                  *flags)
     return C
 
 
@@ -196,9 +198,11 @@ def dense_adjoint_batched(Y, Z, dY_next, W, h, act: str, grads: bool = True):
                                                     _step_sizes(call, h, dtype), B * C,
                                                     activation_code(act), S.arg)
     Sd, Wd = S.arg.reshape((k, B, C)), call.arg(W, dtype)
+    if not grads:  # dY = dY_next + S W in the GEMM's epilogue
+        P = _gemm(call, Sd, Wd, False, False, k, B, C, dtype,
+                  addend=call.arg(dY_next, dtype, (k, B, C)))
+        return call.result(P), None, None
     P = _gemm(call, Sd, Wd, False, False, k, B, C, dtype)
-    if not grads:
-        return dY_next + call.result(P), None, None
     dW = _gemm(call, Sd, call.arg(Y, dtype), True, False, k, C, C, dtype)
     dY, db = add_column_sums(call, P.arg, dY_next, Sd, dtype, k, B, C)  # + and Σ_B, one launch
     return call.result(dY), call.result(dW), call.result(db)

@@ -4,7 +4,7 @@ Every public function has the signature and semantics of the same-named function
 :mod:`refbraid.backends.reference`; device arrays in, device arrays out (host arrays in, NumPy
 arrays out), memory through :mod:`refbraid.backends.numba_cuda_memory`. Kernels::
 
-    gemm_kernel(dtype)   C = op(A) op(B) (+ bias[None, :])    TILE×TILE blocks, shared memory
+    gemm_kernel(dtype)   C = op(A) op(B) (+ bias[None, :]) (+ addend)   TILE×TILE blocks
     _gemm_small_kernel   the same, one thread per output      outputs smaller than one tile
 
 Both are one device function each, :func:`gemm_tile` and :func:`gemm_element`, on 2-D
@@ -63,10 +63,11 @@ SMALL_BLOCK = 8  # block side of the per-element GEMM used for outputs smaller t
 
 # ----------------------------------------------------------------------------- device functions
 @cuda_jit(device=True)
-def gemm_tile(A, B, C, trans_a, trans_b, bias, has_bias, sA, sB):
-    """This block's TILE×TILE tile of C = op(A) op(B) (+ bias[None, :]) on 2-D arrays (or 2-D
-    views of a stack), op(A): (M, K), op(B): (K, N), C: (M, N); ``sA``, ``sB`` the block's
-    shared tiles (:data:`SHARED_TILE`, the kernel's element type)."""
+def gemm_tile(A, B, C, trans_a, trans_b, bias, has_bias, addend, has_addend, sA, sB):
+    """This block's TILE×TILE tile of C = op(A) op(B) (+ bias[None, :]) (+ addend) on 2-D
+    arrays (or 2-D views of a stack), op(A): (M, K), op(B): (K, N), C and addend: (M, N);
+    ``sA``, ``sB`` the block's shared tiles (:data:`SHARED_TILE`, the kernel's element type).
+    The epilogue is :func:`_store`."""
     tx = cuda.threadIdx.x
     ty = cuda.threadIdx.y
     row0 = cuda.blockIdx.y * TILE
@@ -97,15 +98,26 @@ def gemm_tile(A, B, C, trans_a, trans_b, bias, has_bias, sA, sB):
             acc += sA[ty, kk] * sB[kk, tx]
         cuda.syncthreads()
     if row < M and col < N:
-        if has_bias:
-            acc += bias[col]
-        C[row, col] = acc
+        _store(C, row, col, acc, bias, has_bias, addend, has_addend)
 
 
 @cuda_jit(device=True)
-def gemm_element(A, B, C, row, col, trans_a, trans_b, bias, has_bias):
-    """C[row, col] = (op(A) op(B))[row, col] (+ bias[col]), no shared memory; 2-D arrays or
-    2-D views of a stack, as :func:`gemm_tile`; nothing outside C."""
+def _store(C, row, col, acc, bias, has_bias, addend, has_addend):
+    """C[row, col] = acc (+ bias[col], in the float64 accumulator), then, with ``has_addend``,
+    C[row, col] = addend[row, col] + C[row, col]: the product is rounded to C's dtype before
+    the addition, as a separate ``addend + C`` launch rounds it (the accumulating GEMM of the
+    dense adjoint, ``dy = dy_next + s W``, has that launch's bits)."""
+    if has_bias:
+        acc += bias[col]
+    C[row, col] = acc
+    if has_addend:
+        C[row, col] = addend[row, col] + C[row, col]
+
+
+@cuda_jit(device=True)
+def gemm_element(A, B, C, row, col, trans_a, trans_b, bias, has_bias, addend, has_addend):
+    """C[row, col] = (op(A) op(B))[row, col] (+ bias[col]) (+ addend[row, col]), no shared
+    memory; 2-D arrays or 2-D views of a stack, as :func:`gemm_tile`; nothing outside C."""
     M, N = C.shape
     if row >= M or col >= N:
         return
@@ -115,9 +127,7 @@ def gemm_element(A, B, C, row, col, trans_a, trans_b, bias, has_bias):
         a = A[k, row] if trans_a else A[row, k]
         b = B[col, k] if trans_b else B[k, col]
         acc += a * b
-    if has_bias:
-        acc += bias[col]
-    C[row, col] = acc
+    _store(C, row, col, acc, bias, has_bias, addend, has_addend)
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -128,24 +138,25 @@ def gemm_kernel(dtype: str):
     elem = element_type(dtype)
 
     @cuda_jit
-    def _gemm_kernel(A, B, C, trans_a, trans_b, bias, has_bias):
-        """C = op(A) op(B) (+ bias[None, :]),  op(A): (M, K), op(B): (K, N), C: (M, N)."""
+    def _gemm_kernel(A, B, C, trans_a, trans_b, bias, has_bias, addend, has_addend):
+        """C = op(A) op(B) (+ bias[None, :]) (+ addend),  op(A): (M, K), op(B): (K, N),
+        C: (M, N)."""
         sA = cuda.shared.array(SHARED_TILE, elem)  # TILE + 1 columns: no bank conflicts
         sB = cuda.shared.array(SHARED_TILE, elem)  # when a column is written
-        gemm_tile(A, B, C, trans_a, trans_b, bias, has_bias, sA, sB)
+        gemm_tile(A, B, C, trans_a, trans_b, bias, has_bias, addend, has_addend, sA, sB)
 
     return _gemm_kernel
 
 
 @cuda_jit
-def _gemm_small_kernel(A, B, C, trans_a, trans_b, bias, has_bias):
-    """C = op(A) op(B) (+ bias), one thread per output element, no shared memory.
+def _gemm_small_kernel(A, B, C, trans_a, trans_b, bias, has_bias, addend, has_addend):
+    """C = op(A) op(B) (+ bias) (+ addend), one thread per output element, no shared memory.
 
     Used when C has fewer elements than one TILE×TILE tile, where tiling cannot pay (and
     where the CUDA simulator, one Python thread per CUDA thread, would idle 256 threads).
     """
     row, col = cuda.grid(2)
-    gemm_element(A, B, C, row, col, trans_a, trans_b, bias, has_bias)
+    gemm_element(A, B, C, row, col, trans_a, trans_b, bias, has_bias, addend, has_addend)
 
 
 @cuda_jit
@@ -161,19 +172,20 @@ def _column_sum_kernel(a, out):
 
 # ----------------------------------------------------------------------------- host side
 def _gemm(call: KernelCall, A, B, trans_a: bool, trans_b: bool, M: int, N: int, dtype,
-          bias=None) -> Output:
-    """Launch the GEMM on kernel arguments (tiled, or per-element below one tile of output);
-    returns the output C (M, N)."""
+          bias=None, addend=None) -> Output:
+    """Launch the GEMM on kernel arguments (tiled, or per-element below one tile of output),
+    ``addend`` (M, N) added to the product (:func:`_store`); returns the output C (M, N)."""
     C = call.out((M, N), dtype)
     b = bias if bias is not None else call.placeholder(dtype)
+    add = addend if addend is not None else call.placeholder(dtype, 2)
+    flags = (b, bias is not None, add, addend is not None)
     if M * N < TILE * TILE:
         block = (min(M, SMALL_BLOCK), min(N, SMALL_BLOCK))
         grid = (blocks(M, block[0]), blocks(N, block[1]))
-        _gemm_small_kernel[grid, block](A, B, C.arg, trans_a, trans_b, b, bias is not None)
+        _gemm_small_kernel[grid, block](A, B, C.arg, trans_a, trans_b, *flags)
         return C
     grid = (blocks(N, TILE), blocks(M, TILE))
-    gemm_kernel(np.dtype(dtype).name)[grid, (TILE, TILE)](A, B, C.arg, trans_a, trans_b, b,
-                                                          bias is not None)
+    gemm_kernel(np.dtype(dtype).name)[grid, (TILE, TILE)](A, B, C.arg, trans_a, trans_b, *flags)
     return C
 
 

@@ -13,7 +13,9 @@ Composed of the per-operation kernels a step issued six launches (σ'·dy, ×h i
 GEMMs, the column sum, + in the glue); here four: the step size is applied inside the
 element-wise kernel, and the last sum rides along the column sums (thread c walks column c
 of p, dy_next and s, row by row: coalesced, as neighbouring threads read neighbouring
-columns). Without ``grads`` a step is three launches (σ'·dy·h, one GEMM, + in the glue).
+columns). Without ``grads`` (MGRIT's relaxation) a step is two launches (σ'·dy·h, and the
+GEMM with ``dy_next`` added in its epilogue: ``numba_cuda_dense._store``, the product
+rounded to the dtype first; before, three: + in the glue).
 The forward step is already one GEMM with the bias fused (``numba_cuda_dense.linear``) and
 one element-wise kernel (``numba_cuda.euler_act``). k steps at once
 (``numba_cuda_batched.dense_adjoint_batched``) launch the same sequence with the batched
@@ -35,21 +37,40 @@ import numpy as np
 
 from . import numba_cuda_memory as mem
 from .numba_cpu import activation_code
-from .numba_cuda import THREADS, _act_adjoint_dev, blocks, cuda, cuda_jit
+from .numba_cuda import THREADS, _act_adjoint_dev, _act_dev, blocks, cuda, cuda_jit
 from .numba_cuda_memory import KernelCall
 
 OVERRIDES = ("dense_step_adjoint",) if cuda is not None else ()
 
 
+# ----------------------------------------------------------------------------- device functions
+# One element of a fused chain each, at index ``i`` (an int on flat arrays, a tuple on N-D
+# ones); every intermediate is stored in ``out`` (rounded to its dtype) before the next
+# operation, as the per-operation launches round it.
+@cuda_jit(device=True)
+def scaled_adjoint_at(z, dy, h, code, out, i):
+    """out[i] = h · (σ'(z[i]) dy[i]), σ'·dy rounded to the dtype first; ``h`` a scalar of
+    the dtype."""
+    out[i] = _act_adjoint_dev(z[i], dy[i], code)
+    out[i] = h * out[i]
+
+
+@cuda_jit(device=True)
+def euler_at(y, z, h, code, out, i):
+    """out[i] = y[i] + h σ(z[i]), σ(z) and h σ each rounded to the dtype (the array path's
+    σ, ×h and + launches); ``h`` a scalar of the dtype."""
+    out[i] = _act_dev(z[i], code)
+    out[i] = h * out[i]
+    out[i] = y[i] + out[i]
+
+
 # ----------------------------------------------------------------------------- kernels
 @cuda_jit
 def _scaled_adjoint_kernel(z, dy, h, code, out):
-    """out[i] = h · (σ'(z[i]) dy[i]) on flat arrays, σ'·dy rounded to the dtype first; ``h``
-    a scalar of the dtype."""
+    """out[i] = h · (σ'(z[i]) dy[i]) on flat arrays (:func:`scaled_adjoint_at`)."""
     i = cuda.grid(1)
     if i < z.size:
-        out[i] = _act_adjoint_dev(z[i], dy[i], code)
-        out[i] = h * out[i]
+        scaled_adjoint_at(z, dy, h, code, out, i)
 
 
 @cuda_jit
@@ -108,9 +129,11 @@ def dense_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True)
                                                call.arg(dy_next, dtype, (n,)), dtype.type(h),
                                                activation_code(act), S.arg)
     Sd = S.arg.reshape((B, C))
+    if not grads:  # dy = dy_next + s W in the GEMM's epilogue
+        P = _gemm(call, Sd, call.arg(W, dtype), False, False, B, K, dtype,
+                  addend=call.arg(dy_next, dtype))
+        return call.result(P), None, None
     P = _gemm(call, Sd, call.arg(W, dtype), False, False, B, K, dtype)  # s W: B,K
-    if not grads:
-        return dy_next + call.result(P), None, None
     dW = _gemm(call, Sd, call.arg(y, dtype), True, False, C, K, dtype)  # sᵀ y: C,K
     dy, db = add_column_sums(call, P.arg, dy_next, Sd, dtype, 1, B, C)
     return call.result(dy, (B, C)), call.result(dW), call.result(db, (C,))

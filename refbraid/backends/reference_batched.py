@@ -7,12 +7,6 @@ linear(y, W, b)``, ``y_next = euler_act(y, z, h)``; ``s = h σ'(z) ⊙ dy_next``
 product and one fused kernel per element-wise chain (:mod:`refbraid.backends.cupy_gpu`,
 :mod:`refbraid.backends.numba_cuda_step`); the layer calls them only where a backend does.
 
-One conv ODE step (``conv_step`` / ``conv_step_adjoint``): likewise the composition
-:class:`refbraid.layers.ConvStep` makes, ``z = conv2d(y, W, b)``, ``y_next = euler_act(y, z,
-h)``; ``s = h σ'(z) ⊙ dy_next``, ``dy = dy_next + W *ᵀ s``, ``dW = s ⋆ ỹ``, ``db = Σ s``.
-The numba backend computes it whole on the CPU (:mod:`refbraid.backends.numba_cpu_conv_step`:
-the same bits, fewer passes over memory, no weight gradient without ``grads``).
-
 Dense ODE steps (catalogue kernels ``dense_step_batched`` / ``dense_step_batched_adjoint``,
 :data:`refbraid.backends.KERNELS`; the numba and cuda backends override them with fused
 kernels, :mod:`refbraid.backends.numba_cpu_batched`, :mod:`refbraid.backends.numba_cuda_batched`),
@@ -48,15 +42,12 @@ from __future__ import annotations
 import numpy as np
 
 from .device_batching import values_on
-from .into import plus
 from .portable import contiguous, zeros_on
 from .reference import (
     activation,
     activation_adjoint,
     array_namespace,
     check_activation,
-    conv2d,
-    conv2d_adjoint,
     euler_act,
     linear,
     linear_adjoint,
@@ -106,24 +97,6 @@ def dense_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True)
         return dy_next + matmul(s, W), None, None
     ds_W, dW, db = linear_adjoint(y, W, s)
     return dy_next + ds_W, dW, db
-
-
-def conv_step(y, W, b, h: float, act: str, out=None, add=None):
-    """One conv ODE step: y (B,C,H,W), W (C,C,k,k), b (C,), h -> (y_next, z): ``z = W * y +
-    b``, ``y_next = y + h σ(z)`` (module docstring), ``+ add`` when given; ``out`` where
-    y_next may be written."""
-    z = conv2d(y, W, b)  # B,C,H,W
-    return plus(euler_act(y, z, h, act, out=out), add, out), z
-
-
-def conv_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True, out=None,
-                      add=None):
-    """Its adjoint -> (dy, dW (C,C,k,k), db (C,)); dW and db None unless ``grads``; ``+ add``
-    in dy when given; ``out`` is accepted for the signature (the reference makes dy new)."""
-    s = h * activation_adjoint(z, dy_next, act)  # B,C,H,W
-    dys, dW, db = conv2d_adjoint(y, W, s)
-    dy = dy_next + dys
-    return plus(dy, add), (dW if grads else None), (db if grads else None)
 
 
 def dense_step_batched(Y, W, b, h, act: str):

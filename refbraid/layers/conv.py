@@ -74,7 +74,8 @@ class ConvStep:
         numba, else a sum after it — the same numbers)."""
         h = check_step_size("h", h)
         check_dtype("y", y, params)
-        if "conv_step" in bk.overrides:  # the step whole (numba: bias, σ, Euler per image)
+        if "conv_step" in bk.overrides:  # the step whole (numba: per image; cupy: one
+            # fused kernel after the convolution)
             y_next, z = bk.conv_step(y, params["W"], params["b"], h, self.activation, out=out,
                                      add=add)
             return y_next, (y, z)
@@ -89,8 +90,8 @@ class ConvStep:
         y, z = cache
         h = check_step_size("h", h)
         check_adjoint("dy_next", dy_next, y.shape)
-        if "conv_step_adjoint" in bk.overrides:  # numba: one pass for s, dy without dx;
-            # no weight gradient without grads
+        if "conv_step_adjoint" in bk.overrides:  # numba: one pass for s, dy without dx,
+            # no weight gradient without grads; cupy: s in one launch
             dy, dW, db = bk.conv_step_adjoint(y, z, dy_next, params["W"], h, self.activation,
                                               grads, out=out, add=add)
             return dy, ({"W": dW, "b": db} if grads else None)
@@ -103,14 +104,22 @@ class ConvStep:
         """k steps at once, row j as :meth:`forward` with ``params[·][j]`` and ``h[j]``:
         ``Z = W * Y + b``, ``Y_next = Y + h σ(Z)``. Y (k,B,C,H,W), W (k,C,C,3,3), b (k,C),
         h (k,); returns (Y_next, Z). Bit-identical to k :meth:`forward` calls on the NumPy
-        backend (:mod:`refbraid.backends.reference_batched`)."""
+        backend (:mod:`refbraid.backends.reference_batched`). Whole
+        (``conv_step_batched``: one fused launch set) where the backend overrides it."""
+        if "conv_step_batched" in bk.overrides:
+            return bk.conv_step_batched(Y, params["W"], params["b"], h, self.activation)
         h = values_on(Y, h, Y.dtype)[:, None, None, None, None]  # copied once per content
         Z = bk.conv2d_batched(Y, params["W"], params["b"])  # k,B,C,H,W
         return Y + h * bk.activation(Z, self.activation), Z
 
     def adjoint_batched(self, params, Y, Z, dY_next, h, bk, grads: bool = True):
         """:meth:`adjoint` of k steps at once: ``S = h σ'(Z) ⊙ dY_next``, ``dY = dY_next +
-        W *ᵀ S``; with grads ``dW = S ⋆ Ỹ``, ``db = Σ_{B,H,W} S`` per row (stacked)."""
+        W *ᵀ S``; with grads ``dW = S ⋆ Ỹ``, ``db = Σ_{B,H,W} S`` per row (stacked). Whole
+        (``conv_step_batched_adjoint``) where the backend overrides it."""
+        if "conv_step_batched_adjoint" in bk.overrides:
+            dY, dW, db = bk.conv_step_batched_adjoint(Y, Z, dY_next, params["W"], h,
+                                                      self.activation, grads)
+            return dY, ({"W": dW, "b": db} if grads else None)
         h = values_on(dY_next, h, dY_next.dtype)[:, None, None, None, None]
         S = h * bk.activation_adjoint(Z, dY_next, self.activation)  # k,B,C,H,W
         dYs, dW, db = bk.conv2d_adjoint_batched(Y, params["W"], S, grads)

@@ -1,0 +1,147 @@
+"""The ``cupy`` backend's conv ODE step: the convolution, then one fused kernel.
+
+On the counting device (the CuPy stand-in: each fused kernel runs its NumPy path and is
+charged one launch) :class:`ConvStep`'s forward is the reference convolution without its bias
+plus ``bias_act_euler`` (bias per channel, activation and Euler update in one launch), its
+adjoint ``scaled_act_adjoint`` (``h σ'(z) ⊙ dy``) plus the reference transposed convolution;
+one step and k at once. Oracles: the NumPy reference bit for bit (every activation, float32
+and float64); launch counts against the composition they replace; the dot-product test and
+central finite differences of the adjoint in float64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from refbraid.backends import get_backend, launch_count, reference, reference_batched
+from refbraid.backends.cupy_fused import ACT_ADJOINT_KERNEL, EULER_ACT
+from refbraid.backends.device_batching import values_on
+from refbraid.backends.host import to_host
+from refbraid.backends.launch_model import tracking
+from refbraid.backends.reference import ACTIVATIONS
+from refbraid.layers import ConvStep
+
+NUMPY = get_backend("numpy")
+K, B, C, H, WD = 3, 2, 2, 3, 4
+STEPS = np.array([0.25, 0.5, 0.25])
+
+
+def _case(dtype, seed=0, act="tanh"):
+    rng = np.random.default_rng(seed)
+    layer = ConvStep(C, H, WD, act)
+    per = [layer.init(rng, dtype) for _ in range(K)]
+    params = {n: np.stack([p[n] for p in per]) for n in per[0]}
+    Y, dY = (rng.standard_normal((K, B, C, H, WD)).astype(dtype) for _ in range(2))
+    return layer, params, Y, dY
+
+
+def _step(layer, bk, params, Y, dY, grads, batched: bool):
+    """Host copies of (Y_next, Z, dY_prev, dW, db) through ``bk``: k steps at once or row 0."""
+    p = {n: bk.asarray(v if batched else v[0]) for n, v in params.items()}
+    y, dy = bk.asarray(Y if batched else Y[0]), bk.asarray(dY if batched else dY[0])
+    if batched:
+        y_next, z = layer.forward_batched(p, y, STEPS, bk)
+        dy_prev, g = layer.adjoint_batched(p, y, z, dy, STEPS, bk, grads)
+    else:
+        y_next, cache = layer.forward(p, y, float(STEPS[0]), bk)
+        z = cache[1]
+        dy_prev, g = layer.adjoint(p, cache, dy, float(STEPS[0]), bk, grads)
+    return [to_host(a) for a in (y_next, z, dy_prev, *((g["W"], g["b"]) if grads else ()))]
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["per-step", "batched"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("act", ACTIVATIONS)
+def test_the_fused_conv_step_has_the_numpy_reference_bits(act, dtype, batched):
+    layer, params, Y, dY = _case(dtype, 1, act)
+    for grads in (True, False):
+        want = _step(layer, NUMPY, params, Y, dY, grads, batched)
+        with launch_count.counting("cupy") as bk:
+            assert {"conv_step", "conv_step_batched_adjoint"} <= set(bk.overrides)
+            with tracking() as t:
+                got = _step(layer, bk, params, Y, dY, grads, batched)
+        assert t.tally.by_name.get("bias_act_euler") == 1, t.tally.by_name
+        assert t.tally.by_name.get("scaled_act_adjoint") == 1, t.tally.by_name
+        assert "euler_act" not in t.tally.by_name and "act_adjoint" not in t.tally.by_name
+        for name, g, w in zip(("Y_next", "Z", "dY", "dW", "db"), got, want, strict=False):
+            assert g.dtype == w.dtype == dtype, name
+            np.testing.assert_array_equal(g, w, err_msg=f"{name} grads={grads}")
+
+
+def _launches(fn) -> int:
+    return launch_count.count(fn).launches
+
+
+def test_launches_before_and_after():
+    """Per step: the forward's bias and Euler update (two launches: the reference
+    convolution's + b, then euler_act) become one, the adjoint's σ'·dy and ×h one. k at once:
+    the forward's + b, σ, ×h and + (four launches) become one, the adjoint's σ'·dy and ×h
+    one. Everything else (the stencil GEMMs) unchanged."""
+    layer, params, Y, dY = _case(np.float64, 2)
+    h = float(STEPS[0])
+    with launch_count.counting("cupy") as bk:
+        p = {n: bk.asarray(v) for n, v in params.items()}
+        Yd, dYd = bk.asarray(Y), bk.asarray(dY)
+        p0, y0, dy0 = {n: v[0] for n, v in p.items()}, Yd[0], dYd[0]
+        y_next, z = bk.conv_step(y0, p0["W"], p0["b"], h, "tanh")
+        before = _launches(lambda: EULER_ACT("tanh", y0, reference.conv2d(y0, p0["W"], p0["b"]),
+                                             h))
+        assert _launches(lambda: bk.conv_step(y0, p0["W"], p0["b"], h, "tanh")) == before - 1
+        before = _launches(lambda: reference.conv2d_adjoint(
+            y0, p0["W"], h * ACT_ADJOINT_KERNEL("tanh", z, dy0))[0] + dy0)
+        after = _launches(lambda: bk.conv_step_adjoint(y0, z, dy0, p0["W"], h, "tanh"))
+        assert after == before - 1
+        hs = values_on(Yd, STEPS, Yd.dtype)[:, None, None, None, None]  # copied once here
+
+        def composed_forward():
+            Z = reference_batched.conv2d_batched(Yd, p["W"], p["b"])
+            return Yd + hs * reference.activation(Z, "tanh"), Z
+
+        _, Z = composed_forward()
+        fused = _launches(lambda: layer.forward_batched(p, Yd, STEPS, bk))
+        assert fused == _launches(composed_forward) - 3
+        for grads in (True, False):
+            before = _launches(lambda g=grads: reference_batched.conv2d_adjoint_batched(
+                Yd, p["W"], hs * ACT_ADJOINT_KERNEL("tanh", Z, dYd), g)[0] + dYd)
+            after = _launches(lambda g=grads: layer.adjoint_batched(p, Yd, Z, dYd, STEPS, bk, g))
+            assert after == before - 1, grads
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["per-step", "batched"])
+def test_the_fused_adjoint_passes_the_dot_product_test_and_finite_differences(batched):
+    """float64, tanh: <J (v, δW, δb), w> = <v, dY> + <δW, dW> + <δb, db> with the exact
+    tangent J = v + h σ'(Z) ⊙ (W * v + δW * Y + δb), and central differences (ε 1e-6) of
+    <Φ(Y, W, b), w> at sampled entries."""
+    layer, params, Y, w = _case(np.float64, 3)
+    if not batched:
+        params, Y, w = {n: v[:1] for n, v in params.items()}, Y[:1], w[:1]
+    hs = STEPS[: len(Y), None, None, None, None]
+    rng = np.random.default_rng(4)
+    v, dW_dir, db_dir = (rng.standard_normal(a.shape) for a in (Y, params["W"], params["b"]))
+    with launch_count.counting("cupy") as bk:
+
+        def forward(a):
+            out = _step(layer, bk, a, a["Y"], w, True, batched)
+            return (out[0], out[1], out[2:]) if batched else (out[0][None], out[1][None],
+                                                                [o[None] for o in out[2:]])
+
+        args = {**params, "Y": Y}
+        Y_next, Z, (dY, dW, db) = forward(args)
+        conv = reference_batched.conv2d_batched
+        lin = (conv(v, params["W"], None) + conv(Y, dW_dir, None)
+               + db_dir[:, None, :, None, None])
+        Jv = v + hs * (1 - np.tanh(Z) ** 2) * lin
+        rhs = np.vdot(v, dY) + np.vdot(dW_dir, dW) + np.vdot(db_dir, db)
+        np.testing.assert_allclose(np.vdot(Jv, w), rhs, rtol=1e-12)
+        grads, eps = {"Y": dY, "W": dW, "b": db}, 1e-6
+        for name in ("Y", "W", "b"):
+            size = args[name].size
+            for flat in rng.choice(size, size=min(3, size), replace=False):
+                at = np.unravel_index(flat, args[name].shape)
+                plus, minus = ({**args, name: args[name].copy()} for _ in range(2))
+                plus[name][at] += eps
+                minus[name][at] -= eps
+                fd = (np.vdot(forward(plus)[0], w) - np.vdot(forward(minus)[0], w)) / (2 * eps)
+                assert abs(fd - grads[name][at]) <= 1e-7 * max(1.0, abs(fd)), (
+                    f"ConvStep cupy fused adjoint: d{name} at {at}: {grads[name][at]} vs {fd}")
