@@ -95,8 +95,8 @@ def recorded_launches():
 def run_workload() -> None:
     """What the backends launch: the catalogue in both dtypes, the networks, the tiled bmm
     and the dense step's fused adjoint, batched and one step (tiled and per-element GEMMs),
-    the batched convolution (with and without bias and weight gradients) and the fused
-    batched conv step, in both dtypes."""
+    the batched convolution (with and without bias and weight gradients) and the fused conv
+    step, batched and one, in both dtypes."""
     from refbraid.verify.checks import check_network
     from refbraid.verify.suite import catalog, check_entry, default_networks
 
@@ -129,6 +129,9 @@ def run_workload() -> None:
                                       np.array([0.5, 0.25]), "tanh")
         for grads in (True, False):
             bk.conv_step_batched_adjoint(X, Zs, Yn, Ws, np.array([0.5, 0.25]), "tanh", grads)
+        y1, z1 = bk.conv_step(X[0], Ws[0], rng.standard_normal(2).astype(dtype), 0.5, "relu")
+        for grads in (True, False):  # one fused conv step (numba_cuda_conv_step)
+            bk.conv_step_adjoint(X[0], z1, y1, Ws[0], 0.5, "relu", grads)
 
 
 def _launched(records) -> set[tuple[str, str]]:

@@ -86,8 +86,8 @@ def test_the_fused_step_has_the_bits_of_the_launches_it_replaces_and_numpys_valu
 
 
 def test_the_batched_step_equals_the_per_step_cuda_calls(bk):
-    """float64: bit for bit; float32 to round-off (the per-step Euler kernel multiplies σ(z)
-    unrounded by the step size)."""
+    """Bit for bit in both dtypes: one step is the fused kernel too (numba_cuda_conv_step,
+    the same roundings)."""
     for dtype in (np.float64, np.float32):
         layer, params, Y, dY = _case(dtype, 2)
         dev = {n: bk.asarray(v) for n, v in params.items()}
@@ -101,10 +101,7 @@ def test_the_batched_step_equals_the_per_step_cuda_calls(bk):
                      *((n, grads[n], g[n]) for n in g)]
             for name, batched, per_step in pairs:
                 got, want = bk.to_numpy(batched)[j], bk.to_numpy(per_step)
-                if dtype == np.float64:
-                    np.testing.assert_array_equal(got, want, err_msg=f"{name} row {j}")
-                else:
-                    assert _max_rel(got, want) <= TOL[dtype], (name, j)
+                np.testing.assert_array_equal(got, want, err_msg=f"{name} row {j} {dtype}")
 
 
 def _conv(bk, X, W, b=None):

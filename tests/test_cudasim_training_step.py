@@ -256,7 +256,7 @@ def test_only_the_memory_module_copies_or_allocates_through_numba_cuda():
 
     folder = Path(backends.__file__).parent
     wrappers = [p for p in folder.glob("numba_cuda*.py") if p.name != "numba_cuda_memory.py"]
-    assert len(wrappers) == 10
+    assert len(wrappers) == 11
     for path in wrappers:
         code = path.read_text()
         for call in ("cuda.to_device(", "cuda.device_array(", ".copy_to_host("):

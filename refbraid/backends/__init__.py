@@ -114,6 +114,7 @@ _MODULES = {
         "refbraid.backends.numba_cuda_dense",  # matmul, linear
         "refbraid.backends.numba_cuda_conv",  # conv2d
         "refbraid.backends.numba_cuda_conv_batched",  # k conv2d at once
+        "refbraid.backends.numba_cuda_conv_step",  # one conv ODE step whole
         "refbraid.backends.numba_cuda_attention",  # bmm, softmax, layer norm, GRU cell
         "refbraid.backends.numba_cuda_conv3d",  # conv3d
         "refbraid.backends.numba_cuda_pool",  # 2×2(×2) pooling

@@ -102,20 +102,40 @@ def channel_sum(dz, o):
 
 
 # ----------------------------------------------------------------------------- kernels
+@cuda_jit(device=True)
+def unflatten4(idx, shape):
+    """The index (n, c, i, j) of the flat C-order position ``idx`` in a 4-D ``shape``."""
+    _, C, H, Wd = shape
+    return (idx // (Wd * H * C), (idx // (Wd * H)) % C, (idx // Wd) % H, idx % Wd)
+
+
+@cuda_jit(device=True)
+def conv_at(x, W, bias, has_bias, z, idx):
+    """z at the flat index idx: b[o] + Σ_{c,p,q} W[o,c,p,q] x[n,c,i+p−r,j+q−r], the bias added
+    last; returns the index (n, o, i, j)."""
+    n, o, i, j = unflatten4(idx, z.shape)
+    acc = conv_sum(x, W, n, o, i, j)
+    if has_bias:
+        acc += bias[o]
+    z[n, o, i, j] = acc
+    return (n, o, i, j)
+
+
+@cuda_jit(device=True)
+def conv_dx_at(dz, W, dx, idx):
+    """dx at the flat index idx: Σ_{o,p,q} W[o,c,p,q] dz[n,o,i−p+r,j−q+r]; returns (n, c,
+    i, j)."""
+    n, c, i, j = unflatten4(idx, dx.shape)
+    dx[n, c, i, j] = conv_dx_sum(dz, W, n, c, i, j)
+    return (n, c, i, j)
+
+
 @cuda_jit
 def _conv2d_kernel(x, W, bias, has_bias, z):
     """z[n,o,i,j] = b[o] + Σ_{c,p,q} W[o,c,p,q] x[n,c,i+p−r,j+q−r], one thread per output."""
     idx = cuda.grid(1)
     if idx < z.size:
-        _, O, H, Wd = z.shape
-        j = idx % Wd
-        i = (idx // Wd) % H
-        o = (idx // (Wd * H)) % O
-        n = idx // (Wd * H * O)
-        acc = conv_sum(x, W, n, o, i, j)
-        if has_bias:
-            acc += bias[o]
-        z[n, o, i, j] = acc
+        conv_at(x, W, bias, has_bias, z, idx)
 
 
 @cuda_jit
@@ -123,12 +143,7 @@ def _conv2d_dx_kernel(dz, W, dx):
     """dx[n,c,i,j] = Σ_{o,p,q} W[o,c,p,q] dz[n,o,i−p+r,j−q+r], one thread per input pixel."""
     idx = cuda.grid(1)
     if idx < dx.size:
-        _, C, H, Wd = dx.shape
-        j = idx % Wd
-        i = (idx // Wd) % H
-        c = (idx // (Wd * H)) % C
-        n = idx // (Wd * H * C)
-        dx[n, c, i, j] = conv_dx_sum(dz, W, n, c, i, j)
+        conv_dx_at(dz, W, dx, idx)
 
 
 @cuda_jit

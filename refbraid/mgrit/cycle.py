@@ -152,9 +152,11 @@ class Cycler:
             s.u = f_relax(s.u, g, s.points, s.f_pos, s.step, inplace=True)
 
     # -- reductions ------------------------------------------------------------------------
-    def local_sq(self, r) -> float:
-        """This rank's ``Σ r²`` of a residual block: reduced where ``r`` lives, one float to
-        the host."""
+    def local_sq(self, r, on_host: bool = True):
+        """This rank's ``Σ r²`` of a residual block, reduced where ``r`` lives: a float on the
+        host, or (``on_host=False``, for a norm that waits for the end of the solve) the 0-d
+        device array it would be copied from — no synchronisation now (norms.PendingNorms
+        copies every such sum of a solve in one transfer)."""
         xp = namespace(r)
         if not r.shape[0]:
             return 0.0
@@ -164,7 +166,8 @@ class Cycler:
             from ..backends.numba_cpu_sums import sum_of_squares  # numba on first use only
 
             return sum_of_squares(r)
-        return host_float(xp.sum(xp.abs(r) ** 2))
+        total = xp.sum(xp.abs(r) ** 2)
+        return host_float(total) if on_host else total
 
     def norm(self, r) -> float:
         """Global 2-norm ``(Σ_ranks Σ r²)^½`` of a residual block (the stopping test and the
@@ -290,7 +293,8 @@ class Cycler:
             iterate=copy(s.u) if self.settings.keep_iterates else None,
         )
         if self.pending is not None:
-            self.pending.add(self.local_sq(r), lambda norm: setattr(visit, "norm", norm))
+            self.pending.add(self.local_sq(r, on_host=False),
+                             lambda norm: setattr(visit, "norm", norm))
         return visit
 
     def nested_iteration(self, vcycles: int) -> None:

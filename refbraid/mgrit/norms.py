@@ -17,7 +17,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
+
+from ..backends.host import to_host
 from ..parallel.comm import allreduce_sums
+from .arrays import namespace
 from .record import IterationRecord
 from .settings import MGRITSettings
 
@@ -32,18 +36,37 @@ class PendingNorms:
     def __len__(self) -> int:
         return len(self._items)
 
-    def add(self, local_sq: float, store: Callable[[float], None]) -> None:
-        """Keep ``local_sq`` (this rank's Σ r²); ``store(norm)`` runs in :meth:`resolve`."""
-        self._items.append((float(local_sq), store))
+    def add(self, local_sq, store: Callable[[float], None]) -> None:
+        """Keep ``local_sq`` (this rank's Σ r²: a float, or a 0-d device array left where it
+        was reduced); ``store(norm)`` runs in :meth:`resolve`."""
+        self._items.append((local_sq, store))
 
     def resolve(self, comm, extra: tuple[float, ...] = ()) -> list[float]:
-        """Reduce every kept sum and ``extra`` in one collective (every rank calls it with
+        """Bring the kept sums and ``extra`` (floats or 0-d device arrays) to the host, the
+        device ones in one transfer; reduce them in one collective (every rank calls it with
         the same number of values); store the norms, return the sums of ``extra``."""
         items, self._items = self._items, []
-        sums = allreduce_sums(comm, [sq for sq, _ in items] + [float(v) for v in extra])
+        sums = allreduce_sums(comm, _on_host([sq for sq, _ in items] + list(extra)))
         for (_, store), total in zip(items, sums, strict=False):
             store(math.sqrt(total))
         return sums[len(items):]
+
+
+def _on_host(values: list) -> list[float]:
+    """Floats of ``values`` (floats and 0-d device arrays): the device ones stacked where they
+    live and copied to the host once (one synchronisation instead of one per norm)."""
+    device = [k for k, v in enumerate(values) if not isinstance(v, (float, int, np.floating))]
+    out = [float(v) if k not in device else 0.0 for k, v in enumerate(values)]
+    if device:
+        xp = namespace(values[device[0]])
+        kinds = [values[k].dtype for k in device]
+        target = next((d for d in kinds if d != xp.bool), xp.float64)  # the sums' dtype
+        same = [values[k] if d == target else xp.astype(values[k], target)  # flags: 1 / 0
+                for k, d in zip(device, kinds, strict=True)]
+        host = np.asarray(to_host(xp.stack(same)), np.float64)
+        for k, v in zip(device, host.tolist(), strict=True):
+            out[k] = float(v)
+    return out
 
 
 def defer_norms(pending: PendingNorms, local_sq: Callable, rec: IterationRecord, r, r_post,
@@ -51,16 +74,18 @@ def defer_norms(pending: PendingNorms, local_sq: Callable, rec: IterationRecord,
     """Keep the norms of iteration record ``rec`` that wait for the end of the solve: the
     post-cycle norm of ``r_post`` when it is another residual than ``r`` (only recorded), and
     with ``deferred`` the iteration's own norm of ``r`` (``rec.norm``, its level-0 visit, and
-    the post-cycle norm when that is the same residual). ``local_sq(r)``: this rank's Σ r²."""
+    the post-cycle norm when that is the same residual). ``local_sq(r, on_host=False)``: this
+    rank's Σ r², left where it was reduced."""
     if r_post is not r:
-        pending.add(local_sq(r_post), lambda n: setattr(rec, "post_cycle_norm", n))
+        pending.add(local_sq(r_post, on_host=False),
+                    lambda n: setattr(rec, "post_cycle_norm", n))
     if deferred:
         def store(n: float) -> None:
             rec.norm = rec.visits[0].norm = n
             if r_post is r:
                 rec.post_cycle_norm = n
 
-        pending.add(local_sq(r), store)
+        pending.add(local_sq(r, on_host=False), store)
 
 
 def status(norm: float, first: float, s: MGRITSettings) -> tuple[str | None, str]:

@@ -94,6 +94,16 @@ def _block_finite(cycler: Cycler, u, c_pos) -> bool:
     return watch.ok
 
 
+def _finite(cycler: Cycler, u, c_pos):
+    """1.0 when this rank's solution block holds only finite values, else 0.0
+    (:func:`_block_finite`); for a device block the 0-d boolean device array of that answer,
+    left where it was reduced (copied with the deferred sums)."""
+    if isinstance(u, np.ndarray) or not u.shape[0]:
+        return 1.0 if _block_finite(cycler, u, c_pos) else 0.0
+    xp = namespace(u)
+    return xp.all(xp.isfinite(u))
+
+
 def _divergence_level(records: list[IterationRecord], cycler: Cycler) -> int:
     """The level where a NaN/inf arose (module docstring): the first non-finite coarse
     residual of the last cycle, else the coarsest level holding NaN/inf, else 0."""
@@ -324,10 +334,10 @@ def solve(
     if settings.final_fc_relax and len(hierarchy) > 1 and status != "diverged":
         u0_block = final_c_relax(u0_block, states[0].c_pos, r)
     xp = namespace(u0_block)
-    finite = _block_finite(cycler, u0_block, states[0].c_pos)
-    # every rank's block, and the norms kept for the end: one collective
-    (bad,) = pending.resolve(scomm, extra=(0.0 if finite else 1.0,))
-    all_finite = bad == 0
+    # every rank's block, and the norms kept for the end: one collective (and on a device,
+    # one transfer for the sums and the flag)
+    (finite,) = pending.resolve(scomm, extra=(_finite(cycler, u0_block, states[0].c_pos),))
+    all_finite = finite == scomm.size
     if status is None:  # the last iteration's norm was one of them
         first = records[-1].norm if first is None else first
         status, message = status_after(records[-1].norm, first, settings, cycles,

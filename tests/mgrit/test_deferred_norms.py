@@ -148,3 +148,27 @@ def test_growth_in_the_last_iteration_is_divergence():
     last = next(res for res in grows if res.status == "diverged")
     assert "max_growth" in last.message and last.norms[-1] > 10 * last.norms[0]
     assert all(res.status == "max_iter" for res in grows[: grows.index(last)])
+
+
+def test_device_sums_and_the_finiteness_flag_cross_to_the_host_in_one_transfer():
+    """Sums left on a device (the CuPy stand-in, counting under a tracker) and a boolean flag
+    are stacked where they live and copied once: one synchronisation, the same floats."""
+    from refbraid.backends.cupy_standin import module
+    from refbraid.backends.launch_model import tracking
+
+    xp = module()
+    rng = np.random.default_rng(0)
+    blocks = [xp.asarray(rng.standard_normal((4, 3)).astype(np.float32)) for _ in range(3)]
+    want = [float(np.sum(np.asarray(b.get()) ** 2)) for b in blocks]
+    got = {}
+    pending = PendingNorms()
+    with tracking() as t:
+        sums = [xp.sum(xp.abs(b) ** 2) for b in blocks]
+        for k, s in enumerate(sums):
+            pending.add(s, lambda n, k=k: got.setdefault(k, n))
+        flag = xp.all(xp.isfinite(blocks[0]))
+        syncs, d2h = t.tally.syncs, t.tally.d2h
+        (finite,) = pending.resolve(SerialComm(), extra=(flag,))
+        assert (t.tally.syncs - syncs, t.tally.d2h - d2h) == (1, 1)
+    assert finite == 1.0
+    assert [got[k] for k in range(3)] == [math.sqrt(w) for w in want]
