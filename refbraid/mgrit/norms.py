@@ -41,21 +41,26 @@ class PendingNorms:
         was reduced); ``store(norm)`` runs in :meth:`resolve`."""
         self._items.append((local_sq, store))
 
-    def resolve(self, comm, extra: tuple[float, ...] = ()) -> list[float]:
-        """Bring the kept sums and ``extra`` (floats or 0-d device arrays) to the host, the
-        device ones in one transfer; reduce them in one collective (every rank calls it with
-        the same number of values); store the norms, return the sums of ``extra``."""
+    def resolve(self, comm, finite=True) -> bool:
+        """Bring the kept sums and this rank's ``finite`` (a bool, or a 0-d boolean device
+        array) to the host, the device ones in one transfer; reduce the sums and the count of
+        ranks whose block is not finite in one collective (every rank calls it with as many
+        values); store the norms. Returns whether every rank's block is finite."""
         items, self._items = self._items, []
-        sums = allreduce_sums(comm, _on_host([sq for sq, _ in items] + list(extra)))
-        for (_, store), total in zip(items, sums, strict=False):
+        *mine, ok = _on_host([sq for sq, _ in items] + [finite])
+        # the count of non-finite blocks (not of finite ones: the reduction group may be
+        # larger than the solve's communicator, e.g. data-parallel groups)
+        *sums, bad = allreduce_sums(comm, [*mine, 0.0 if ok else 1.0])
+        for (_, store), total in zip(items, sums, strict=True):
             store(math.sqrt(total))
-        return sums[len(items):]
+        return bad == 0
 
 
 def _on_host(values: list) -> list[float]:
     """Floats of ``values`` (floats and 0-d device arrays): the device ones stacked where they
     live and copied to the host once (one synchronisation instead of one per norm)."""
-    device = [k for k, v in enumerate(values) if not isinstance(v, (float, int, np.floating))]
+    device = [k for k, v in enumerate(values)
+              if not isinstance(v, (float, int, bool, np.floating, np.bool_))]
     out = [float(v) if k not in device else 0.0 for k, v in enumerate(values)]
     if device:
         xp = namespace(values[device[0]])

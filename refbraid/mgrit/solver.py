@@ -95,11 +95,11 @@ def _block_finite(cycler: Cycler, u, c_pos) -> bool:
 
 
 def _finite(cycler: Cycler, u, c_pos):
-    """1.0 when this rank's solution block holds only finite values, else 0.0
-    (:func:`_block_finite`); for a device block the 0-d boolean device array of that answer,
-    left where it was reduced (copied with the deferred sums)."""
+    """Whether this rank's solution block holds only finite values (:func:`_block_finite`);
+    for a device block the 0-d boolean device array of that answer, left where it was
+    reduced (copied with the deferred sums)."""
     if isinstance(u, np.ndarray) or not u.shape[0]:
-        return 1.0 if _block_finite(cycler, u, c_pos) else 0.0
+        return _block_finite(cycler, u, c_pos)
     xp = namespace(u)
     return xp.all(xp.isfinite(u))
 
@@ -336,8 +336,7 @@ def solve(
     xp = namespace(u0_block)
     # every rank's block, and the norms kept for the end: one collective (and on a device,
     # one transfer for the sums and the flag)
-    (finite,) = pending.resolve(scomm, extra=(_finite(cycler, u0_block, states[0].c_pos),))
-    all_finite = finite == scomm.size
+    all_finite = pending.resolve(scomm, finite=_finite(cycler, u0_block, states[0].c_pos))
     if status is None:  # the last iteration's norm was one of them
         first = records[-1].norm if first is None else first
         status, message = status_after(records[-1].norm, first, settings, cycles,

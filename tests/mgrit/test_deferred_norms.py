@@ -112,14 +112,15 @@ def test_allreduce_sums_equals_one_allreduce_sum_per_value(ranks):
         assert many == one_by_one
 
 
-def test_pending_norms_store_the_square_roots_and_return_the_extras():
+def test_pending_norms_store_the_square_roots_and_say_whether_every_block_is_finite():
     got = {}
     pending = PendingNorms()
     pending.add(9.0, lambda n: got.setdefault("a", n))
     pending.add(2.0, lambda n: got.setdefault("b", n))
     assert len(pending) == 2
-    assert pending.resolve(SerialComm(), extra=(1.0,)) == [1.0]
+    assert pending.resolve(SerialComm(), finite=True) is True
     assert got == {"a": 3.0, "b": math.sqrt(2.0)} and len(pending) == 0
+    assert PendingNorms().resolve(SerialComm(), finite=False) is False
 
 
 @pytest.mark.parametrize("max_iter", [0, 1])
@@ -153,22 +154,37 @@ def test_growth_in_the_last_iteration_is_divergence():
 def test_device_sums_and_the_finiteness_flag_cross_to_the_host_in_one_transfer():
     """Sums left on a device (the CuPy stand-in, counting under a tracker) and a boolean flag
     are stacked where they live and copied once: one synchronisation, the same floats."""
-    from refbraid.backends.cupy_standin import module
+    from refbraid.backends import launch_count
     from refbraid.backends.launch_model import tracking
 
-    xp = module()
     rng = np.random.default_rng(0)
-    blocks = [xp.asarray(rng.standard_normal((4, 3)).astype(np.float32)) for _ in range(3)]
-    want = [float(np.sum(np.asarray(b.get()) ** 2)) for b in blocks]
+    host = [rng.standard_normal((4, 3)).astype(np.float32) for _ in range(3)]
+    want = [float(np.sum(b ** 2)) for b in host]
     got = {}
     pending = PendingNorms()
-    with tracking() as t:
+    # inside counting(): the stand-in is `cupy` while array_api_compat looks at its arrays
+    with launch_count.counting("cupy") as cbk, tracking() as t:
+        xp = cbk.xp
+        blocks = [cbk.asarray(b) for b in host]
         sums = [xp.sum(xp.abs(b) ** 2) for b in blocks]
         for k, s in enumerate(sums):
             pending.add(s, lambda n, k=k: got.setdefault(k, n))
         flag = xp.all(xp.isfinite(blocks[0]))
         syncs, d2h = t.tally.syncs, t.tally.d2h
-        (finite,) = pending.resolve(SerialComm(), extra=(flag,))
+        finite = pending.resolve(SerialComm(), finite=flag)
         assert (t.tally.syncs - syncs, t.tally.d2h - d2h) == (1, 1)
-    assert finite == 1.0
+    assert finite is True
     assert [got[k] for k in range(3)] == [math.sqrt(w) for w in want]
+
+
+def test_the_finiteness_count_holds_when_norms_reduce_over_a_larger_group():
+    """A solve's communicator may reduce its norms over more ranks than it has (data-parallel
+    groups: VirtualComm / MPIComm with a reduce group): the finiteness flag is reduced as the
+    count of non-finite blocks, so a larger group of finite blocks still counts as finite."""
+
+    class TwoGroups(SerialComm):
+        def allreduce_sums(self, values):
+            return [2.0 * float(v) for v in values]  # one more member with the same values
+
+    assert PendingNorms().resolve(TwoGroups(), finite=True) is True
+    assert PendingNorms().resolve(TwoGroups(), finite=False) is False
