@@ -135,8 +135,7 @@ class ForwardPropagator:
     steps: dict[str, Any]
     bk: Backend
 
-    def step(self, y, start: int, stop: int, out=None, add=None):  # out: where y_next may be
-        # written; add: a row added to it (MGRIT's right-hand side, forward_into)
+    def step(self, y, start: int, stop: int, out=None, add=None):  # out=, add=: forward_into
         theta, hc = layer_params(self.steps, start), (stop - start) * self.net.h
         return forward_into(self.net.step, theta, y, hc, self.bk, out, add)[0]
 
@@ -165,8 +164,7 @@ class AdjointPropagator:
     bk: Backend
     restriction: str = "average"
 
-    def step(self, lam, start: int, stop: int, out=None, add=None):  # out: where λ[a] may
-        # be written; add: a row added to it (adjoint_into)
+    def step(self, lam, start: int, stop: int, out=None, add=None):  # out=, add=: adjoint_into
         theta = layer_params(self.steps, stop)
         hc = (start - stop) * self.net.h
         y = row(self.states, stop)
@@ -247,8 +245,7 @@ class CapturingAdjoint(AdjointPropagator):
         object.__setattr__(self, "grads", {})
         object.__setattr__(self, "counts", {"cache_hits": 0, "recomputed": 0})
 
-    def step(self, lam, start: int, stop: int, out=None, add=None):  # out: where λ[a] may
-        # be written; add: a row added to it
+    def step(self, lam, start: int, stop: int, out=None, add=None):  # out=, add=: adjoint_into
         if start - stop != 1:
             return super().step(lam, start, stop, out, add)
         theta = layer_params(self.steps, stop)

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from . import reference_batched
 from .numba_cuda import THREADS, blocks, common_dtype, cuda, cuda_floats, cuda_jit, size
-from .numba_cuda_conv import channel_sum, conv_dw_sum, conv_dx_sum, conv_sum
+from .numba_cuda_conv import channel_sum, conv_dw_sum, conv_dx_sum, conv_sum, unflatten4
 from .numba_cuda_memory import KernelCall
 from .numba_cuda_step import euler_at
 
@@ -56,15 +56,18 @@ OVERRIDES = ("conv2d_batched", "conv2d_adjoint_batched", "conv_step_batched",
 # ----------------------------------------------------------------------------- kernels
 # The per-step kernels' sums (numba_cuda_conv's device functions) on row j's 4-D views.
 @cuda_jit(device=True)
+def _row_at(idx, shape):
+    """(j, (n, c, i, l)) of the flat C-order position ``idx`` in a 5-D ``shape`` (k, B, C,
+    H, W): the row, and the index in the row's 4-D view (numba_cuda_conv.unflatten4)."""
+    per_row = shape[1] * shape[2] * shape[3] * shape[4]
+    return idx // per_row, unflatten4(idx % per_row, shape[1:])
+
+
+@cuda_jit(device=True)
 def _conv_at(x, W, bias, has_bias, z, idx):
     """z at the flat index idx of (j, n, o, i, l): b[j,o] + Σ_{c,p,q} W[j,o,c,p,q]
     x[j,n,c,i+p−r,l+q−r], the bias added last; returns the index (j, n, o, i, l)."""
-    _, B, O, H, Wd = z.shape
-    l_ = idx % Wd
-    i = (idx // Wd) % H
-    o = (idx // (Wd * H)) % O
-    n = (idx // (Wd * H * O)) % B
-    j = idx // (Wd * H * O * B)
+    j, (n, o, i, l_) = _row_at(idx, z.shape)
     acc = conv_sum(x[j], W[j], n, o, i, l_)
     if has_bias:
         acc += bias[j, o]
@@ -98,12 +101,7 @@ def _conv2d_dx_rows_kernel(dz, W, addend, has_addend, dx):
     added to the stored sum: the conv step's dY_next + W *ᵀ S), one thread per input pixel."""
     idx = cuda.grid(1)
     if idx < dx.size:
-        _, B, C, H, Wd = dx.shape
-        l_ = idx % Wd
-        i = (idx // Wd) % H
-        c = (idx // (Wd * H)) % C
-        n = (idx // (Wd * H * C)) % B
-        j = idx // (Wd * H * C * B)
+        j, (n, c, i, l_) = _row_at(idx, dx.shape)
         dx[j, n, c, i, l_] = conv_dx_sum(dz[j], W[j], n, c, i, l_)
         if has_addend:
             dx[j, n, c, i, l_] = addend[j, n, c, i, l_] + dx[j, n, c, i, l_]

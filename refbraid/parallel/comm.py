@@ -122,11 +122,7 @@ class SerialComm:
         return None
 
     def allreduce_sum(self, value: float) -> float:
-        rec = active_recorder()
-        if rec is not None:
-            t = time.perf_counter()
-            rec.collective("allreduce", payload_bytes(value), t, t)
-        return float(value)
+        return self.allreduce_sums([value])[0]
 
     def allreduce_sums(self, values) -> list[float]:
         rec = active_recorder()
@@ -228,16 +224,12 @@ class ThreadComm(SolverOrder):
         return values
 
     def allreduce_sum(self, value: float) -> float:
-        rec = active_recorder()
-        t0 = time.perf_counter() if rec is not None else 0.0
-        out = float(sum(self._collect(float(value))))  # same order on every rank: same float
-        if rec is not None:
-            rec.collective("allreduce", payload_bytes(value), t0, time.perf_counter())
-        return out
+        return self.allreduce_sums([value])[0]
 
     def allreduce_sums(self, values) -> list[float]:
         rec = active_recorder()
         t0 = time.perf_counter() if rec is not None else 0.0
+        # the same order on every rank: the same floats
         out = sums_in_rank_order(self._collect([float(v) for v in values]))
         if rec is not None:
             rec.collective("allreduce", 8 * len(values), t0, time.perf_counter())

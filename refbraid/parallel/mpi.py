@@ -199,20 +199,14 @@ class MPIComm(SolverOrder):
         return value
 
     def allreduce_sum(self, value: float) -> float:
-        """Σ over ``reduce_comm`` of ``value``, summed in rank order: the same float everywhere.
-
-        The floats are gathered with ``Allgather`` into a float64 buffer (exact: a Python float
-        is a float64) and summed in Python, so the order never depends on the MPI library."""
-        t0 = time.perf_counter()
-        every = np.empty(self.reduce_mpi.Get_size(), np.float64)
-        self.reduce_mpi.Allgather(np.array([float(value)]), every)
-        rec = active_recorder()
-        if rec is not None:
-            rec.collective("allreduce", 8, t0, time.perf_counter())
-        return float(sum(float(v) for v in every))
+        """Σ over ``reduce_comm`` of ``value``, summed in rank order: the same float everywhere."""
+        return self.allreduce_sums([value])[0]
 
     def allreduce_sums(self, values) -> list[float]:
-        """:meth:`allreduce_sum` of each of ``values`` in one ``Allgather``: the same floats."""
+        """:meth:`allreduce_sum` of each of ``values``, in one ``Allgather``.
+
+        The floats are gathered into a float64 buffer (exact: a Python float is a float64) and
+        summed in Python, in rank order, so the order never depends on the MPI library."""
         t0 = time.perf_counter()
         mine = np.array([float(v) for v in values], np.float64)
         every = np.empty((self.reduce_mpi.Get_size(), mine.size), np.float64)

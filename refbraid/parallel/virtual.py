@@ -146,12 +146,11 @@ class VirtualComm(SolverOrder):
         return self._world.collective(self._group, self.rank, kind, value, **cost)
 
     def allreduce_sum(self, value: float) -> float:
-        group = self._reduce
-        rank = self.rank if group is self._group else group.members.index(self.world_rank)
-        values = self._world.collective(group, rank, "allreduce", float(value))
-        return float(sum(values))  # rank order on every rank: the same float
+        return self.allreduce_sums([value])[0]
 
     def allreduce_sums(self, values) -> list[float]:
+        """Σ over the reduce group of each value, in rank order on every rank (the same
+        floats)."""
         group = self._reduce
         rank = self.rank if group is self._group else group.members.index(self.world_rank)
         mine = [float(v) for v in values]  # floats, not an array: never scaled as a state
