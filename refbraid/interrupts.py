@@ -6,7 +6,10 @@ places lose it:
 * **start-up**: while ``refbraid`` and its dependencies are still being imported, nothing can
   catch it yet, so Python prints a traceback and the process dies by the signal (exit -2);
 * **callbacks Python cannot raise from** (a weakref callback, ``__del__``, a garbage-collector
-  hook): Python prints "Exception ignored in ..." and goes on as if nothing happened.
+  hook): Python prints "Exception ignored in ..." and goes on as if nothing happened;
+* **C extensions that print an error** (``PyErr_Print``): NumPy's ``import_array()`` and
+  Numba's dispatcher print the error of an import they need, then raise ``ImportError``; a
+  Ctrl-C landing in that import prints a traceback of ``importlib`` frames.
 
 Three stages, all for the command-line process only (importing refbraid as a library changes
 no signal handler):
@@ -19,8 +22,11 @@ no signal handler):
    and exits 130. If the exception was swallowed inside a callback, ``sys.unraisablehook`` sees
    it (and hides Python's "Exception ignored" text) and raises it again a few milliseconds
    later, when the callback is over (a one-shot SIGALRM timer; it waits again if it lands in a
-   callback or in that hook); loops also call :func:`check` at safe points (each training
-   batch), which raises if a Ctrl-C is pending. Either way the run stops within one step.
+   callback or in that hook). A pending Ctrl-C that C code prints through ``sys.excepthook``
+   is not shown either: that code goes on with an error of its own (an ``ImportError``), which
+   :func:`ended_by_interrupt` reads as the interrupt. Loops also call :func:`check` at safe
+   points (each training batch), which raises if a Ctrl-C is pending. Either way the run stops
+   within one step.
 3. Under MPI only world rank 0 acts on SIGINT (``mpiexec`` forwards it to every rank): the
    other ranks carry on with the protocol so rank 0 is never left blocked in a receive; rank 0
    stops, records the run as interrupted and ends the job with ``MPI_Abort`` (its text
@@ -162,6 +168,15 @@ def _hook_for(previous):
 _hook_code = _hook_for(None).__code__  # every hook made by _hook_for runs this code
 
 
+def _excepthook_for(previous):
+    def excepthook(exc_type, exc_value, exc_traceback) -> None:
+        if issubclass(exc_type, KeyboardInterrupt) and _requested:
+            return  # printed by C code (PyErr_Print), which raises its own error next
+        previous(exc_type, exc_value, exc_traceback)
+
+    return excepthook
+
+
 def requested() -> bool:
     """True once a Ctrl-C arrived inside :func:`graceful`."""
     return _requested
@@ -217,8 +232,9 @@ def graceful(rank: int | None = None) -> Iterator[None]:
     _requested = False
     previous = signal.signal(signal.SIGINT, _raise if rank == 0 else _ignore)
     previous_alarm = signal.signal(signal.SIGALRM, _alarm)
-    previous_hook = sys.unraisablehook
+    previous_hook, previous_excepthook = sys.unraisablehook, sys.excepthook
     sys.unraisablehook = _hook_for(previous_hook)
+    sys.excepthook = _excepthook_for(previous_excepthook)
     try:
         yield
     finally:
@@ -226,7 +242,7 @@ def graceful(rank: int | None = None) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous_alarm)
         if signal.getsignal(signal.SIGINT) in (_raise, _ignore):  # not finished(): restore
             signal.signal(signal.SIGINT, previous)
-        sys.unraisablehook = previous_hook
+        sys.unraisablehook, sys.excepthook = previous_hook, previous_excepthook
         _requested = False  # acted on: the command has ended
 
 

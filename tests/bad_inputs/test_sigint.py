@@ -105,6 +105,29 @@ _SWALLOWED = textwrap.dedent("""
             print("stopped at the safe point")
 """)
 
+_PRINTED_BY_C = textwrap.dedent("""
+    import ctypes, os, signal, sys, tempfile
+    from pathlib import Path
+    from refbraid import interrupts
+
+    folder = tempfile.mkdtemp()
+    Path(folder, "halted.py").write_text("import os, signal\\n"
+                                         "os.kill(os.getpid(), signal.SIGINT)\\n"
+                                         "sum(range(1000))\\n")
+    sys.path.insert(0, folder)
+    with interrupts.graceful(rank=0):
+        # C code that imports a module and prints the error itself (PyErr_Print), as NumPy's
+        # import_array() and Numba's dispatcher do before raising ImportError
+        code = ctypes.pythonapi.PyRun_SimpleString(b"import halted")
+        print(f"C code returned {code}")
+        try:
+            interrupts.check()
+            print("not stopped")
+        except KeyboardInterrupt:
+            print("stopped at the safe point")
+    sys.excepthook(ValueError, ValueError("after the command"), None)  # printed as before
+""")
+
 
 _IN_THE_HOOK = textwrap.dedent("""
     import os, signal, sys, time
@@ -153,6 +176,14 @@ def test_an_interrupt_landing_inside_the_hook_is_delivered_again():
     assert done.stdout.startswith("stopped "), done.stdout + done.stderr
     assert float(done.stdout.split()[1]) < STOP_S and "after 2 arms" in done.stdout
     assert "Exception ignored" not in done.stderr, done.stderr
+
+
+def test_an_interrupt_c_code_prints_is_not_shown_and_stops_the_run():
+    done = _python(_PRINTED_BY_C)
+    assert done.stdout.split("\n")[:2] == ["C code returned -1", "stopped at the safe point"], \
+        done.stdout + done.stderr
+    assert "KeyboardInterrupt" not in done.stderr, done.stderr  # the text CI once saw
+    assert "ValueError: after the command" in done.stderr, done.stderr  # hook given back
 
 
 def test_an_interrupt_a_library_swallowed_stops_at_the_next_safe_point():
