@@ -15,10 +15,11 @@ Numba kernels. What changes is the memory traffic, not the arithmetic:
   rows (:func:`~refbraid.backends.numba_cpu_conv.accumulate_block`) and its input lines are
   in cache, instead of a second pass that reads y and z back from memory (≈ 20 % of a step at
   28×28, 4 channels);
-* adjoint: ``h σ'(z) ⊙ dy_next`` is one pass (no ``h ·`` temporary), ``dy_next + W *ᵀ s`` is
-  formed as the transposed convolution's rows leave the accumulator (no ``dx`` array and no
-  third pass), and **without grads** (MGRIT's coarse adjoint steps) the weight gradient is
-  not computed at all: the composed path computed it and threw it away.
+* adjoint: ``h σ'(z) ⊙ dy_next`` is made image by image just before the image's transposed
+  convolution reads it (tanh: one pass after NumPy's tanh; no ``h ·`` temporary),
+  ``dy_next + W *ᵀ s`` is formed as the transposed convolution's rows leave the accumulator
+  (no ``dx`` array and no third pass), and **without grads** (MGRIT's coarse adjoint steps)
+  the weight gradient is not computed at all: the composed path computed it and threw it away.
 
 The drivers and their per-image epilogues (:func:`_euler_image`, :func:`_add_image`) are
 compiled *without* fast-math; only the convolution's loops (:func:`_conv3x3_acc`, one image
@@ -170,10 +171,11 @@ def _conv3x3_step(y, W, b, h, code, g, with_g, z, out):
 
 
 @njit(cache=True)
-def _conv3x3_step_adjoint(y, W_t, s, dy_next, zero, g, with_g, grads, dy, dW):
-    """dy = dy_next + W *ᵀ s (+ g) image by image; with ``grads`` also dW += s ⋆ ỹ (as
-    _conv3x3_adjoint, the same order over images). W_t: (C4, C, 3, 3) blocked flipped,
-    transposed kernels; dW: (C8, C, 3, 3)."""
+def _conv3x3_step_adjoint(y, W_t, z, h, code, s_ready, s, dy_next, zero, g, with_g, grads,
+                          dy, dW):
+    """s = h σ'(z) ⊙ dy_next (unless ``s_ready``: s holds it) and dy = dy_next + W *ᵀ s (+ g),
+    image by image; with ``grads`` also dW += s ⋆ ỹ (as _conv3x3_adjoint, the same order over
+    images). W_t: (C4, C, 3, 3) blocked flipped, transposed kernels; dW: (C8, C, 3, 3)."""
     B, C, H, Wd = y.shape
     Wp = Wd + 1
     P = (H + 2) * Wp + 2
@@ -182,6 +184,9 @@ def _conv3x3_step_adjoint(y, W_t, s, dy_next, zero, g, with_g, grads, dy, dW):
     acc = _aligned_rows(W_t.shape[0], H * Wp, y)
     dW[:] = 0
     for n in range(B):
+        if not s_ready:  # this image's s while z and dy_next's image are in cache
+            _scaled_act_adjoint(z[n].reshape(-1), dy_next[n].reshape(-1), h, code,
+                                s[n].reshape(-1))
         _pad_image(s[n], Wp, sp)
         _conv3x3_acc(sp, W_t, Wp, H * Wp, acc)
         _add_image(acc, zero, Wp, dy_next[n], dy[n])
@@ -254,14 +259,15 @@ def conv_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True, 
     B, C, H, Wd = y.shape
     dtype, hd = y.dtype, y.dtype.type(h)
     s = np.tanh(z) if code == TANH else np.empty_like(z)
-    _scaled_act_adjoint(z.reshape(-1), dy_next.reshape(-1), hd, code, s.reshape(-1))
+    if code == TANH:  # NumPy's SIMD tanh first, then σ' and h in one pass
+        _scaled_act_adjoint(z.reshape(-1), dy_next.reshape(-1), hd, code, s.reshape(-1))
     W_t = W[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)  # C,C,3,3 flipped, transposed
     dy = out if _into(out, y) and not _overlaps(out, dy_next) and not _overlaps(out, add) \
         else np.empty_like(y)
     dW = np.empty((_round_up(C, 8), C, 3, 3), dtype)
-    _conv3x3_step_adjoint(y, _blocked(W_t, _round_up(C, O_BLOCK), C), s, dy_next,
-                          dtype.type(0), y if add is None else add, add is not None, grads, dy,
-                          dW)
+    _conv3x3_step_adjoint(y, _blocked(W_t, _round_up(C, O_BLOCK), C), z, hd, code,
+                          code == TANH, s, dy_next, dtype.type(0), y if add is None else add,
+                          add is not None, grads, dy, dW)
     if not grads:
         return dy, None, None
     db = np.empty(C, dtype)
