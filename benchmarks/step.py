@@ -4,6 +4,7 @@
     python -m benchmarks full step [-o layers=64,256] [-o conv_dtype=float32]
         [-o settings=torchbraid|2level|fast|fast-2level] [-o ranks=2] [-o repeat=5]
         [-o same_process=True] [-o mpi=False] [-o workspace=True] [-o interleave=True]
+        [-o breakdown=True]
 
 Case ``gradient`` (one process; a dense ResNet, width 32, batch 64, NumPy): one gradient by
 serial backprop (N forward + N adjoint steps) and by the layer-parallel gradient (MGRIT forward
@@ -39,6 +40,14 @@ ranks asleep) and a P-rank step measured back to back in alternating order, and 
 median of the pairs' ratios (P ranks ÷ serial) and their range: on a machine whose speed
 drifts between minutes, the ratio of one pair is read under one state of it.
 
+``breakdown=True`` adds, on 1 and P ranks, where each rank's step time goes, from ``repeat``
+more steps under an execution trace (:mod:`refbraid.parallel.trace`), ms per training step:
+``Φ`` (its step applications, Python call included, split into fine/coarse forward/adjoint),
+``waits`` (receiving from a neighbour and the solver's collectives: time a rank had nothing
+to do or the message was in flight), ``other`` (the rest of the wall time: the solver's
+passes between steps, Python, the opening and closing layers, the loss, the optimizer and the
+gradient's gathering).
+
 Every case runs in a fresh ``mpiexec`` (its own processes) with malloc pinned
 (``same_process=True`` and ``REFBRAID_PIN_ALLOCATOR=0 python -m benchmarks …`` bring back the
 old ways, to show the effect: a case's time then depends on what ran before it,
@@ -57,12 +66,15 @@ SETTINGS = ("torchbraid", "2level", "fast", "fast-2level")
 OPTIONS = {"settings": "torchbraid", "ranks": 2, "repeat": 0, "layers": "", "width": 32,
            "batch": 64, "backend": "numpy", "conv_layers": "", "conv_backend": "numba",
            "conv_dtype": "float64", "torch": True, "same_process": False, "workspace": False,
-           "mpi": True, "interleave": False, "timeout": 1800.0}
+           "mpi": True, "interleave": False, "breakdown": False, "timeout": 1800.0}
 #: per size: dense N, conv N, one-process gradient N, repeat, dense width and batch
 SIZES = {"full": ("64,128,256,512,1024", "32,128", (32, 128, 512), 5, 32, 64),
          "quick": ("64,128", "", (32, 128), 5, 32, 64),
          "tiny": ("32", "32", (16,), 1, 4, 4)}
 VARIANTS = ("pickled", "buffers", "MPIComm")
+#: the rows of ``breakdown=True``, per rank (:func:`breakdown`)
+BREAKDOWN = ("wall", "Φ fine fwd", "Φ fine adj", "Φ coarse fwd", "Φ coarse adj", "waits",
+             "sends", "other")
 
 
 def named_settings(name: str):
@@ -247,6 +259,9 @@ def worker(spec: dict) -> None:
         if P > 1 and spec.get("interleave"):
             res["paired"] = interleaved(world, serial, lambda tr=tr, x=x, y=y: tr.step(x, y),
                                         repeat)
+        if spec.get("breakdown"):
+            res["breakdown"] = world.gather(breakdown(world, lambda tr=tr, x=x, y=y:
+                                                      tr.step(x, y), repeat), root=0)
         sends0 = comm.counters["sends"]
         tr.step(x, y)  # one more, to read its counts
         solves = grad.last_solves
@@ -302,6 +317,34 @@ def interleaved(world, serial, parallel, rounds: int) -> list[tuple[float, float
             p = parallel_once()
             pairs.append((serial_once(), p))
     return pairs
+
+
+def breakdown(world, step, repeat: int) -> dict[str, float]:
+    """This rank's seconds per ``step()`` (mean of ``repeat``, after a barrier each) under an
+    execution trace: ``wall``, step applications by kind (``Φ fine fwd`` …), ``waits``
+    (receives and collectives) and ``other`` (the rest; module docstring)."""
+    import time
+    from collections import defaultdict
+
+    from refbraid.parallel.trace import Recorder, recording
+
+    sums: dict[str, float] = defaultdict(float)
+    for _ in range(repeat):
+        world.Barrier()
+        t0 = time.perf_counter()
+        with recording(Recorder(world.Get_rank(), t0)) as rec:
+            step()
+        sums["wall"] += time.perf_counter() - t0
+        for e in rec.trace():
+            if e.kind == "step":
+                kind = f"Φ {'fine' if e.level == 0 else 'coarse'} " \
+                       f"{'adj' if e.start > e.stop else 'fwd'}"
+            else:
+                kind = "sends" if e.kind == "send" else "waits"
+            sums[kind] += e.t1 - e.t0
+    out = {k: v / repeat for k, v in sums.items()}
+    out["other"] = out["wall"] - sum(v for k, v in out.items() if k != "wall")
+    return out
 
 
 # ----------------------------------------------------------------------------- the model
@@ -424,7 +467,8 @@ def mpi_cases(opts: dict, dense: list[dict], conv: list[dict], repeat: int, note
     def run_on(n):
         return [r for b in batches for r in launch(
             n, "benchmarks.step", {"cases": b, "repeat": repeat, "settings": opts["settings"],
-                                   "interleave": opts["interleave"]},
+                                   "interleave": opts["interleave"],
+                                   "breakdown": opts["breakdown"]},
             opts["timeout"])]
 
     one, many = run_on(1), run_on(P)
@@ -471,6 +515,11 @@ def mpi_cases(opts: dict, dense: list[dict], conv: list[dict], repeat: int, note
             r.add("÷ serial min", ratios[0], "×").add("÷ serial max", ratios[-1], "×")
             r.add("fastest ÷ fastest", min(b for _, b in m["paired"])
                   / min(a for a, _ in m["paired"]), "× (noise only adds time)")
+        for ranks, run_ in ((1, o), (P, m)):
+            for q, parts in enumerate(run_.get("breakdown", ())):
+                for kind in BREAKDOWN:
+                    r.add(f"{ranks} rank{'s' if ranks > 1 else ''}: rank {q} {kind}",
+                          1e3 * parts.get(kind, 0.0), "ms/step")
         r.add("c_f", 1e6 * o["c_f"], "µs").add("c_bc", 1e6 * o["c_bc"], "µs")
         r.add("c_bg", 1e6 * o["c_bg"], "µs").add("o per Φ", 1e6 * md["o"], "µs")
         out.append(r.add("t_msg", 1e6 * md["t_msg"], "µs"))

@@ -17,6 +17,7 @@ if str(ROOT) not in sys.path:  # the benchmarks package sits beside refbraid, no
 
 from benchmarks.__main__ import QUICK, SUITES, load, parse_options
 from benchmarks.harness import Result, measure, table, write_json
+from benchmarks.step import BREAKDOWN
 
 
 def test_measure_counts_warmups_and_repeats():
@@ -155,3 +156,23 @@ def test_gpu_suite_on_the_simulator_checks_every_backend_and_counts(tmp_path):
     checks = [r["values"]["check"] for r in results if "check" in r["values"]]
     assert checks and max(checks) < 1e-12
     assert any(r["case"] == "cupy dense N=16 lp-batched" for r in results)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow  # two mpiexec launches and numba compilation: about a minute
+def test_the_step_breakdown_splits_each_ranks_wall_time(tmp_path):
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "tiny", "step", "-o",
+                           "breakdown=True", "-o", "layers=none", "-o", "torch=False",
+                           "--json", str(out)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    conv = next(r["values"] for r in doc["results"] if r["case"] == "conv N=32 float64")
+    for prefix in ("1 rank: rank 0", "2 ranks: rank 0", "2 ranks: rank 1"):
+        parts = {kind: conv[f"{prefix} {kind}"] for kind in BREAKDOWN}
+        assert parts["Φ fine fwd"] > 0 and parts["Φ fine adj"] > 0 and parts["other"] > 0
+        assert all(v >= 0 for v in parts.values()), parts
+        rest = sum(v for k, v in parts.items() if k != "wall")
+        assert rest == pytest.approx(parts["wall"], rel=1e-9), parts
