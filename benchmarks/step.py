@@ -46,7 +46,9 @@ more steps under an execution trace (:mod:`refbraid.parallel.trace`), ms per tra
 ``waits`` (receiving from a neighbour and the solver's collectives: time a rank had nothing
 to do or the message was in flight), ``other`` (the rest of the wall time: the solver's
 passes between steps, Python, the opening and closing layers, the loss, the optimizer and the
-gradient's gathering).
+gradient's gathering). Each traced step is paired with a serial step (as ``interleave``) and
+``Φ``, ``waits``, ``other`` and ``wall ÷ serial`` give the pairs' median share of the serial
+step: the same moment's machine in numerator and denominator.
 
 Every case runs in a fresh ``mpiexec`` (its own processes) with malloc pinned
 (``same_process=True`` and ``REFBRAID_PIN_ALLOCATOR=0 python -m benchmarks …`` bring back the
@@ -72,9 +74,11 @@ SIZES = {"full": ("64,128,256,512,1024", "32,128", (32, 128, 512), 5, 32, 64),
          "quick": ("64,128", "", (32, 128), 5, 32, 64),
          "tiny": ("32", "32", (16,), 1, 4, 4)}
 VARIANTS = ("pickled", "buffers", "MPIComm")
-#: the rows of ``breakdown=True``, per rank (:func:`breakdown`)
+#: the rows of ``breakdown=True``, per rank (:func:`breakdown`): ms per step ...
 BREAKDOWN = ("wall", "Φ fine fwd", "Φ fine adj", "Φ coarse fwd", "Φ coarse adj", "waits",
              "sends", "other")
+#: ... and the shares of the serial step (paired medians) of these parts
+SHARES = ("Φ", "waits", "other", "wall")
 
 
 def named_settings(name: str):
@@ -261,7 +265,7 @@ def worker(spec: dict) -> None:
                                         repeat)
         if spec.get("breakdown"):
             res["breakdown"] = world.gather(breakdown(world, lambda tr=tr, x=x, y=y:
-                                                      tr.step(x, y), repeat), root=0)
+                                                      tr.step(x, y), repeat, serial), root=0)
         sends0 = comm.counters["sends"]
         tr.step(x, y)  # one more, to read its counts
         solves = grad.last_solves
@@ -282,6 +286,21 @@ def _idle_barrier(world) -> None:
         time.sleep(5e-4)
 
 
+def _serial_once(world, serial) -> float:
+    """Seconds of one ``serial()`` on rank 0 while the other ranks sleep in a barrier (every
+    rank gets the number)."""
+    import time
+
+    _idle_barrier(world)
+    t = 0.0
+    if world.Get_rank() == 0:
+        t0 = time.perf_counter()
+        serial()
+        t = time.perf_counter() - t0
+    _idle_barrier(world)
+    return world.bcast(t, root=0)
+
+
 def interleaved(world, serial, parallel, rounds: int) -> list[tuple[float, float]]:
     """``rounds`` pairs (serial seconds, P-rank seconds), the two measured back to back in
     alternating order: serial on rank 0 while the other ranks sleep in a barrier, then the
@@ -291,59 +310,71 @@ def interleaved(world, serial, parallel, rounds: int) -> list[tuple[float, float
 
     from mpi4py import MPI
 
-    def serial_once() -> float:
-        _idle_barrier(world)
-        t = 0.0
-        if world.Get_rank() == 0:
-            t0 = time.perf_counter()
-            serial()
-            t = time.perf_counter() - t0
-        _idle_barrier(world)
-        return world.bcast(t, root=0)
-
     def parallel_once() -> float:
         world.Barrier()
         t0 = time.perf_counter()
         parallel()
         return world.allreduce(time.perf_counter() - t0, op=MPI.MAX)
 
-    serial_once()  # warm-up of the serial step (the P-rank one is warm)
+    _serial_once(world, serial)  # warm-up of the serial step (the P-rank one is warm)
     pairs = []
     for k in range(rounds):
         if k % 2:
-            s = serial_once()
+            s = _serial_once(world, serial)
             pairs.append((s, parallel_once()))
         else:
             p = parallel_once()
-            pairs.append((serial_once(), p))
+            pairs.append((_serial_once(world, serial), p))
     return pairs
 
 
-def breakdown(world, step, repeat: int) -> dict[str, float]:
-    """This rank's seconds per ``step()`` (mean of ``repeat``, after a barrier each) under an
-    execution trace: ``wall``, step applications by kind (``Φ fine fwd`` …), ``waits``
-    (receives and collectives) and ``other`` (the rest; module docstring)."""
+def _traced_parts(world, step) -> dict[str, float]:
+    """One ``step()`` under an execution trace: this rank's seconds by kind (module
+    docstring), ``wall`` and ``other`` (wall minus the traced parts)."""
     import time
     from collections import defaultdict
 
     from refbraid.parallel.trace import Recorder, recording
 
-    sums: dict[str, float] = defaultdict(float)
-    for _ in range(repeat):
-        world.Barrier()
-        t0 = time.perf_counter()
-        with recording(Recorder(world.Get_rank(), t0)) as rec:
-            step()
-        sums["wall"] += time.perf_counter() - t0
-        for e in rec.trace():
-            if e.kind == "step":
-                kind = f"Φ {'fine' if e.level == 0 else 'coarse'} " \
-                       f"{'adj' if e.start > e.stop else 'fwd'}"
-            else:
-                kind = "sends" if e.kind == "send" else "waits"
-            sums[kind] += e.t1 - e.t0
-    out = {k: v / repeat for k, v in sums.items()}
-    out["other"] = out["wall"] - sum(v for k, v in out.items() if k != "wall")
+    parts: dict[str, float] = defaultdict(float)
+    world.Barrier()
+    t0 = time.perf_counter()
+    with recording(Recorder(world.Get_rank(), t0)) as rec:
+        step()
+    parts["wall"] = time.perf_counter() - t0
+    for e in rec.trace():
+        if e.kind == "step":
+            kind = f"Φ {'fine' if e.level == 0 else 'coarse'} " \
+                   f"{'adj' if e.start > e.stop else 'fwd'}"
+        else:
+            kind = "sends" if e.kind == "send" else "waits"
+        parts[kind] += e.t1 - e.t0
+    parts["other"] = parts["wall"] - sum(v for k, v in parts.items() if k != "wall")
+    return parts
+
+
+def breakdown(world, step, repeat: int, serial=None) -> dict[str, float]:
+    """This rank's seconds per ``step()`` under an execution trace, the mean of ``repeat``:
+    ``wall``, step applications by kind (``Φ fine fwd`` …), ``waits`` (receives and
+    collectives), ``sends`` and ``other`` (the rest; module docstring). With ``serial``, each
+    traced step is paired with one ``serial()`` on rank 0 (back to back, alternating order)
+    and ``"<part> ÷ serial"`` is the median over the pairs of that part's share of the serial
+    step, for the parts of :data:`SHARES` (``Φ``: every step application)."""
+    reps, serial_s = [], []
+    if serial is not None:
+        _serial_once(world, serial)  # its warm-up
+    for i in range(repeat):
+        if serial is not None and i % 2 == 0:
+            serial_s.append(_serial_once(world, serial))
+        reps.append(_traced_parts(world, step))
+        if serial is not None and i % 2 == 1:
+            serial_s.append(_serial_once(world, serial))
+    kinds = sorted({k for r in reps for k in r})
+    out = {k: float(np.mean([r.get(k, 0.0) for r in reps])) for k in kinds}
+    for share in SHARES if serial_s else ():
+        ratios = [sum(v for k, v in r.items() if k.split()[0] == share) / s
+                  for r, s in zip(reps, serial_s, strict=True)]
+        out[f"{share} ÷ serial"] = float(np.median(ratios))
     return out
 
 
@@ -517,9 +548,12 @@ def mpi_cases(opts: dict, dense: list[dict], conv: list[dict], repeat: int, note
                   / min(a for a, _ in m["paired"]), "× (noise only adds time)")
         for ranks, run_ in ((1, o), (P, m)):
             for q, parts in enumerate(run_.get("breakdown", ())):
+                head = f"{ranks} rank{'s' if ranks > 1 else ''}: rank {q}"
                 for kind in BREAKDOWN:
-                    r.add(f"{ranks} rank{'s' if ranks > 1 else ''}: rank {q} {kind}",
-                          1e3 * parts.get(kind, 0.0), "ms/step")
+                    r.add(f"{head} {kind}", 1e3 * parts.get(kind, 0.0), "ms/step")
+                for share in SHARES:
+                    r.add(f"{head} {share} ÷ serial", parts[f"{share} ÷ serial"],
+                          "× (paired median)")
         r.add("c_f", 1e6 * o["c_f"], "µs").add("c_bc", 1e6 * o["c_bc"], "µs")
         r.add("c_bg", 1e6 * o["c_bg"], "µs").add("o per Φ", 1e6 * md["o"], "µs")
         out.append(r.add("t_msg", 1e6 * md["t_msg"], "µs"))

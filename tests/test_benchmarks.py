@@ -17,7 +17,7 @@ if str(ROOT) not in sys.path:  # the benchmarks package sits beside refbraid, no
 
 from benchmarks.__main__ import QUICK, SUITES, load, parse_options
 from benchmarks.harness import Result, measure, table, write_json
-from benchmarks.step import BREAKDOWN
+from benchmarks.step import BREAKDOWN, SHARES
 
 
 def test_measure_counts_warmups_and_repeats():
@@ -176,3 +176,5 @@ def test_the_step_breakdown_splits_each_ranks_wall_time(tmp_path):
         assert all(v >= 0 for v in parts.values()), parts
         rest = sum(v for k, v in parts.items() if k != "wall")
         assert rest == pytest.approx(parts["wall"], rel=1e-9), parts
+        shares = {share: conv[f"{prefix} {share} ÷ serial"] for share in SHARES}
+        assert all(v > 0 for v in shares.values()) and shares["Φ"] < shares["wall"], shares
