@@ -22,6 +22,7 @@ if not numba.config.ENABLE_CUDASIM:
 pytest.importorskip("numba.cuda")
 
 from refbraid.backends import numba_cuda_conv_batched as NCB  # noqa: E402
+from refbraid.verify.result import array_rel_error
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5}
 SHAPES = [(3, 2, 2, 3, 4, 5, 3), (1, 1, 1, 2, 1, 1, 3), (2, 1, 3, 1, 3, 2, 1)]  # k,B,C,O,H,W,s
@@ -32,10 +33,6 @@ def _args(rng, k, B, C, O, H, Wd, s, dtype):
          for shape in ((k, B, C, H, Wd), (k, O, C, s, s), (k, O), (k, B, O, H, Wd))]
     return r  # X, W, b, dZ
 
-
-def _max_rel(got, want) -> float:
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-300))
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +55,7 @@ def test_batched_kernels_match_the_numpy_reference_and_per_step_kernels_bit_for_
     wants = (RB.conv2d_batched(X, W, b), *RB.conv2d_adjoint_batched(X, W, dZ))
     for name, got, want in zip(("Z", "dX", "dW", "db"), (Z, dX, dW, db), wants, strict=True):
         assert got.dtype == want.dtype == dtype and got.shape == want.shape, name
-        assert _max_rel(got, want) <= TOL[dtype], name
+        assert array_rel_error(got, want)[0] <= TOL[dtype], name
     for j in range(shape[0]):  # row j: the per-step cuda kernels, the same bits
         row = [bk.asarray(a[j]) for a in (X, W, b, dZ)]
         np.testing.assert_array_equal(Z[j], bk.to_numpy(bk.conv2d(*row[:3])), err_msg=f"Z {j}")
@@ -72,10 +69,10 @@ def test_host_arrays_and_no_bias_take_the_kernels_too(bk):
     X, W, _, dZ = _args(np.random.default_rng(6), 2, 1, 2, 2, 3, 3, 3, np.float64)
     Z = bk.conv2d_batched(X, W, None)  # NumPy in: host-array mode, NumPy out
     assert isinstance(Z, np.ndarray)
-    assert _max_rel(Z, RB.conv2d_batched(X, W, None)) <= TOL[np.float64]
+    assert array_rel_error(Z, RB.conv2d_batched(X, W, None))[0] <= TOL[np.float64]
     for got, want in zip(bk.conv2d_adjoint_batched(X, W, dZ), RB.conv2d_adjoint_batched(X, W, dZ),
                          strict=True):
-        assert _max_rel(got, want) <= TOL[np.float64]
+        assert array_rel_error(got, want)[0] <= TOL[np.float64]
 
 
 def test_the_adjoint_passes_the_dot_product_test_in_float64(bk):
@@ -160,4 +157,4 @@ def test_the_batched_conv_gradient_on_cuda_takes_the_kernels_and_the_numpy_gradi
         got = {k: to_host(v) for k, v in got.items()}
     np.testing.assert_allclose(got_loss, loss, rtol=1e-12)
     for k, v in want.items():
-        assert _max_rel(got[k], v) <= 1e-13, k
+        assert array_rel_error(got[k], v)[0] <= 1e-13, k

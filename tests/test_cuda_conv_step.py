@@ -24,6 +24,7 @@ pytest.importorskip("numba.cuda")
 
 from refbraid.backends import numba_cuda_conv_batched as NCB  # noqa: E402
 from refbraid.backends import numba_cuda_conv_step as NCS  # noqa: E402
+from refbraid.verify.result import array_rel_error
 
 TOL = {np.float64: 1e-12, np.float32: 1e-5}  # of the largest entry, against NumPy
 SHAPE = (2, 3, 4, 5)  # B, C, H, W
@@ -36,10 +37,6 @@ def _case(dtype, seed=0):
     W = (0.4 * rng.standard_normal((C, C, 3, 3))).astype(dtype)
     return y, W, rng.standard_normal(C).astype(dtype), dy
 
-
-def _max_rel(got, want) -> float:
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-300))
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +55,8 @@ def test_one_step_has_the_bits_of_the_batched_step_and_numpys_values(bk, act, dt
     np.testing.assert_array_equal(bk.to_numpy(y_next), bk.to_numpy(Yb)[0])
     np.testing.assert_array_equal(bk.to_numpy(z), bk.to_numpy(Zb)[0])
     y_ref, z_ref = reference_conv_step.conv_step(y, W, b, 0.375, act)
-    assert _max_rel(bk.to_numpy(y_next), y_ref) <= TOL[dtype]
-    assert _max_rel(bk.to_numpy(z), z_ref) <= TOL[dtype]
+    assert array_rel_error(bk.to_numpy(y_next), y_ref)[0] <= TOL[dtype]
+    assert array_rel_error(bk.to_numpy(z), z_ref)[0] <= TOL[dtype]
     for grads in (True, False):
         got = NCS.conv_step_adjoint(d[0], z, d[3], d[1], 0.375, act, grads)
         batched = NCB.conv_step_batched_adjoint(bk.asarray(y[None]),
@@ -73,7 +70,7 @@ def test_one_step_has_the_bits_of_the_batched_step_and_numpys_values(bk, act, dt
                 assert g is None and bb is None, name
                 continue
             assert bk.to_numpy(g).dtype == dtype, name
-            assert _max_rel(bk.to_numpy(g), r) <= TOL[dtype], (name, grads)
+            assert array_rel_error(bk.to_numpy(g), r)[0] <= TOL[dtype], (name, grads)
             np.testing.assert_array_equal(bk.to_numpy(g), bk.to_numpy(bb)[0], err_msg=name)
 
 

@@ -258,9 +258,11 @@ def conv_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True, 
     y, z, dy_next = (np.ascontiguousarray(a) for a in (y, z, dy_next))
     B, C, H, Wd = y.shape
     dtype, hd = y.dtype, y.dtype.type(h)
-    s = np.tanh(z) if code == TANH else np.empty_like(z)
     if code == TANH:  # NumPy's SIMD tanh first, then σ' and h in one pass
+        s = np.tanh(z)
         _scaled_act_adjoint(z.reshape(-1), dy_next.reshape(-1), hd, code, s.reshape(-1))
+    else:
+        s = np.empty_like(z)  # the driver fills it image by image
     W_t = W[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)  # C,C,3,3 flipped, transposed
     dy = out if _into(out, y) and not _overlaps(out, dy_next) and not _overlaps(out, add) \
         else np.empty_like(y)
