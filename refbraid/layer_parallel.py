@@ -234,7 +234,9 @@ class CapturingAdjoint(AdjointPropagator):
     block from the final λ, so ``grads[a]`` is ``(∂Φ_a/∂θ_a)ᵀ λ[a+1]`` at the returned
     trajectories, with no extra pass over the layers (TorchBraid likewise takes the gradient
     from its final relaxation).
-    Coarse steps are :class:`AdjointPropagator`'s (forward recomputed at step m·h).
+    A coarse step a + m → a reuses the fine cache of layer a where the layer's cache does not
+    depend on the step size (:meth:`_reusable_cache`), else it is :class:`AdjointPropagator`'s
+    (forward recomputed at step m·h).
     """
 
     def __init__(self, net: Network, steps: dict[str, Any], states, caches: dict[int, Any],
@@ -243,11 +245,17 @@ class CapturingAdjoint(AdjointPropagator):
         object.__setattr__(self, "caches", caches)
         object.__setattr__(self, "origins", {} if origins is None else origins)
         object.__setattr__(self, "grads", {})
-        object.__setattr__(self, "counts", {"cache_hits": 0, "recomputed": 0})
+        object.__setattr__(self, "counts", {"cache_hits": 0, "recomputed": 0,
+                                            "coarse_cache_hits": 0})
 
     def step(self, lam, start: int, stop: int, out=None, add=None):  # out=, add=: adjoint_into
         if start - stop != 1:
-            return super().step(lam, start, stop, out, add)
+            cache = self._reusable_cache(stop, lam.shape)
+            if cache is None:
+                return super().step(lam, start, stop, out, add)
+            self.counts["coarse_cache_hits"] += 1
+            return adjoint_into(self.net.step, layer_params(self.steps, stop), cache, lam,
+                                (start - stop) * self.net.h, self.bk, False, out, add)[0]
         theta = layer_params(self.steps, stop)
         cache = self.caches.get(stop)
         if cache is None:  # a step that started on another rank (MPI): recompute its cache
@@ -260,9 +268,31 @@ class CapturingAdjoint(AdjointPropagator):
         self.grads[stop] = dtheta
         return lam_prev
 
+    def _reusable_cache(self, a: int, lam_shape):
+        """The fine forward cache of layer ``a`` for a COARSE adjoint step from ``a``, or None
+        (recompute). A coarse step ``a + m → a`` is linearised at ``y[a]`` with θ_a, as the
+        fine step is, only with step size m·h: where the layer's cache does not depend on h
+        (``cache_independent_of_h``: e.g. ``(y, z)``, ``z = W * y + b``) the fine cache is the
+        one the coarse step would recompute, bit for bit. Not on a spatially coarsened level
+        (λ smaller than ``y[a]``), nor for a block's first layer on another rank."""
+        if not getattr(self.net.step, "cache_independent_of_h", False) or a not in self.caches:
+            return None
+        if tuple(lam_shape) != tuple(row(self.states, a).shape):
+            return None
+        return self.caches[a]
+
     def _steps_at_once(self, L, starts, stops):
         if not np.all(starts - stops == 1):
-            return super()._steps_at_once(L, starts, stops)
+            layers = stops.tolist()
+            if any(self._reusable_cache(a, L.shape[1:]) is None for a in layers):
+                return super()._steps_at_once(L, starts, stops)
+            theta = layers_params(self.steps, stops, self.bk)
+            Y, Z = cached_stacks(self.caches, self.origins, layers, self.bk.xp)  # k,*S each
+            L_prev, _ = self.net.step.adjoint_batched(theta, Y, Z, L,
+                                                      (starts - stops) * self.net.h, self.bk,
+                                                      grads=False)
+            self.counts["coarse_cache_hits"] += len(layers)
+            return L_prev
         layers = stops.tolist()
         if any(a not in self.caches for a in layers):  # a block's first step (MPI): per step
             return self.bk.xp.stack([self.step(L[j], a + 1, a) for j, a in enumerate(layers)])
@@ -277,12 +307,14 @@ class CapturingAdjoint(AdjointPropagator):
 
 
 def forward_problem(net: Network, steps: dict[str, Any], y0, bk: Backend) -> Problem:
-    return Problem(step=ForwardPropagator(net, steps, bk), u0=y0, n_steps=net.n_layers)
+    return Problem(step=ForwardPropagator(net, steps, bk), u0=y0, n_steps=net.n_layers,
+                   carries_nonfinite=True)
 
 
 def adjoint_problem(net: Network, steps: dict[str, Any], states, lam_N, bk: Backend) -> Problem:
     prop = AdjointPropagator(net, steps, states, bk)
-    return Problem(step=prop, u0=lam_N, n_steps=net.n_layers, direction="backward")
+    return Problem(step=prop, u0=lam_N, n_steps=net.n_layers, direction="backward",
+                   carries_nonfinite=True)
 
 
 def as_settings(settings: LayerParallelSettings | None) -> LayerParallelSettings:
@@ -350,7 +382,8 @@ def _mgrit_forward(net: Network, params: Params, x, settings: MGRITSettings, bk:
     """:func:`mgrit_forward` without the checks (for callers that have made them)."""
     y0, open_cache = net.opening.forward(group(params, "opening"), x, bk)
     prop = propagator or ForwardPropagator(net, group(params, "steps"), bk)
-    fwd = solve(Problem(prop, y0, net.n_layers, transfer=transfer), settings, workspace=workspace)
+    fwd = solve(Problem(prop, y0, net.n_layers, transfer=transfer, carries_nonfinite=True),
+                settings, workspace=workspace)
     logits, close_cache = net.closing.forward(group(params, "closing"), fwd.solution[-1, ...], bk)
     return logits, fwd, (open_cache, close_cache)
 
@@ -388,7 +421,8 @@ def layer_parallel_gradient(
     adjoint = CapturingAdjoint(net, steps, states, forward.caches, bk, restriction,
                                forward.origins)
     bwd = solve(Problem(adjoint, lam_N, net.n_layers, direction="backward",
-                        transfer=settings.backward_transfer), settings.backward,
+                        transfer=settings.backward_transfer, carries_nonfinite=True),
+                settings.backward,
                 workspace=workspace and workspace.backward)
     adjoints = bwd.solution  # (N + 1, *S), fine order
     dsteps = captured_gradient(adjoint, steps, range(net.n_layers))

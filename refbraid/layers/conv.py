@@ -50,6 +50,11 @@ class ConvStep:
     #: one launch per sweep matters.
     batched_sweeps_pay = False
 
+    #: the cache ``(y, z)`` of :meth:`forward` does not depend on h (``z = W * y + b``): a
+    #: coarse adjoint step (step size m·h) from the same y may reuse a fine step's cache
+    #: (refbraid.layer_parallel.CapturingAdjoint)
+    cache_independent_of_h = True
+
     def __post_init__(self):
         for name in ("channels", "height", "width"):
             check_positive_int(name, getattr(self, name))

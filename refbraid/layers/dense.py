@@ -44,6 +44,11 @@ class DenseStep:
     #: docs/batched.md), where the Python of a per-step call outweighs its arithmetic.
     batched_sweeps_pay = True
 
+    #: the cache ``(y, z)`` of :meth:`forward` does not depend on h (``z = y Wᵀ + b``): a
+    #: coarse adjoint step (step size m·h) from the same y may reuse a fine step's cache
+    #: (refbraid.layer_parallel.CapturingAdjoint)
+    cache_independent_of_h = True
+
     def __post_init__(self):
         check_positive_int("width", self.width)
         check_activation(self.activation)

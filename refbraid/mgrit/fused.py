@@ -77,15 +77,22 @@ class FiniteWatch:
     A real row is finite if ``Σ r²`` is (an inf or NaN anywhere makes the sum inf or NaN):
     one BLAS pass, no temporary. Only a non-finite sum (or an overflow of finite squares)
     falls back to ``isfinite(row).all()``, the test of
-    :func:`refbraid.backends.host.all_finite`: the same answer either way."""
+    :func:`refbraid.backends.host.all_finite`: the same answer either way.
 
-    def __init__(self) -> None:
+    ``carried`` (the problem's ``carries_nonfinite``: ``Φ(u)`` is non-finite wherever ``u``
+    is, as in ``u + h F(u)``): a non-finite row k makes every later row of its interval
+    non-finite, so only the interval's last F-row is read — the same answer from one row in
+    ``cfactor − 1``."""
+
+    def __init__(self, carried: bool = False) -> None:
         self.ok = True
         self.rows = 0
+        self.carried = carried
 
-    def see(self, row) -> None:
+    def see(self, row, last: bool = True) -> None:
+        """Count ``row``; read it unless ``carried`` and not ``last`` of its interval."""
         self.rows += 1
-        if not self.ok:
+        if not self.ok or (self.carried and not last):
             return
         if row.dtype.kind == "f" and row.flags.c_contiguous \
                 and np.isfinite(np.vdot(row, row)):
@@ -120,7 +127,8 @@ def sweep_residual(u, g_sweep, g_res, points, c_pos, step: StepFn,
                    watch: FiniteWatch | None = None):
     """F-sweep of a block in place, the pending ``correction`` applied at each C-point just
     before its interval, and (``residual``) the C-point residual rows j ≥ 1; ``watch`` (a
-    :class:`FiniteWatch`) sees every F-row as it is written.
+    :class:`FiniteWatch`) sees every F-row as it is written, each flagged whether it ends its
+    interval.
 
     ``g_sweep``: the F-sweep's right-hand side (None: zero forcing); ``g_res``: the
     residual's (the level's g). Returns the residual (c, *S) with row 0 still to be written
@@ -143,7 +151,7 @@ def sweep_residual(u, g_sweep, g_res, points, c_pos, step: StepFn,
             g_row = None if g_sweep is None else g_sweep[k, ...]
             row = _phi_plus_g(u[k - 1, ...], p[k - 1], p[k], g_row, step, u[k, ...])
             if watch is not None:
-                watch.see(row)
+                watch.see(row, k == stop - 1)
     return r
 
 

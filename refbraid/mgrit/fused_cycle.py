@@ -91,7 +91,8 @@ class FusedCycler(Cycler):
             pu = self._propagate_c(s)  # a new block (Φ + g)
             uc = rows_view(s.u, s.c_pos)
             return np.subtract(pu, uc, out=pu) if _in_place_ok(pu, uc) else pu - uc
-        watch = (FiniteWatch() if residual and ell == 0 and self.watch_finite
+        watch = (FiniteWatch(s.step.problem.carries_nonfinite)
+                 if residual and ell == 0 and self.watch_finite
                  and s.u[0, ...].size >= WATCH_MIN_ROW else None)
         r = sweep_residual(s.u, g_sweep, s.g, s.points, s.c_pos, s.step, corr, residual, watch)
         if not residual:

@@ -89,6 +89,10 @@ class Problem:
     batched_step  optional ``batched_step(U, starts, stops)``: ``step`` on k intervals at once,
                shape ``(k, *S)`` (module docstring); None: MGRIT loops over ``step``. An object
                with ``step`` and ``batched_step`` methods given as ``step`` supplies both.
+    carries_nonfinite  True when ``step`` keeps a non-finite value: ``Φ(u)`` is non-finite
+               wherever ``u`` is, as for ``u + h F(u)`` (IEEE sums keep inf and NaN). The
+               solver's finiteness check of its solution then reads one F-row per interval
+               (a NaN or inf inside an interval reaches its last row). Default False: every row.
     """
 
     step: Any
@@ -100,6 +104,7 @@ class Problem:
     transfer: Any = None
     guess: Any = None
     batched_step: Any = None
+    carries_nonfinite: bool = False
 
     def __post_init__(self):
         step = self.step
@@ -116,6 +121,9 @@ class Problem:
         if self.batched_step is not None and not callable(self.batched_step):
             raise TypeError("`batched_step` must be None or a callable "
                             f"batched_step(U, starts, stops), got {self.batched_step!r}.")
+        if not isinstance(self.carries_nonfinite, bool):
+            raise TypeError("`carries_nonfinite` must be True or False, got "
+                            f"{self.carries_nonfinite!r}.")
         n = self.n_steps
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise ValueError(f"`n_steps` must be a positive integer, got {n!r}.")
@@ -200,6 +208,7 @@ def as_problem(obj) -> Problem:
             transfer=getattr(obj, "transfer", None),
             guess=getattr(obj, "guess", None),
             batched_step=getattr(obj, "batched_step", None),
+            carries_nonfinite=getattr(obj, "carries_nonfinite", False),
         )
     raise TypeError(
         "`problem` must be a refbraid.mgrit.Problem or have `step`, `u0` and `n_steps`, "

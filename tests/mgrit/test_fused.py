@@ -232,6 +232,72 @@ def test_finite_watch_sees_every_f_row_the_sweep_writes():
             assert watch.ok is finite, (dtype, bad)
 
 
+def test_a_carried_watch_reads_only_the_last_f_row_of_each_interval():
+    """``carried`` (Φ keeps non-finite values): the last F-row of each interval stands for the
+    interval; rows are still counted, and a NaN the steps carry is still found."""
+    u, g, points, c_pos, step = _block(3)
+    last = {int(c) - 1 for c in c_pos[1:]} | {len(u) - 1}
+    read = []
+    watch = FiniteWatch(carried=True)
+    inner = watch.see
+
+    def see(row, is_last=True):
+        read.append(is_last)
+        inner(row, is_last)
+
+    watch.see = see
+    sweep_residual(u.copy(), g, g, points, c_pos, step, watch=watch)
+    assert watch.ok and watch.rows == len(u) - len(c_pos)
+    assert sum(read) == len(last) < len(read)
+    # a NaN in an interior F-row: an Euler-like step (u + …) carries it to the last row
+    k = int(c_pos[0]) + 1
+    for bad in (np.nan, np.inf):
+        g_bad = np.zeros_like(g)
+        g_bad[k, 0] = bad
+        watch = FiniteWatch(carried=True)
+        sweep_residual(u.copy(), g_bad, g_bad, points, c_pos, step, watch=watch)
+        assert not watch.ok
+    row = np.array([np.nan, 1.0])
+    watch = FiniteWatch(carried=True)
+    watch.see(row, last=False)  # not read: it stands for its interval's last row
+    assert watch.ok and watch.rows == 1
+    watch.see(row, last=True)
+    assert not watch.ok
+
+
+@pytest.mark.parametrize("carries", [True, False])
+def test_a_nan_inside_an_interval_is_found_with_or_without_carries_nonfinite(carries,
+                                                                           monkeypatch):
+    """A step that writes a NaN at an interior F-point of the grid's last interval (rows no
+    residual reads) of a u + h F(u) problem: the solve is 'diverged' whether the check
+    reads every F-row or, with ``carries_nonfinite``, only the interval's last row (the step
+    carries the NaN there)."""
+    import refbraid.mgrit.fused_cycle as fused_cycle_module
+
+    monkeypatch.setattr(fused_cycle_module, "WATCH_MIN_ROW", 1)
+    p = nonlinear_ode(43, T=1.0, dim=3)
+
+    def step(u, a, b):
+        v = p.step(u, a, b)
+        if b == 42:  # cfactor 4: F-rows 41, 42, 43 after the last C-point, 40
+            v = v.copy()
+            v[1] = np.nan
+        return v
+
+    settings = MGRITSettings(levels=2, cfactor=4, abs_tol=None, max_iter=2,
+                             on_divergence="flag")
+    got = solve(Problem(step, p.u0, 43, carries_nonfinite=carries), settings)
+    assert got.status == "diverged" and "non-finite values in the solution" in got.message
+    assert solve(Problem(p.step, p.u0, 43, carries_nonfinite=carries),
+                 settings).status != "diverged"
+
+
+def test_carries_nonfinite_must_be_a_bool():
+    p = nonlinear_ode(8, T=1.0, dim=3)
+    with pytest.raises(TypeError, match="`carries_nonfinite` must be True or False"):
+        Problem(p.step, p.u0, 8, carries_nonfinite="yes")
+
+
 def _nan_in_the_last_f_row(n=41):
     """A step whose value at the grid's last point (an F-point no residual reads) is NaN:
     only the finiteness check of the solution can see it."""
