@@ -109,24 +109,35 @@ def forward_substitution(g, points, step: StepFn, ghost=None, ghost_point=None, 
     """Exact solve of ``A(u) = g`` on a block: ``u[0] = g[0]`` (or ``Φ(ghost) + g[0]``),
     ``u[j] = Φ(u[j-1]) + g[j]``. The coarsest-level solve and the sequential oracle.
 
-    NumPy arrays: each row ``Φ(u[j-1]) + g[j]`` is added straight into a preallocated block
-    (``out`` when given: g's shape and dtype), the next step reading the row it wrote; the
-    same numbers as a list of rows and a stack. A step that changes dtype or shape sends the
-    rest down the list path (as :func:`~refbraid.mgrit.relax.propagate_at`); other arrays
-    take the list path."""
+    NumPy arrays: each row ``Φ(u[j-1]) + g[j]`` goes straight into a preallocated block
+    (``out`` when given: g's shape and dtype), the next step reading the row it wrote; a step
+    that takes ``add=`` (a CountingStep's ``takes_add``) writes the sum itself as it writes Φ
+    (one pass, the same sum). The same numbers as a list of rows and a stack. A step that
+    changes dtype or shape sends the rest down the list path (as
+    :func:`~refbraid.mgrit.relax.propagate_at`); other arrays take the list path."""
     xp = namespace(g)
     first = propagate_at(g, g, points, [0], step, ghost, ghost_point)[0, ...]
     p = [int(s) for s in points]
     if isinstance(g, np.ndarray) and isinstance(first, np.ndarray) and first.dtype == g.dtype:
         block = np.empty(g.shape, dtype=g.dtype) if out is None else out
         block[0, ...] = first
+        adds = getattr(step, "takes_add", False)  # Φ + g written by the step (its add=)
         for j in range(1, len(p)):
-            val = step(block[j - 1, ...], p[j - 1], p[j])
+            row = block[j, ...]
+            if adds:
+                val = step(block[j - 1, ...], p[j - 1], p[j], out=row, add=g[j, ...])
+                if val is row:
+                    continue
+            else:
+                val = step(block[j - 1, ...], p[j - 1], p[j])
             if not (isinstance(val, np.ndarray) and val.dtype == block.dtype
                     and val.shape == block.shape[1:]):
-                rows = [*block[:j], val + g[j, ...]]
+                rows = [*block[:j], val if adds else val + g[j, ...]]
                 return _substitute_rest(rows, g, p, step)
-            np.add(val, g[j, ...], out=block[j, ...])
+            if adds:
+                row[...] = val
+            else:
+                np.add(val, g[j, ...], out=row)
         return block
     return _substitute_rest([first], g, p, step, xp)
 

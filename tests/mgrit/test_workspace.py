@@ -123,6 +123,32 @@ def test_forward_substitution_block_equals_the_list_path():
     assert got.dtype == np.stack(rows).dtype and np.array_equal(got, np.stack(rows))
 
 
+@pytest.mark.parametrize("writes_out", [True, False], ids=["into-out", "new-array"])
+def test_forward_substitution_lets_a_step_that_takes_add_write_phi_plus_g(writes_out):
+    """A step with ``out=`` and ``add=`` writes ``Φ(u) + g`` itself (one pass): the block
+    is the list path's, whether the step wrote into ``out`` or returned a new array."""
+    g = np.random.default_rng(2).standard_normal((9, 3))
+    adds = []
+
+    def step(u, a, b, out=None, add=None):
+        val = u * 0.5 + np.sin(a)
+        if add is not None:
+            adds.append(b)
+            if writes_out and out is not None:
+                np.add(val, add, out=out)
+                return out
+            return val + add
+        return val
+
+    counting = CountingStep(Problem(step, g[0], 8))
+    assert counting.takes_add
+    rows = [g[0]]
+    for j in range(1, 9):
+        rows.append(step(rows[-1], j - 1, j) + g[j])
+    assert np.array_equal(forward_substitution(g, np.arange(9), counting), np.stack(rows))
+    assert adds == list(range(1, 9))
+
+
 @pytest.mark.parametrize("N", [16, 37])
 def test_layer_parallel_gradient_with_a_workspace_is_bit_identical(N):
     net = Network(DenseLift(2, 6), DenseStep(6, "tanh"), Classifier((6,), 3), N, 2.0)
