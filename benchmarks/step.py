@@ -28,17 +28,19 @@ same P ranks (D = P groups, sequential substitution per group, gradients summed)
 network also against PyTorch serial (1 thread; forward, backward, Adam) in float64 and float32.
 
 The model (docs/references.md §4): unit costs of one step, c_f (forward Φ), c_bc (coarse
-adjoint: forward recomputed + transposed step), c_bg (fine adjoint with its weight gradient);
+adjoint: the transposed step on the fine forward cache, or with the forward recomputed where
+a layer's cache depends on h), c_bg (fine adjoint with its weight gradient);
 an overhead o per Φ call fitted to the 1-rank run, ``o = (T_1 − W_1) / calls_1``; per rank q
 its counted Φ calls per level and messages; ``T_P ≈ max_q (W_q + o·calls_q) + Σ_q (C_q +
 o·calls^C_q) + max_q msgs_q · t_msg`` (coarsest-level work C_q is a pipeline: it adds up);
 larger P: ``T_P ≈ (T_1 − C_1)/P + C_1 + msgs · t_msg``; data parallelism, ring allreduce of n
 gradient bytes: ``T ≈ T_1(B/p) + 2(p−1)·α + 2(p−1)/p · n·β``.
 
-``interleave=True`` adds, on P ranks, ``repeat`` pairs of a serial step (rank 0, the other
-ranks asleep) and a P-rank step measured back to back in alternating order, and reports the
-median of the pairs' ratios (P ranks ÷ serial) and their range: on a machine whose speed
-drifts between minutes, the ratio of one pair is read under one state of it.
+``interleave=True`` adds, on P ranks, ``repeat`` pairs of a serial step (run on each rank's
+core in turn, the other ranks asleep: the mean of the P) and a P-rank step measured back to
+back in alternating order, and reports the median of the pairs' ratios (P ranks ÷ serial)
+and their range: on a machine whose speed drifts between minutes, and whose cores' speeds
+differ by moments, the ratio of one pair is read under one state of it.
 
 ``breakdown=True`` adds, on 1 and P ranks, where each rank's step time goes, from ``repeat``
 more steps under an execution trace (:mod:`refbraid.parallel.trace`), ms per training step:
@@ -140,8 +142,9 @@ def unit_costs(net, params, x, bk) -> dict[str, float]:
     h = net.h
     _, cache = net.step.forward(theta, y, h, bk)
 
-    def coarse():
-        _, c = net.step.forward(theta, y, 4 * h, bk)
+    def coarse():  # the fine cache where the layer's does not depend on h (CapturingAdjoint)
+        c = cache if getattr(net.step, "cache_independent_of_h", False) else \
+            net.step.forward(theta, y, 4 * h, bk)[1]
         net.step.adjoint(theta, c, y, 4 * h, bk, grads=False)
 
     return {"c_f": measure(lambda: net.step.forward(theta, y, h, bk), 15).median(),
@@ -287,25 +290,32 @@ def _idle_barrier(world) -> None:
 
 
 def _serial_once(world, serial) -> float:
-    """Seconds of one ``serial()`` on rank 0 while the other ranks sleep in a barrier (every
-    rank gets the number)."""
+    """Seconds of one ``serial()``, the mean over the ranks' cores: each rank in turn runs it
+    while the others sleep in a barrier (every rank gets the number). A P-rank step runs on
+    all P cores, a serial one on whichever core it is given; where the cores' speeds differ
+    by tens of per cent from moment to moment (a shared machine), the mean is the serial
+    step's expected time, and rank 0's core alone would make the ratio follow that core."""
     import time
 
+    times = []
+    for q in range(world.Get_size()):
+        _idle_barrier(world)
+        t = 0.0
+        if world.Get_rank() == q:
+            t0 = time.perf_counter()
+            serial()
+            t = time.perf_counter() - t0
+        times.append(world.bcast(t, root=q))
     _idle_barrier(world)
-    t = 0.0
-    if world.Get_rank() == 0:
-        t0 = time.perf_counter()
-        serial()
-        t = time.perf_counter() - t0
-    _idle_barrier(world)
-    return world.bcast(t, root=0)
+    return float(np.mean(times))
 
 
 def interleaved(world, serial, parallel, rounds: int) -> list[tuple[float, float]]:
     """``rounds`` pairs (serial seconds, P-rank seconds), the two measured back to back in
-    alternating order: serial on rank 0 while the other ranks sleep in a barrier, then the
-    P-rank step (slowest rank). A pair shares the machine's state of the moment, so the
-    pair's ratio is steadier than a ratio of medians taken minutes apart."""
+    alternating order: serial on each rank's core in turn while the others sleep in a
+    barrier (:func:`_serial_once`), then the P-rank step (slowest rank). A pair shares the
+    machine's state of the moment, so the pair's ratio is steadier than a ratio of medians
+    taken minutes apart."""
     import time
 
     from mpi4py import MPI
@@ -357,9 +367,10 @@ def breakdown(world, step, repeat: int, serial=None) -> dict[str, float]:
     """This rank's seconds per ``step()`` under an execution trace, the mean of ``repeat``:
     ``wall``, step applications by kind (``Φ fine fwd`` …), ``waits`` (receives and
     collectives), ``sends`` and ``other`` (the rest; module docstring). With ``serial``, each
-    traced step is paired with one ``serial()`` on rank 0 (back to back, alternating order)
-    and ``"<part> ÷ serial"`` is the median over the pairs of that part's share of the serial
-    step, for the parts of :data:`SHARES` (``Φ``: every step application)."""
+    traced step is paired with one serial step (:func:`_serial_once`; back to back,
+    alternating order) and ``"<part> ÷ serial"`` is the median over the pairs of that part's
+    share of the serial step, for the parts of :data:`SHARES` (``Φ``: every step
+    application)."""
     reps, serial_s = [], []
     if serial is not None:
         _serial_once(world, serial)  # its warm-up

@@ -28,8 +28,10 @@ charging ``state_bytes`` per state in every message: the same events and clocks,
 N and P far beyond what arithmetic allows.
 
 Step costs (``costs(level, direction)``) are what the simulation charges per step
-application: a fine adjoint step reuses the forward cache, a coarse one recomputes the
-forward pass, so e.g. ``StepCosts(forward=t, backward=(t_adj, t + t_adj))``.
+application: a fine adjoint step reuses the forward cache, and so does a coarse one where the
+layer's cache does not depend on h (the dense and conv steps: ``StepCosts(forward=t,
+backward=t_adj)``); otherwise a coarse adjoint step recomputes the forward pass
+(``StepCosts(forward=t, backward=(t_adj, t + t_adj))``).
 
 Where it sits: above :mod:`refbraid.layer_parallel` and :mod:`refbraid.distributed.ownership`
 (it uses networks) and :mod:`refbraid.parallel.virtual` (the clocks); nothing below imports it.
