@@ -29,6 +29,8 @@ equals the textbook cycle's bit for bit (fused.py's docstring; tests/mgrit/test_
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..backends.into import add_into
@@ -40,6 +42,7 @@ from .fused import (
     WATCH_MIN_ROW,
     Correction,
     FiniteWatch,
+    RowSquares,
     c_relax_rows,
     first_residual_row,
     restrict_fas,
@@ -63,15 +66,18 @@ class FusedCycler(Cycler):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._pending: dict[int, Correction] = {}  # level -> correction for its next F-sweep
+        #: level -> (its latest swept residual, that residual's RowSquares): its norm's Σ r²
+        self._squares: dict[int, tuple[Any, RowSquares] | None] = {}
         # the row-by-row forms: NumPy states, per-point sweeps (else block operations)
         self._rows = (not self.batched and bool(self.states)
                       and isinstance(self.states[0].step.problem.u0, np.ndarray))
         #: set by the solver before the level-0 relaxation it knows is its last: that
         #: relaxation's final F-sweep checks the rows it writes (fused.FiniteWatch)
         self.watch_finite = False
-        #: after a level-0 relaxation: (all its final F-sweep's rows finite, rows seen), or
-        #: None when that sweep checked none (not watched, or not the row-by-row path)
-        self.f_rows_finite: tuple[bool, int] | None = None
+        #: after a level-0 relaxation: (all its final F-sweep's rows finite, rows seen, whether
+        #: the watch was ``carried``), or None when that sweep checked none (not watched, or
+        #: not the row-by-row path)
+        self.f_rows_finite: tuple[bool, int, bool] | None = None
 
     # -- sweeps ----------------------------------------------------------------------------
     def _sweep(self, s: LevelState, residual: bool):
@@ -91,19 +97,33 @@ class FusedCycler(Cycler):
             pu = self._propagate_c(s)  # a new block (Φ + g)
             uc = rows_view(s.u, s.c_pos)
             return np.subtract(pu, uc, out=pu) if _in_place_ok(pu, uc) else pu - uc
+        large = s.u[0, ...].size >= WATCH_MIN_ROW
         watch = (FiniteWatch(s.step.problem.carries_nonfinite)
-                 if residual and ell == 0 and self.watch_finite
-                 and s.u[0, ...].size >= WATCH_MIN_ROW else None)
-        r = sweep_residual(s.u, g_sweep, s.g, s.points, s.c_pos, s.step, corr, residual, watch)
+                 if residual and ell == 0 and self.watch_finite and large else None)
+        squares = (RowSquares(len(s.c_pos), s.u.dtype)
+                   if residual and large and s.u.dtype.kind == "f" else None)
+        r = sweep_residual(s.u, g_sweep, s.g, s.points, s.c_pos, s.step, corr, residual, watch,
+                           squares)
         if not residual:
             return None
         if ell == 0:
-            self.f_rows_finite = None if watch is None else (watch.ok, watch.rows)
+            self.f_rows_finite = None if watch is None else (watch.ok, watch.rows, watch.carried)
         ghost = exchange_ghost(self.comm, s.u[-1, ...])
-        return first_residual_row(r, s.u, s.g, s.points, s.step, ghost, s.ghost_point)
+        r = first_residual_row(r, s.u, s.g, s.points, s.step, ghost, s.ghost_point, squares)
+        self._squares[ell] = None if squares is None else (r, squares)
+        return r
 
     def _f_relax(self, s: LevelState) -> None:
         self._sweep(s, residual=False)
+
+    def local_sq(self, r, on_host: bool = True):
+        """:meth:`Cycler.local_sq`; a residual the last sweep of its level formed takes its
+        rows' sums of squares from that sweep (:class:`~refbraid.mgrit.fused.RowSquares`: the
+        same float)."""
+        for kept in self._squares.values():
+            if kept is not None and kept[0] is r:
+                return kept[1].total(r)
+        return super().local_sq(r, on_host)
 
     def relax(self, ell: int, snapshot: bool = False, first: bool = True):
         """As :meth:`Cycler.relax`; ``first=False`` skips the first residual of an FCF

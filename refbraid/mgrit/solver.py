@@ -77,10 +77,15 @@ def _holds_nonfinite(u, comm) -> bool:
     return comm.allreduce_sum(bad) > 0
 
 
-def _block_finite(cycler: Cycler, u, c_pos) -> bool:
+def _block_finite(cycler: Cycler, u, c_pos, c_rows_rewritten: bool = False) -> bool:
     """Whether this rank's solution block ``u`` holds only finite values: every F-row when
     the last fine F-sweep checked them as it wrote them (the fused cycle's
-    ``f_rows_finite``), then the C-rows; else the whole block."""
+    ``f_rows_finite``), then the C-rows; else the whole block.
+
+    A ``carried`` watch (the problem's ``carries_nonfinite``) read the last F-row of each
+    interval, made from its C-row's final value: a non-finite C-row made it non-finite, so
+    only the C-rows no F-row of the block follows are read — unless something rewrote the
+    C-rows after that sweep (``c_rows_rewritten``: the final FC relaxation)."""
     if not u.shape[0]:
         return True
     seen = getattr(cycler, "f_rows_finite", None)
@@ -88,18 +93,22 @@ def _block_finite(cycler: Cycler, u, c_pos) -> bool:
         return holds_only_finite(u)
     if not seen[0]:
         return False
-    watch = FiniteWatch()  # the C-rows, as the sweep checked the F-rows
-    for k in np.asarray(c_pos).tolist():
+    rows = np.asarray(c_pos).tolist()
+    if seen[2] and not c_rows_rewritten:
+        c_set = set(rows)
+        rows = [k for k in rows if k + 1 == u.shape[0] or k + 1 in c_set]
+    watch = FiniteWatch()  # those C-rows, as the sweep checked the F-rows
+    for k in rows:
         watch.see(u[k, ...])
     return watch.ok
 
 
-def _finite(cycler: Cycler, u, c_pos):
+def _finite(cycler: Cycler, u, c_pos, c_rows_rewritten: bool = False):
     """Whether this rank's solution block holds only finite values (:func:`_block_finite`);
     for a device block the 0-d boolean device array of that answer, left where it was
     reduced (copied with the deferred sums)."""
     if isinstance(u, np.ndarray) or not u.shape[0]:
-        return _block_finite(cycler, u, c_pos)
+        return _block_finite(cycler, u, c_pos, c_rows_rewritten)
     xp = namespace(u)
     return xp.all(xp.isfinite(u))
 
@@ -331,12 +340,14 @@ def solve(
         cycler.coarse_correction(0, r, settings.cycle)
         cycles += 1
 
-    if settings.final_fc_relax and len(hierarchy) > 1 and status != "diverged":
+    c_rewritten = settings.final_fc_relax and len(hierarchy) > 1 and status != "diverged"
+    if c_rewritten:
         u0_block = final_c_relax(u0_block, states[0].c_pos, r)
     xp = namespace(u0_block)
     # every rank's block, and the norms kept for the end: one collective (and on a device,
     # one transfer for the sums and the flag)
-    all_finite = pending.resolve(scomm, finite=_finite(cycler, u0_block, states[0].c_pos))
+    all_finite = pending.resolve(scomm, finite=_finite(cycler, u0_block, states[0].c_pos,
+                                                       c_rewritten))
     if status is None:  # the last iteration's norm was one of them
         first = records[-1].norm if first is None else first
         status, message = status_after(records[-1].norm, first, settings, cycles,

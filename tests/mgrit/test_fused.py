@@ -292,6 +292,56 @@ def test_a_nan_inside_an_interval_is_found_with_or_without_carries_nonfinite(car
                  settings).status != "diverged"
 
 
+def test_a_carried_check_reads_only_the_c_rows_no_f_row_follows(monkeypatch):
+    """After a carried watch, a C-row followed by an F-row of the block was read through
+    that interval's last row; only a C-row at the block's end (or before another C-row) is
+    read — all of them when the final FC relaxation rewrote the C-rows after the sweep."""
+    from types import SimpleNamespace
+
+    import refbraid.mgrit.solver as solver_module
+
+    u = np.ones((10, 3))
+    c_pos = [0, 4, 8, 9]  # intervals 1-3 and 5-7; 8 is followed by the C-row 9, 9 ends
+    read = []
+    real = solver_module.FiniteWatch.see
+    monkeypatch.setattr(solver_module.FiniteWatch, "see",
+                        lambda self, row, last=True: read.append(row[0]) or real(self, row))
+    u[:, 0] = np.arange(10)
+    cycler = SimpleNamespace(f_rows_finite=(True, 10 - len(c_pos), True))
+    assert solver_module._block_finite(cycler, u, c_pos)
+    assert read == [8, 9]
+    read.clear()
+    assert solver_module._block_finite(cycler, u, c_pos, c_rows_rewritten=True)
+    assert read == [0, 4, 8, 9]
+    read.clear()
+    u[9, 1] = np.nan  # the block's last C-row: no F-row carries it
+    assert not solver_module._block_finite(cycler, u, c_pos)
+    read.clear()
+    cycler.f_rows_finite = (True, 10 - len(c_pos), False)  # not carried: every C-row
+    u[9, 1] = 1.0
+    assert solver_module._block_finite(cycler, u, c_pos) and read == [0, 4, 8, 9]
+
+
+@pytest.mark.parametrize("name", ["V-F", "F-cycle-final-FC", "torchbraid", "FCF2-iterates",
+                                  "FCF-fine-skip", "FMG-FCF"])
+def test_residual_norms_from_the_rows_sums_have_the_textbooks_bits(name, monkeypatch):
+    """Large rows (here: every row, WATCH_MIN_ROW = 1): the sweep forms each residual row's
+    Σ r² as it writes the row and the norm takes them (RowSquares); every norm of the record
+    keeps the textbook's bits."""
+    import refbraid.mgrit.fused as fused_module
+    import refbraid.mgrit.fused_cycle as fused_cycle_module
+
+    monkeypatch.setattr(fused_cycle_module, "WATCH_MIN_ROW", 1)
+    totals = []
+    real = fused_module.RowSquares.total
+    monkeypatch.setattr(fused_module.RowSquares, "total",
+                        lambda self, r: totals.append(r.shape) or real(self, r))
+    settings = SETTINGS[name]
+    problem = _with_out(nonlinear_ode(64, T=1.0, dim=256))  # rows the tree takes whole
+    assert_same(solve(problem, settings), solve(problem, textbook(settings)))
+    assert totals  # the norms were taken from the rows' sums
+
+
 def test_carries_nonfinite_must_be_a_bool():
     p = nonlinear_ode(8, T=1.0, dim=3)
     with pytest.raises(TypeError, match="`carries_nonfinite` must be True or False"):
