@@ -100,31 +100,6 @@ class FiniteWatch:
         self.ok = bool(np.isfinite(row).all())
 
 
-class RowSquares:
-    """``Σ r²`` of a residual block, formed row by row as the sweep writes each row (while it
-    is in cache): :meth:`see` keeps the sums of the pieces of NumPy's pairwise tree over the
-    block that lie inside that row, :meth:`total` walks the tree and takes them
-    (``numba_cpu_sums.sum_of_squares_with_rows``): the float of ``numpy.sum(r * r)``,
-    without a second pass over the block."""
-
-    def __init__(self, rows: int, dtype) -> None:
-        from ..backends.numba_cpu_sums import MAX_NODES, collect_row  # numba on first use
-
-        self._collect = collect_row
-        self.rows = rows
-        self.node_lo = np.zeros((rows, MAX_NODES), np.int64)
-        self.node_val = np.zeros((rows, MAX_NODES), dtype)
-        self.counts = np.zeros(rows, np.int64)
-
-    def see(self, j: int, row) -> None:
-        self.counts[j] = self._collect(row, j, self.rows, self.node_lo[j], self.node_val[j])
-
-    def total(self, r) -> float:
-        from ..backends.numba_cpu_sums import sum_of_squares_with_rows
-
-        return sum_of_squares_with_rows(r, self.node_lo, self.node_val, self.counts)
-
-
 def _correct_row(u, k: int, corr: Correction, j: int) -> None:
     """``u[k] += P(w[j] − v[j])`` (coarse.correct on one row: the same operations)."""
     d = corr.w[j, ...] - corr.v[j, ...]
@@ -149,11 +124,11 @@ def _phi_plus_g(prev, p0: int, p1: int, g_row, step: StepFn, out_row):
 
 def sweep_residual(u, g_sweep, g_res, points, c_pos, step: StepFn,
                    correction: Correction | None = None, residual: bool = True,
-                   watch: FiniteWatch | None = None, squares: RowSquares | None = None):
+                   watch: FiniteWatch | None = None):
     """F-sweep of a block in place, the pending ``correction`` applied at each C-point just
     before its interval, and (``residual``) the C-point residual rows j ≥ 1; ``watch`` (a
     :class:`FiniteWatch`) sees every F-row as it is written, each flagged whether it ends its
-    interval; ``squares`` (a :class:`RowSquares`) each residual row j ≥ 1.
+    interval.
 
     ``g_sweep``: the F-sweep's right-hand side (None: zero forcing); ``g_res``: the
     residual's (the level's g). Returns the residual (c, *S) with row 0 still to be written
@@ -171,8 +146,6 @@ def sweep_residual(u, g_sweep, g_res, points, c_pos, step: StepFn,
             g_row = None if g_res is None else g_res[c, ...]
             row = _phi_plus_g(u[c - 1, ...], p[c - 1], p[c], g_row, step, r[j, ...])
             np.subtract(row, u[c, ...], out=row)
-            if squares is not None:
-                squares.see(j, row)
         stop = cs[j + 1] if j + 1 < len(cs) else n
         for k in range(c + 1, stop):
             g_row = None if g_sweep is None else g_sweep[k, ...]
@@ -196,14 +169,11 @@ def _first_pu(g, points, step: StepFn, ghost, ghost_point, out_row):
     return out_row
 
 
-def first_residual_row(r, u, g, points, step: StepFn, ghost=None, ghost_point=None,
-                       squares: RowSquares | None = None):
+def first_residual_row(r, u, g, points, step: StepFn, ghost=None, ghost_point=None):
     """Row 0 of :func:`sweep_residual`'s residual, ``(P u)[0] − u[0]`` (the ghost has
-    arrived; ``squares`` sees it); returns the whole residual (c, *S)."""
+    arrived); returns the whole residual (c, *S)."""
     row = _first_pu(g, points, step, ghost, ghost_point, r[0, ...])
     np.subtract(row, u[0, ...], out=row)
-    if squares is not None:
-        squares.see(0, row)
     return r
 
 

@@ -29,8 +29,6 @@ equals the textbook cycle's bit for bit (fused.py's docstring; tests/mgrit/test_
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ..backends.into import add_into
@@ -42,7 +40,6 @@ from .fused import (
     WATCH_MIN_ROW,
     Correction,
     FiniteWatch,
-    RowSquares,
     c_relax_rows,
     first_residual_row,
     restrict_fas,
@@ -66,8 +63,6 @@ class FusedCycler(Cycler):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._pending: dict[int, Correction] = {}  # level -> correction for its next F-sweep
-        #: level -> (its latest swept residual, that residual's RowSquares): its norm's Σ r²
-        self._squares: dict[int, tuple[Any, RowSquares] | None] = {}
         # the row-by-row forms: NumPy states, per-point sweeps (else block operations)
         self._rows = (not self.batched and bool(self.states)
                       and isinstance(self.states[0].step.problem.u0, np.ndarray))
@@ -97,33 +92,19 @@ class FusedCycler(Cycler):
             pu = self._propagate_c(s)  # a new block (Φ + g)
             uc = rows_view(s.u, s.c_pos)
             return np.subtract(pu, uc, out=pu) if _in_place_ok(pu, uc) else pu - uc
-        large = s.u[0, ...].size >= WATCH_MIN_ROW
         watch = (FiniteWatch(s.step.problem.carries_nonfinite)
-                 if residual and ell == 0 and self.watch_finite and large else None)
-        squares = (RowSquares(len(s.c_pos), s.u.dtype)
-                   if residual and large and s.u.dtype.kind == "f" else None)
-        r = sweep_residual(s.u, g_sweep, s.g, s.points, s.c_pos, s.step, corr, residual, watch,
-                           squares)
+                 if residual and ell == 0 and self.watch_finite
+                 and s.u[0, ...].size >= WATCH_MIN_ROW else None)
+        r = sweep_residual(s.u, g_sweep, s.g, s.points, s.c_pos, s.step, corr, residual, watch)
         if not residual:
             return None
         if ell == 0:
             self.f_rows_finite = None if watch is None else (watch.ok, watch.rows, watch.carried)
         ghost = exchange_ghost(self.comm, s.u[-1, ...])
-        r = first_residual_row(r, s.u, s.g, s.points, s.step, ghost, s.ghost_point, squares)
-        self._squares[ell] = None if squares is None else (r, squares)
-        return r
+        return first_residual_row(r, s.u, s.g, s.points, s.step, ghost, s.ghost_point)
 
     def _f_relax(self, s: LevelState) -> None:
         self._sweep(s, residual=False)
-
-    def local_sq(self, r, on_host: bool = True):
-        """:meth:`Cycler.local_sq`; a residual the last sweep of its level formed takes its
-        rows' sums of squares from that sweep (:class:`~refbraid.mgrit.fused.RowSquares`: the
-        same float)."""
-        for kept in self._squares.values():
-            if kept is not None and kept[0] is r:
-                return kept[1].total(r)
-        return super().local_sq(r, on_host)
 
     def relax(self, ell: int, snapshot: bool = False, first: bool = True):
         """As :meth:`Cycler.relax`; ``first=False`` skips the first residual of an FCF

@@ -322,26 +322,6 @@ def test_a_carried_check_reads_only_the_c_rows_no_f_row_follows(monkeypatch):
     assert solver_module._block_finite(cycler, u, c_pos) and read == [0, 4, 8, 9]
 
 
-@pytest.mark.parametrize("name", ["V-F", "F-cycle-final-FC", "torchbraid", "FCF2-iterates",
-                                  "FCF-fine-skip", "FMG-FCF"])
-def test_residual_norms_from_the_rows_sums_have_the_textbooks_bits(name, monkeypatch):
-    """Large rows (here: every row, WATCH_MIN_ROW = 1): the sweep forms each residual row's
-    Σ r² as it writes the row and the norm takes them (RowSquares); every norm of the record
-    keeps the textbook's bits."""
-    import refbraid.mgrit.fused as fused_module
-    import refbraid.mgrit.fused_cycle as fused_cycle_module
-
-    monkeypatch.setattr(fused_cycle_module, "WATCH_MIN_ROW", 1)
-    totals = []
-    real = fused_module.RowSquares.total
-    monkeypatch.setattr(fused_module.RowSquares, "total",
-                        lambda self, r: totals.append(r.shape) or real(self, r))
-    settings = SETTINGS[name]
-    problem = _with_out(nonlinear_ode(64, T=1.0, dim=256))  # rows the tree takes whole
-    assert_same(solve(problem, settings), solve(problem, textbook(settings)))
-    assert totals  # the norms were taken from the rows' sums
-
-
 def test_carries_nonfinite_must_be_a_bool():
     p = nonlinear_ode(8, T=1.0, dim=3)
     with pytest.raises(TypeError, match="`carries_nonfinite` must be True or False"):
