@@ -135,6 +135,10 @@ class ForwardPropagator:
     steps: dict[str, Any]
     bk: Backend
 
+    #: a step y + (b − a)·h·F(θ_a, y) keeps a NaN or inf of y (refbraid.mgrit.Problem reads
+    #: this: its finiteness check then reads one row per interval)
+    carries_nonfinite = True
+
     def step(self, y, start: int, stop: int, out=None, add=None):  # out=, add=: forward_into
         theta, hc = layer_params(self.steps, start), (stop - start) * self.net.h
         return forward_into(self.net.step, theta, y, hc, self.bk, out, add)[0]
@@ -163,6 +167,9 @@ class AdjointPropagator:
     states: Any  # (N + 1, *S) forward trajectory, fine order
     bk: Backend
     restriction: str = "average"
+
+    #: Ψ(λ) = λ + h·(∂F/∂y)ᵀ λ keeps a NaN or inf of λ (as ForwardPropagator's)
+    carries_nonfinite = True
 
     def step(self, lam, start: int, stop: int, out=None, add=None):  # out=, add=: adjoint_into
         theta = layer_params(self.steps, stop)
@@ -282,8 +289,8 @@ class CapturingAdjoint(AdjointPropagator):
         return self.caches[a]
 
     def _steps_at_once(self, L, starts, stops):
+        layers = stops.tolist()
         if not np.all(starts - stops == 1):
-            layers = stops.tolist()
             if any(self._reusable_cache(a, L.shape[1:]) is None for a in layers):
                 return super()._steps_at_once(L, starts, stops)
             theta = layers_params(self.steps, stops, self.bk)
@@ -293,7 +300,6 @@ class CapturingAdjoint(AdjointPropagator):
                                                       grads=False)
             self.counts["coarse_cache_hits"] += len(layers)
             return L_prev
-        layers = stops.tolist()
         if any(a not in self.caches for a in layers):  # a block's first step (MPI): per step
             return self.bk.xp.stack([self.step(L[j], a + 1, a) for j, a in enumerate(layers)])
         theta = layers_params(self.steps, stops, self.bk)
@@ -307,14 +313,12 @@ class CapturingAdjoint(AdjointPropagator):
 
 
 def forward_problem(net: Network, steps: dict[str, Any], y0, bk: Backend) -> Problem:
-    return Problem(step=ForwardPropagator(net, steps, bk), u0=y0, n_steps=net.n_layers,
-                   carries_nonfinite=True)
+    return Problem(step=ForwardPropagator(net, steps, bk), u0=y0, n_steps=net.n_layers)
 
 
 def adjoint_problem(net: Network, steps: dict[str, Any], states, lam_N, bk: Backend) -> Problem:
     prop = AdjointPropagator(net, steps, states, bk)
-    return Problem(step=prop, u0=lam_N, n_steps=net.n_layers, direction="backward",
-                   carries_nonfinite=True)
+    return Problem(step=prop, u0=lam_N, n_steps=net.n_layers, direction="backward")
 
 
 def as_settings(settings: LayerParallelSettings | None) -> LayerParallelSettings:
@@ -382,8 +386,7 @@ def _mgrit_forward(net: Network, params: Params, x, settings: MGRITSettings, bk:
     """:func:`mgrit_forward` without the checks (for callers that have made them)."""
     y0, open_cache = net.opening.forward(group(params, "opening"), x, bk)
     prop = propagator or ForwardPropagator(net, group(params, "steps"), bk)
-    fwd = solve(Problem(prop, y0, net.n_layers, transfer=transfer, carries_nonfinite=True),
-                settings, workspace=workspace)
+    fwd = solve(Problem(prop, y0, net.n_layers, transfer=transfer), settings, workspace=workspace)
     logits, close_cache = net.closing.forward(group(params, "closing"), fwd.solution[-1, ...], bk)
     return logits, fwd, (open_cache, close_cache)
 
@@ -421,8 +424,7 @@ def layer_parallel_gradient(
     adjoint = CapturingAdjoint(net, steps, states, forward.caches, bk, restriction,
                                forward.origins)
     bwd = solve(Problem(adjoint, lam_N, net.n_layers, direction="backward",
-                        transfer=settings.backward_transfer, carries_nonfinite=True),
-                settings.backward,
+                        transfer=settings.backward_transfer), settings.backward,
                 workspace=workspace and workspace.backward)
     adjoints = bwd.solution  # (N + 1, *S), fine order
     dsteps = captured_gradient(adjoint, steps, range(net.n_layers))

@@ -51,8 +51,7 @@ class NetworkChain:
 
     def forward(self, y0) -> Problem:
         self.phi = CachingForward(self.g.view, self.rows, self.g.bk)
-        return Problem(self.phi, y0, self.g.plan.n_layers, transfer=self.g.transfers[0],
-                       carries_nonfinite=True)
+        return Problem(self.phi, y0, self.g.plan.n_layers, transfer=self.g.transfers[0])
 
     def close(self, y_N, ys, weight: float):
         g, bk, closing = self.g, self.g.bk, group(self.params, "closing")
@@ -79,7 +78,7 @@ class NetworkChain:
         self.psi = CapturingAdjoint(g.view, self.rows, states, self.phi.caches, g.bk,
                                     g.restriction)
         return Problem(self.psi, lam_N, g.plan.n_layers, direction="backward",
-                       transfer=g.transfers[1], carries_nonfinite=True)
+                       transfer=g.transfers[1])
 
     def gradient(self, rows: list[int], bwd=None) -> Params:
         grads = captured(self.psi.grads, rows, self.g.q)

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..backends.into import add_into
 from .arrays import namespace
-from .relax import StepFn, copy, propagate_at, row_slice, set_rows, take_rows
+from .relax import StepFn, _write_row, copy, propagate_at, row_slice, set_rows, take_rows
 
 
 def restrict(u, c_pos):
@@ -123,21 +123,14 @@ def forward_substitution(g, points, step: StepFn, ghost=None, ghost_point=None, 
         block[0, ...] = first
         adds = getattr(step, "takes_add", False)  # Φ + g written by the step (its add=)
         for j in range(1, len(p)):
-            row = block[j, ...]
-            if adds:
-                val = step(block[j - 1, ...], p[j - 1], p[j], out=row, add=g[j, ...])
-                if val is row:
-                    continue
-            else:
-                val = step(block[j - 1, ...], p[j - 1], p[j])
+            row, g_row = block[j, ...], g[j, ...]
+            val = (step(block[j - 1, ...], p[j - 1], p[j], out=row, add=g_row) if adds
+                   else step(block[j - 1, ...], p[j - 1], p[j]))
             if not (isinstance(val, np.ndarray) and val.dtype == block.dtype
                     and val.shape == block.shape[1:]):
-                rows = [*block[:j], val if adds else val + g[j, ...]]
+                rows = [*block[:j], val if adds else val + g_row]
                 return _substitute_rest(rows, g, p, step)
-            if adds:
-                row[...] = val
-            else:
-                np.add(val, g[j, ...], out=row)
+            _write_row(row, val, None if adds else g_row)  # nothing where the step wrote it
         return block
     return _substitute_rest([first], g, p, step, xp)
 

@@ -92,7 +92,9 @@ class Problem:
     carries_nonfinite  True when ``step`` keeps a non-finite value: ``Φ(u)`` is non-finite
                wherever ``u`` is, as for ``u + h F(u)`` (IEEE sums keep inf and NaN). The
                solver's finiteness check of its solution then reads one F-row per interval
-               (a NaN or inf inside an interval reaches its last row). Default False: every row.
+               (a NaN or inf inside an interval reaches its last row). None (default): what
+               ``step`` itself declares in an attribute of that name (the layer-parallel
+               propagators: True), else False — every row.
     """
 
     step: Any
@@ -104,10 +106,13 @@ class Problem:
     transfer: Any = None
     guess: Any = None
     batched_step: Any = None
-    carries_nonfinite: bool = False
+    carries_nonfinite: bool | None = None
 
     def __post_init__(self):
         step = self.step
+        if self.carries_nonfinite is None:
+            object.__setattr__(self, "carries_nonfinite",
+                               getattr(step, "carries_nonfinite", False))
         if not callable(step):
             if callable(getattr(step, "step", None)):
                 object.__setattr__(self, "step", step.step)
@@ -208,7 +213,7 @@ def as_problem(obj) -> Problem:
             transfer=getattr(obj, "transfer", None),
             guess=getattr(obj, "guess", None),
             batched_step=getattr(obj, "batched_step", None),
-            carries_nonfinite=getattr(obj, "carries_nonfinite", False),
+            carries_nonfinite=getattr(obj, "carries_nonfinite", None),
         )
     raise TypeError(
         "`problem` must be a refbraid.mgrit.Problem or have `step`, `u0` and `n_steps`, "

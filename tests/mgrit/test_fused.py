@@ -322,10 +322,26 @@ def test_a_carried_check_reads_only_the_c_rows_no_f_row_follows(monkeypatch):
     assert solver_module._block_finite(cycler, u, c_pos) and read == [0, 4, 8, 9]
 
 
-def test_carries_nonfinite_must_be_a_bool():
+def test_carries_nonfinite_must_be_a_bool_and_defaults_to_the_steps_own():
+    """None (the default) takes what the step object declares: the layer-parallel
+    propagators (every Network step is y + h F) True, a plain function False."""
+    from refbraid.layer_parallel import AdjointPropagator, ForwardPropagator
+
     p = nonlinear_ode(8, T=1.0, dim=3)
     with pytest.raises(TypeError, match="`carries_nonfinite` must be True or False"):
         Problem(p.step, p.u0, 8, carries_nonfinite="yes")
+    assert Problem(p.step, p.u0, 8).carries_nonfinite is False
+    net = build_network("resnet", (3,), 2, 8, 3, 1.0, "tanh")
+    steps = {k[len("steps."):]: v for k, v in init_params(net, 0).items()
+             if k.startswith("steps.")}
+    bk = get_backend("numpy")
+    fwd = Problem(ForwardPropagator(net, steps, bk), np.zeros((2, 3)), 8)
+    assert fwd.carries_nonfinite is True
+    states = np.zeros((9, 2, 3))
+    adj = AdjointPropagator(net, steps, states, bk)
+    assert Problem(adj, np.zeros((2, 3)), 8, direction="backward").carries_nonfinite is True
+    assert Problem(adj, np.zeros((2, 3)), 8, direction="backward",
+                   carries_nonfinite=False).carries_nonfinite is False
 
 
 def _nan_in_the_last_f_row(n=41):
