@@ -1,6 +1,6 @@
 """The forward caches of a layer-parallel gradient as rows of the batched calls that made them.
 
-:class:`refbraid.layer_parallel.CachingForward` keeps, per layer a, the cache
+:class:`refbraid.propagators.CachingForward` keeps, per layer a, the cache
 ``(y[a], z[a])`` of the latest fine step a → a+1. A batched call (one MGRIT sweep) makes the
 caches of k layers at once as rows of two stacked arrays ``Y, Z`` (k, B, C);
 :func:`remember` notes for each layer which call and row its cache came from. The adjoint's

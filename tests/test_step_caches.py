@@ -6,6 +6,7 @@ import pytest
 from conftest import BACKEND_PARAMS
 
 import refbraid.layer_parallel as lp
+import refbraid.propagators as propagators
 from refbraid import Network, init_params
 from refbraid.indexing import signed_even_slice
 from refbraid.layers import Classifier, DenseLift, DenseStep
@@ -51,17 +52,17 @@ def test_gradient_bit_identical_to_stacked_caches(N, monkeypatch):
     rng = np.random.default_rng(1)
     x, y = rng.standard_normal((5, 2)), rng.integers(0, 3, 5)
     views = []
-    real = lp.cached_stacks
+    real = propagators.cached_stacks
 
     def spy(caches, origins, layers, xp):
         out = real(caches, origins, layers, xp)
         views.append(out[0].base is not None)
         return out
 
-    monkeypatch.setattr(lp, "cached_stacks", spy)
+    monkeypatch.setattr(propagators, "cached_stacks", spy)
     loss, g, _ = lp.layer_parallel_gradient(net, params, x, y)
     assert views and all(views)  # TorchBraid's settings: every sweep finds one batched call
-    monkeypatch.setattr(lp, "cached_stacks", lambda c, o, layers, xp: (
+    monkeypatch.setattr(propagators, "cached_stacks", lambda c, o, layers, xp: (
         xp.stack([c[a][0] for a in layers]), xp.stack([c[a][1] for a in layers])))
     loss_s, g_s, _ = lp.layer_parallel_gradient(net, params, x, y)
     assert loss == loss_s

@@ -96,7 +96,7 @@ _FORCED: list[bool] = []  # sweeps_batched's stack
 
 @contextmanager
 def sweeps_batched(on: bool) -> Iterator[None]:
-    """``with sweeps_batched(True):`` — :func:`refbraid.layer_parallel.batchable` answers
+    """``with sweeps_batched(True):`` — :func:`refbraid.propagators.batchable` answers
     ``on`` for every step layer with a batched form, whatever the backend's rule (benchmarks
     compare the two paths)."""
     _FORCED.append(bool(on))
@@ -107,7 +107,7 @@ def sweeps_batched(on: bool) -> Iterator[None]:
 
 
 def batches(layer, bk, sweeps_on: bool) -> bool:
-    """:func:`refbraid.layer_parallel.batchable` for a layer with a batched form: what
+    """:func:`refbraid.propagators.batchable` for a layer with a batched form: what
     :func:`sweeps_batched` forces; else, where the backend's batched sweeps are on
     (``sweeps_on``), the launch counts on a GPU backend (:func:`pays`) and the layer's
     measured ``batched_sweeps_pay`` elsewhere."""

@@ -3,9 +3,9 @@ resnet, conv, transformer and untied GPT models (and, through them, :mod:`.chain
 :mod:`.space` and :mod:`.daso`).
 
 The chain is the network's own (:mod:`refbraid.layer_parallel`): y[0] = opening(x), the steps
-Φ_n(y) = step(θ_n, y, h) with :class:`~refbraid.layer_parallel.CachingForward` keeping each fine
+Φ_n(y) = step(θ_n, y, h) with :class:`~refbraid.propagators.CachingForward` keeping each fine
 step's cache, the closing and cross-entropy (per token for token models), and
-:class:`~refbraid.layer_parallel.CapturingAdjoint`, whose fine adjoint step a+1 → a also yields
+:class:`~refbraid.propagators.CapturingAdjoint`, whose fine adjoint step a+1 → a also yields
 ∂L/∂θ_a from the solve's last relaxation, so no layer is evaluated twice. The engine
 (:mod:`.engine`) does the rest: ownership, ghosts, rows home, replicated and sharded modes.
 
@@ -24,11 +24,12 @@ import numpy as np
 from ..backends import Backend, get_backend
 from ..backends.host import host_float
 from ..backends.portable import copy_of, namespace
-from ..layer_parallel import CachingForward, CapturingAdjoint, LayerParallelSettings, mgrit_forward
+from ..layer_parallel import LayerParallelSettings, mgrit_forward
 from ..mgrit import GradientWorkspace, Problem
 from ..network import Network, Params, backprop, check_batch, group, row
 from ..parallel.mpi import Topology, split_world
 from ..parallel.ops import RowExchange
+from ..propagators import CachingForward, CapturingAdjoint
 from ..sequence.block_gradient import block_backprop
 from ..sequence.losses import cross_entropy
 from .engine import LayerRanks, captured, gather_shards, replicated_rows, steps_key

@@ -52,7 +52,7 @@ class ConvStep:
 
     #: the cache ``(y, z)`` of :meth:`forward` does not depend on h (``z = W * y + b``): a
     #: coarse adjoint step (step size m·h) from the same y may reuse a fine step's cache
-    #: (refbraid.layer_parallel.CapturingAdjoint)
+    #: (refbraid.propagators.CapturingAdjoint)
     cache_independent_of_h = True
 
     def __post_init__(self):

@@ -138,7 +138,7 @@ class GRUCell:
 
     # -- k steps at once (MGRIT's batched sweeps over the sequence) -----------------------
     #: MGRIT's sweeps over the sequence use :meth:`forward_batched` / :meth:`adjoint_batched`
-    #: (one call for k intervals) where :func:`refbraid.layer_parallel.batchable` allows it:
+    #: (one call for k intervals) where :func:`refbraid.propagators.batchable` allows it:
     #: measured 1.3–3× faster solves on numpy and numba (docs/batched.md, "The GRU").
     batched_sweeps_pay: ClassVar[bool] = True
 

@@ -103,7 +103,7 @@ class EncoderStep:
     eps: float = EPS
 
     #: MGRIT's sweeps call :meth:`forward_batched` / :meth:`adjoint_batched` (k layers per call,
-    #: bit-identical) where True (``refbraid.layer_parallel.batchable``). It pays for small
+    #: bit-identical) where True (``refbraid.propagators.batchable``). It pays for small
     #: batches only (B·T ≤ 64 tokens), so it is off here and :meth:`for_batch` sets it per batch
     #: (docs/batched.md, "Transformer blocks"). Not part of the step's identity (compare=False).
     batched_sweeps_pay: bool = field(default=False, compare=False, repr=False)

@@ -47,15 +47,11 @@ import numpy as np
 
 from ..backends import Backend, get_backend
 from ..distributed.ownership import BlockPlan
-from ..layer_parallel import (
-    CachingForward,
-    CapturingAdjoint,
-    LayerParallelSettings,
-    as_settings,
-)
+from ..layer_parallel import LayerParallelSettings, as_settings
 from ..mgrit import Problem, solve
 from ..network import Network, Params, check_inputs, group
 from ..parallel.virtual import CostModel, VirtualComm, VirtualRun, simulate
+from ..propagators import CachingForward, CapturingAdjoint
 from .schedule import cost_only_problem, replay_settings, state_sizeof
 
 

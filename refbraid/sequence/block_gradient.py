@@ -20,8 +20,6 @@ from dataclasses import replace
 
 from ..backends import Backend
 from ..layer_parallel import (
-    CachingForward,
-    CapturingAdjoint,
     LayerParallelInfo,
     LayerParallelSettings,
     captured_gradient,
@@ -29,6 +27,7 @@ from ..layer_parallel import (
 )
 from ..mgrit import Problem, solve
 from ..network import Network, forward, group, layer_params
+from ..propagators import CachingForward, CapturingAdjoint
 
 
 def for_batch(net: Network, batch: int) -> Network:

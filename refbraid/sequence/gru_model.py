@@ -41,12 +41,13 @@ from ..backends.device_batching import chunk_rows, index_on
 from ..backends.dtypes import dtype_kind
 from ..backends.host import all_finite
 from ..backends.portable import zeros_on
-from ..layer_parallel import LayerParallelInfo, LayerParallelSettings, batchable
+from ..layer_parallel import LayerParallelInfo, LayerParallelSettings
 from ..layers import Classifier, GRUCell, GRUSequence
 from ..layers.gru import SCHEMES
 from ..layers.init import NonFiniteError, check_positive_int, check_step_size
 from ..mgrit import MGRITSettings, Problem, solve
 from ..network import Expected, check_input_dtype, check_param_dict, group
+from ..propagators import batchable
 from .losses import cross_entropy
 
 CELL_WEIGHTS = ("W_ih", "W_hh", "b_ih", "b_hh")
