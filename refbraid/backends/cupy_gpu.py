@@ -8,7 +8,9 @@ tested reference code on another array type, except for the element-wise chains 
 step: ``OVERRIDES`` are the fused kernels of :mod:`refbraid.backends.cupy_fused` (a dense
 step, one or k at once, is its GEMMs plus one fused kernel for bias, activation and Euler
 update; its adjoint the GEMMs, ``h σ'(z) ⊙ dy`` in one kernel and ``dy_next + s W`` with the
-bias gradient's column sums in another), which fall back to the
+bias gradient's column sums in another), and every 2-D convolution is one strided copy and
+one GEMM (:mod:`refbraid.backends.cupy_conv`, im2col: equal to the reference to round-off)
+where the reference sums the stencil offsets one launch set each. These fall back to the
 reference code for complex inputs (the verification's complex step) or inside
 ``cupy_fused.fused(False)``.
 
@@ -29,7 +31,8 @@ from types import ModuleType
 OVERRIDES: tuple[str, ...] = ("euler_act", "activation_adjoint", "dense_step", "dense_step_adjoint",
                               "dense_step_batched", "dense_step_batched_adjoint", "conv_step",
                               "conv_step_adjoint", "conv_step_batched",
-                              "conv_step_batched_adjoint")
+                              "conv_step_batched_adjoint", "conv2d", "conv2d_adjoint",
+                              "conv2d_batched", "conv2d_adjoint_batched")
 
 
 # ----------------------------------------------------------------------------- fused kernels
@@ -160,24 +163,72 @@ def dense_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True
     return _products(S, Y, dY_next, W, grads)
 
 
+# ----------------------------------------------------------------------------- convolutions
+# The catalogue's 2-D convolutions (reference.conv2d, conv2d_adjoint and their k-row forms in
+# reference_batched) as im2col GEMMs (cupy_conv): 4 launches forward (+1 for the bias), 11
+# for the adjoint, instead of ≈ 3 and 5 per stencil offset.
+def conv2d(x, W, b):
+    """reference.conv2d ``z = W * x + b`` as one im2col GEMM (cupy_conv.conv2d)."""
+    from . import cupy_conv, reference
+    from .portable import contiguous
+
+    if not _one_float_dtype(x, W, *(() if b is None else (b,))):
+        return reference.conv2d(x, W, b)
+    z = cupy_conv.conv2d(x, W)
+    return contiguous(z) if b is None else z + b[None, :, None, None]
+
+
+def conv2d_adjoint(x, W, dz):
+    """reference.conv2d_adjoint: (dx, dW, db) by im2col GEMMs (cupy_conv.conv2d_adjoint)."""
+    from . import cupy_conv, reference
+    from .portable import contiguous
+
+    if not _one_float_dtype(x, W, dz):
+        return reference.conv2d_adjoint(x, W, dz)
+    dx, dW, db = cupy_conv.conv2d_adjoint(x, W, dz)
+    return contiguous(dx), dW, db
+
+
+def conv2d_batched(X, W, b):
+    """reference_batched.conv2d_batched, row j ``W[j] * X[j] + b[j]``: one batched GEMM."""
+    from . import cupy_conv, reference_batched
+    from .portable import contiguous
+
+    if not _one_float_dtype(X, W, *(() if b is None else (b,))):
+        return reference_batched.conv2d_batched(X, W, b)
+    Z = cupy_conv.conv2d(X, W)
+    return contiguous(Z) if b is None else Z + b[:, None, :, None, None]
+
+
+def conv2d_adjoint_batched(X, W, dZ, grads: bool = True):
+    """reference_batched.conv2d_adjoint_batched by batched im2col GEMMs."""
+    from . import cupy_conv, reference_batched
+    from .portable import contiguous
+
+    if not _one_float_dtype(X, W, dZ):
+        return reference_batched.conv2d_adjoint_batched(X, W, dZ, grads)
+    dX, dW, db = cupy_conv.conv2d_adjoint(X, W, dZ, grads)
+    return contiguous(dX), dW, db
+
+
 # ----------------------------------------------------------------------------- conv ODE steps
-# ConvStep's forward and adjoint, one step and k at once (reference_conv_step): the
-# reference convolutions (their stencil GEMMs), the bias with the activation and Euler update
-# in one fused launch (the dense kernel, the bias (C,) broadcast over B×C×H×W as
-# b[:, None, None]), h σ'(z) ⊙ dy in one. The reference's arithmetic in its order (the bias
-# added after the stencil sums, as reference.conv2d adds it), so the stand-in gives NumPy's
-# bits.
+# ConvStep's forward and adjoint, one step and k at once (reference_conv_step): the im2col
+# convolutions (cupy_conv), the bias with the activation and Euler update in one fused launch
+# (the dense kernel, the bias (C,) broadcast over B×C×H×W as b[:, None, None]), h σ'(z) ⊙ dy
+# in one. The element-wise arithmetic is the reference's in its order (the bias added after
+# the convolution's sum, as reference.conv2d adds it); the convolutions agree with the
+# reference's to round-off.
 def conv_step(y, W, b, h: float, act: str, out=None, add=None):
     """reference_conv_step.conv_step: ``z = W * y + b``, ``y_next = y + h σ(z)`` (``+ add``);
     returns (y_next, z), y_next new (``out`` is not written)."""
-    from . import reference, reference_conv_step
+    from . import cupy_conv, reference, reference_conv_step
     from .cupy_fused import BIAS_ACT_EULER
     from .into import plus
 
     reference.check_activation(act)
-    if b is None or not _fusable(y, W, b):
+    if b is None or not _one_float_dtype(y, W, b):
         return reference_conv_step.conv_step(y, W, b, h, act, add=add)
-    z, y_next = BIAS_ACT_EULER(act, reference.conv2d(y, W, None), b[:, None, None], y, h)
+    z, y_next = BIAS_ACT_EULER(act, cupy_conv.conv2d(y, W), b[:, None, None], y, h)
     return plus(y_next, add), z
 
 
@@ -185,14 +236,14 @@ def conv_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True, 
                       add=None):
     """reference_conv_step.conv_step_adjoint: ``s = h σ'(z) ⊙ dy_next`` in one launch, ``dy =
     dy_next + W *ᵀ s`` (``+ add``); returns (dy, dW, db), dW and db None unless ``grads``."""
-    from . import reference, reference_conv_step
+    from . import cupy_conv, reference, reference_conv_step
     from .cupy_fused import SCALED_ACT_ADJOINT
     from .into import plus
 
     reference.check_activation(act)
-    if not _fusable(z, dy_next):
+    if not _one_float_dtype(y, z, dy_next, W):
         return reference_conv_step.conv_step_adjoint(y, z, dy_next, W, h, act, grads, add=add)
-    dys, dW, db = reference.conv2d_adjoint(y, W, SCALED_ACT_ADJOINT(act, z, dy_next, h))
+    dys, dW, db = cupy_conv.conv2d_adjoint(y, W, SCALED_ACT_ADJOINT(act, z, dy_next, h), grads)
     dy = plus(dy_next + dys, add)
     return (dy, dW, db) if grads else (dy, None, None)
 
@@ -200,14 +251,14 @@ def conv_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True, 
 def conv_step_batched(Y, W, b, h, act: str):
     """reference_conv_step.conv_step_batched: the batched convolution, then bias, activation
     and Euler update of all k rows in one fused launch; returns (Y_next, Z)."""
-    from . import reference_batched, reference_conv_step
+    from . import cupy_conv, reference_conv_step
     from .cupy_fused import BIAS_ACT_EULER
     from .reference import check_activation
 
     check_activation(act)
-    if not _fusable(Y, W, b):
+    if not _one_float_dtype(Y, W, b):
         return reference_conv_step.conv_step_batched(Y, W, b, h, act)
-    Z, Y_next = BIAS_ACT_EULER(act, reference_batched.conv2d_batched(Y, W, None),
+    Z, Y_next = BIAS_ACT_EULER(act, cupy_conv.conv2d(Y, W),
                                b[:, None, :, None, None], Y, _step_sizes(Y, h))
     return Y_next, Z
 
@@ -216,15 +267,15 @@ def conv_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True)
     """reference_conv_step.conv_step_batched_adjoint: ``S = h σ'(Z) ⊙ dY_next`` in one fused
     launch, then the batched transposed convolution (and dW, db with ``grads``) and
     ``dY_next + W *ᵀ S``."""
-    from . import reference_batched, reference_conv_step
+    from . import cupy_conv, reference_conv_step
     from .cupy_fused import SCALED_ACT_ADJOINT
     from .reference import check_activation
 
     check_activation(act)
-    if not _fusable(Z, dY_next):
+    if not _one_float_dtype(Y, Z, dY_next, W):
         return reference_conv_step.conv_step_batched_adjoint(Y, Z, dY_next, W, h, act, grads)
     S = SCALED_ACT_ADJOINT(act, Z, dY_next, _step_sizes(dY_next, h))  # k,B,C,H,W
-    dYs, dW, db = reference_batched.conv2d_adjoint_batched(Y, W, S, grads)
+    dYs, dW, db = cupy_conv.conv2d_adjoint(Y, W, S, grads)
     return dY_next + dYs, dW, db
 
 

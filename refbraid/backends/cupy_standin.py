@@ -104,6 +104,12 @@ def asnumpy(a, stream=None, order="C", out=None) -> np.ndarray:
     return a.get(order=order) if isinstance(a, ndarray) else np.asarray(a, order=order)
 
 
+def as_strided(x, shape=None, strides=None):
+    """``cupy.lib.stride_tricks.as_strided``: a view of a stand-in array (no launch)."""
+    return run("as_strided", np.lib.stride_tricks.as_strided, (x,),
+               {"shape": shape, "strides": strides})
+
+
 def _module_getattr(name: str):
     if name in NAMES and hasattr(np, name):
         value = getattr(np, name)
@@ -126,6 +132,7 @@ _MODULE = types.ModuleType("cupy", __doc__)
 _MODULE.ndarray = ndarray
 _MODULE.asnumpy = asnumpy
 _MODULE.cuda = _cuda_namespace()
+_MODULE.lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=as_strided))
 _MODULE.__getattr__ = _module_getattr
 _MODULE.__version__ = "14.0.0+standin"
 _MODULE.STANDIN = True

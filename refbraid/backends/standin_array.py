@@ -62,7 +62,7 @@ IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. Please use `.g
 VIEWS = frozenset({"reshape", "permute_dims", "transpose", "expand_dims", "squeeze",
                    "broadcast_to", "swapaxes", "moveaxis", "matrix_transpose", "ravel",
                    "atleast_1d", "atleast_2d", "atleast_3d", "broadcast_arrays", "unstack",
-                   "split", "flip"})
+                   "split", "flip", "as_strided"})
 #: Functions that make new memory without writing it.
 EMPTY = frozenset({"empty", "empty_like"})
 
