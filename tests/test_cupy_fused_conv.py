@@ -108,6 +108,23 @@ def test_the_catalogue_convolutions_match_the_reference(dtype):
             _close(g, w, f"{name} s={s}")
 
 
+def test_a_column_matrix_over_the_budget_takes_the_reference(monkeypatch):
+    """Above cupy_conv.COLUMN_BYTES the step keeps the reference's offset-by-offset
+    convolution (no s²-fold copy of the input): NumPy's bits, the reference's launches."""
+    from refbraid.backends import cupy_conv
+
+    layer, params, Y, dY = _case(np.float64, 6)
+    monkeypatch.setattr(cupy_conv, "COLUMN_BYTES", Y[0].nbytes * 9 - 1)
+    for batched in (False, True):
+        want = _step(layer, NUMPY, params, Y, dY, True, batched)
+        with launch_count.counting("cupy") as bk:
+            with tracking() as t:
+                got = _step(layer, bk, params, Y, dY, True, batched)
+        assert t.tally.launches > 60, t.tally.by_name  # im2col: 18 (5 + 13)
+        for name, g, w in zip(("Y_next", "Z", "dY", "dW", "db"), got, want, strict=True):
+            np.testing.assert_array_equal(g, w, err_msg=name)
+
+
 def _launches(fn) -> int:
     return launch_count.count(fn).launches
 

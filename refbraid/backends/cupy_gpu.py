@@ -83,6 +83,16 @@ def _one_float_dtype(*arrays) -> bool:
     return _fusable(*arrays) and len({a.dtype for a in arrays}) == 1
 
 
+def _im2col(x, W, *others) -> bool:
+    """The convolution of ``x`` with ``W`` takes the im2col GEMM (cupy_conv): real floats of
+    one dtype, fused kernels on, and column matrices (of x, and of the image-shaped
+    ``others``: an adjoint's dz) within cupy_conv.COLUMN_BYTES."""
+    from .cupy_conv import fits
+
+    images = [a for a in (x, *others) if a.ndim >= 4]
+    return _one_float_dtype(x, W, *others) and all(fits(a, W.shape[-1]) for a in images)
+
+
 def dense_step(y, W, b, h: float, act: str):
     """reference_batched.dense_step: one GEMM ``y Wᵀ``, then bias, activation and Euler
     update in one fused launch (cupy_fused.BIAS_ACT_EULER); the reference's arithmetic."""
@@ -172,7 +182,7 @@ def conv2d(x, W, b):
     from . import cupy_conv, reference
     from .portable import contiguous
 
-    if not _one_float_dtype(x, W, *(() if b is None else (b,))):
+    if not _im2col(x, W, *(() if b is None else (b,))):
         return reference.conv2d(x, W, b)
     z = cupy_conv.conv2d(x, W)
     return contiguous(z) if b is None else z + b[None, :, None, None]
@@ -183,7 +193,7 @@ def conv2d_adjoint(x, W, dz):
     from . import cupy_conv, reference
     from .portable import contiguous
 
-    if not _one_float_dtype(x, W, dz):
+    if not _im2col(x, W, dz):
         return reference.conv2d_adjoint(x, W, dz)
     dx, dW, db = cupy_conv.conv2d_adjoint(x, W, dz)
     return contiguous(dx), dW, db
@@ -194,7 +204,7 @@ def conv2d_batched(X, W, b):
     from . import cupy_conv, reference_batched
     from .portable import contiguous
 
-    if not _one_float_dtype(X, W, *(() if b is None else (b,))):
+    if not _im2col(X, W, *(() if b is None else (b,))):
         return reference_batched.conv2d_batched(X, W, b)
     Z = cupy_conv.conv2d(X, W)
     return contiguous(Z) if b is None else Z + b[:, None, :, None, None]
@@ -205,7 +215,7 @@ def conv2d_adjoint_batched(X, W, dZ, grads: bool = True):
     from . import cupy_conv, reference_batched
     from .portable import contiguous
 
-    if not _one_float_dtype(X, W, dZ):
+    if not _im2col(X, W, dZ):
         return reference_batched.conv2d_adjoint_batched(X, W, dZ, grads)
     dX, dW, db = cupy_conv.conv2d_adjoint(X, W, dZ, grads)
     return contiguous(dX), dW, db
@@ -226,7 +236,7 @@ def conv_step(y, W, b, h: float, act: str, out=None, add=None):
     from .into import plus
 
     reference.check_activation(act)
-    if b is None or not _one_float_dtype(y, W, b):
+    if b is None or not _im2col(y, W, b):
         return reference_conv_step.conv_step(y, W, b, h, act, add=add)
     z, y_next = BIAS_ACT_EULER(act, cupy_conv.conv2d(y, W), b[:, None, None], y, h)
     return plus(y_next, add), z
@@ -241,7 +251,7 @@ def conv_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True, 
     from .into import plus
 
     reference.check_activation(act)
-    if not _one_float_dtype(y, z, dy_next, W):
+    if not _im2col(y, W, z, dy_next):
         return reference_conv_step.conv_step_adjoint(y, z, dy_next, W, h, act, grads, add=add)
     dys, dW, db = cupy_conv.conv2d_adjoint(y, W, SCALED_ACT_ADJOINT(act, z, dy_next, h), grads)
     dy = plus(dy_next + dys, add)
@@ -256,7 +266,7 @@ def conv_step_batched(Y, W, b, h, act: str):
     from .reference import check_activation
 
     check_activation(act)
-    if not _one_float_dtype(Y, W, b):
+    if not _im2col(Y, W, b):
         return reference_conv_step.conv_step_batched(Y, W, b, h, act)
     Z, Y_next = BIAS_ACT_EULER(act, cupy_conv.conv2d(Y, W),
                                b[:, None, :, None, None], Y, _step_sizes(Y, h))
@@ -272,7 +282,7 @@ def conv_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True)
     from .reference import check_activation
 
     check_activation(act)
-    if not _one_float_dtype(Y, Z, dY_next, W):
+    if not _im2col(Y, W, Z, dY_next):
         return reference_conv_step.conv_step_batched_adjoint(Y, Z, dY_next, W, h, act, grads)
     S = SCALED_ACT_ADJOINT(act, Z, dY_next, _step_sizes(dY_next, h))  # k,B,C,H,W
     dYs, dW, db = cupy_conv.conv2d_adjoint(Y, W, S, grads)
