@@ -3,7 +3,8 @@
 * refbraid.backends.cupy_fused: each fused kernel's NumPy path (what runs off a GPU, and what
   the launch counter charges one launch for) gives the reference kernels' bits, every
   activation, float32 and float64; its CUDA source compiles with NVIDIA's NVRTC for sm_75,
-  sm_80 and sm_90 in double and float (no GPU needed; skipped without NVRTC).
+  sm_80 and sm_90 in double and float (no GPU needed; skipped without NVRTC); so do the
+  layer-norm kernels of refbraid.backends.cupy_layernorm.
 * refbraid.backends.numba_cuda_batched on device-resident arrays (the simulator's device):
   every row bit-identical to the per-step cuda calls; its new adjoint kernel compiles with
   ``numba.cuda.compile_ptx`` for compute capability 9.0 outside the simulator.
@@ -86,10 +87,14 @@ def _nvrtc_usable() -> bool:
                     "'numba-cuda[cu13]' brings it)")
 @pytest.mark.parametrize("T", ["double", "float"])
 def test_every_fused_kernel_compiles_for_real_gpus(T):
-    for kernel in KERNELS:
-        for act in ACTIVATIONS:
-            for arch in ("compute_75", "compute_80", "compute_90"):
+    from refbraid.backends import cupy_layernorm
+
+    for arch in ("compute_75", "compute_80", "compute_90"):
+        for kernel in KERNELS:
+            for act in ACTIVATIONS:
                 _nvrtc_compile(kernel.cuda_kernel(act, T), arch)
+        for name in cupy_layernorm.KERNELS:
+            _nvrtc_compile(cupy_layernorm.cuda_source(name, T), arch)
 
 
 def test_the_device_resident_batched_dense_step_equals_per_step_cuda_calls():

@@ -10,7 +10,10 @@ step, one or k at once, is its GEMMs plus one fused kernel for bias, activation 
 update; its adjoint the GEMMs, ``h σ'(z) ⊙ dy`` in one kernel and ``dy_next + s W`` with the
 bias gradient's column sums in another), and every 2-D convolution is one strided copy and
 one GEMM (:mod:`refbraid.backends.cupy_conv`, im2col: equal to the reference to round-off)
-where the reference sums the stencil offsets one launch set each. These fall back to the
+where the reference sums the stencil offsets one launch set each; layer norm is one kernel
+forward and three launches for its adjoint (:mod:`refbraid.backends.cupy_layernorm`, equal to
+the reference to round-off: sums in double) where the reference makes ten and thirteen. These
+fall back to the
 reference code for complex inputs (the verification's complex step) or inside
 ``cupy_fused.fused(False)``.
 
@@ -32,7 +35,8 @@ OVERRIDES: tuple[str, ...] = ("euler_act", "activation_adjoint", "dense_step", "
                               "dense_step_batched", "dense_step_batched_adjoint", "conv_step",
                               "conv_step_adjoint", "conv_step_batched",
                               "conv_step_batched_adjoint", "conv2d", "conv2d_adjoint",
-                              "conv2d_batched", "conv2d_adjoint_batched")
+                              "conv2d_batched", "conv2d_adjoint_batched", "layernorm",
+                              "layernorm_adjoint")
 
 
 # ----------------------------------------------------------------------------- fused kernels
@@ -219,6 +223,50 @@ def conv2d_adjoint_batched(X, W, dZ, grads: bool = True):
         return reference_batched.conv2d_adjoint_batched(X, W, dZ, grads)
     dX, dW, db = cupy_conv.conv2d_adjoint(X, W, dZ, grads)
     return contiguous(dX), dW, db
+
+
+# ----------------------------------------------------------------------------- layer norm
+def layernorm(x, gamma, beta, eps: float):
+    """reference.layernorm in one launch (cupy_layernorm.layernorm_rows)."""
+    from . import cupy_layernorm, reference
+
+    G = cupy_layernorm.rows_per_gamma(x, gamma) if tuple(beta.shape) == tuple(gamma.shape) \
+        else None
+    if G is None or not _one_float_dtype(x, gamma, beta):
+        return reference.layernorm(x, gamma, beta, eps)
+    return cupy_layernorm.layernorm(x, gamma, beta, eps, G)
+
+
+def layernorm_adjoint(x, mean, rstd, gamma, dy):
+    """reference.layernorm_adjoint in three launches (cupy_layernorm.layernorm_adjoint)."""
+    from . import cupy_layernorm, reference
+
+    G = cupy_layernorm.rows_per_gamma(x, gamma)
+    if G is None or not _one_float_dtype(x, mean, rstd, gamma, dy):
+        return reference.layernorm_adjoint(x, mean, rstd, gamma, dy)
+    return cupy_layernorm.layernorm_adjoint(x, mean, rstd, gamma, dy, G)
+
+
+def _layernorm_adjoint_per_layer(x, mean, rstd, gamma, dy, grads: bool):
+    """The batched transformer step's layer-norm adjoint (layers/transformer_batched.py):
+    x (k, ..., N), γ (k, 1, ..., 1, N); dγ, dβ summed per layer j, (k, N) each (None without
+    ``grads``). Three launches, or one without ``grads``."""
+    from . import cupy_layernorm, reference
+
+    G = cupy_layernorm.rows_per_gamma(x, gamma)
+    if G is None or G * x.shape[0] * x.shape[-1] != x.size \
+            or not _one_float_dtype(x, mean, rstd, gamma, dy):
+        dx, _, _ = reference.layernorm_adjoint(x, mean, rstd, gamma, dy)
+        if not grads:
+            return dx, None, None
+        return dx, *cupy_layernorm.group_sums(True, x, mean, rstd, gamma, dy)[:, :, 0, :]
+    return cupy_layernorm.layernorm_adjoint(x, mean, rstd, gamma, dy, G, True, grads)
+
+
+#: what layers/transformer_batched.py asks of a backend's layer norm: γ, β broadcast per
+#: group of rows in one call, and the adjoint with the gradients summed per layer
+layernorm.takes_row_groups = True
+layernorm_adjoint.per_layer = _layernorm_adjoint_per_layer
 
 
 # ----------------------------------------------------------------------------- conv ODE steps

@@ -71,16 +71,22 @@ def _linear_adjoint(xp, X, W, dZ, grads: bool):
 
 
 def _layernorm(bk, X, gamma, beta, eps: float):
-    """LN of every row: X (k, B, T, E), γ, β (k, E) -> (Y, mean (k, B, T), rstd (k, B, T))."""
-    if bk.layernorm is reference.layernorm:
+    """LN of every row: X (k, B, T, E), γ, β (k, E) -> (Y, mean (k, B, T), rstd (k, B, T)).
+    One call with γ, β broadcast per layer where the backend's kernel takes that (the
+    reference; ``takes_row_groups``: cupy's one-launch kernel), else one call per layer."""
+    if bk.layernorm is reference.layernorm or getattr(bk.layernorm, "takes_row_groups", False):
         return bk.layernorm(X, gamma[:, None, None, :], beta[:, None, None, :], eps)
     out = [bk.layernorm(X[j], gamma[j], beta[j], eps) for j in range(X.shape[0])]
     return tuple(bk.xp.stack([o[i] for o in out]) for i in range(3))
 
 
 def _layernorm_adjoint(bk, X, mean, rstd, gamma, dY, grads: bool):
-    """(dX, dγ (k, E), dβ (k, E)) of :func:`_layernorm`; dγ, dβ None unless grads."""
+    """(dX, dγ (k, E), dβ (k, E)) of :func:`_layernorm`; dγ, dβ None unless grads. A
+    backend kernel's ``per_layer`` (cupy's) does it all in one call."""
     xp = bk.xp
+    per_layer = getattr(bk.layernorm_adjoint, "per_layer", None)
+    if per_layer is not None:
+        return per_layer(X, mean, rstd, gamma[:, None, None, :], dY, grads)
     if bk.layernorm_adjoint is reference.layernorm_adjoint:
         dX, _, _ = bk.layernorm_adjoint(X, mean, rstd, gamma[:, None, None, :], dY)
         if not grads:
