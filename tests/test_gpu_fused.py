@@ -4,7 +4,8 @@
   the launch counter charges one launch for) gives the reference kernels' bits, every
   activation, float32 and float64; its CUDA source compiles with NVIDIA's NVRTC for sm_75,
   sm_80 and sm_90 in double and float (no GPU needed; skipped without NVRTC); so do the
-  layer-norm kernels of refbraid.backends.cupy_layernorm.
+  layer-norm, softmax and GRU kernels (refbraid.backends.cupy_layernorm, cupy_softmax,
+  cupy_gru).
 * refbraid.backends.numba_cuda_batched on device-resident arrays (the simulator's device):
   every row bit-identical to the per-step cuda calls; its new adjoint kernel compiles with
   ``numba.cuda.compile_ptx`` for compute capability 9.0 outside the simulator.
@@ -23,6 +24,7 @@ import pytest
 from refbraid.backends import reference, reference_batched
 from refbraid.backends.cupy_fused import (
     ACT_ADJOINT_KERNEL,
+    ACTIVATION,
     BIAS_ACT_EULER,
     EULER_ACT,
     KERNELS,
@@ -41,6 +43,7 @@ def test_each_fused_kernel_gives_the_reference_bits_off_a_gpu(act, dtype):
     y, z, dy = (_data(dtype, 3, 5, seed=s) for s in range(3))
     h = 0.37
     np.testing.assert_array_equal(EULER_ACT(act, y, z, h), reference.euler_act(y, z, h, act))
+    np.testing.assert_array_equal(ACTIVATION(act, z), reference.activation(z, act))
     np.testing.assert_array_equal(ACT_ADJOINT_KERNEL(act, z, dy),
                                   reference.activation_adjoint(z, dy, act))
     Y, W, b = _data(dtype, 4, 3, 5), _data(dtype, 4, 5, 5, seed=1), _data(dtype, 4, 5, seed=2)
@@ -87,14 +90,15 @@ def _nvrtc_usable() -> bool:
                     "'numba-cuda[cu13]' brings it)")
 @pytest.mark.parametrize("T", ["double", "float"])
 def test_every_fused_kernel_compiles_for_real_gpus(T):
-    from refbraid.backends import cupy_layernorm
+    from refbraid.backends import cupy_gru, cupy_layernorm, cupy_softmax
 
     for arch in ("compute_75", "compute_80", "compute_90"):
         for kernel in KERNELS:
             for act in ACTIVATIONS:
                 _nvrtc_compile(kernel.cuda_kernel(act, T), arch)
-        for name in cupy_layernorm.KERNELS:
-            _nvrtc_compile(cupy_layernorm.cuda_source(name, T), arch)
+        for module in (cupy_layernorm, cupy_gru, cupy_softmax):
+            for name in module.KERNELS:
+                _nvrtc_compile(module.cuda_source(name, T), arch)
 
 
 def test_the_device_resident_batched_dense_step_equals_per_step_cuda_calls():

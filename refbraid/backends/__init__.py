@@ -122,7 +122,10 @@ _MODULES = {
         "refbraid.backends.numba_cuda_batched",  # k dense steps at once
         "refbraid.backends.numba_cuda_step",  # the dense step's adjoint, fused
     ),
-    "cupy": ("refbraid.backends.cupy_gpu",),
+    "cupy": (
+        "refbraid.backends.cupy_gpu",  # fused element-wise chains, im2col convolutions
+        "refbraid.backends.cupy_sequence",  # layer norm, softmax, GRU cell
+    ),
     "strict": ("refbraid.backends.strict_device",),
 }
 

@@ -8,6 +8,7 @@ Here each is one CuPy ``ElementwiseKernel`` whose body is the reference's arithm
 same order (T is the array dtype; the step size is cast to T first, as NumPy casts a Python
 float against a T array)::
 
+    activation          a = σ(z)                                      (GELU: 5 launches)
     euler_act           out = y + (T)h · σ(z)                        (per-step forward)
     act_adjoint         dz  = σ'(z) · dy                              (per-step adjoint)
     bias_act_euler      z = p + b,  y_next = y + (T)h · σ(z)          (forward, p = y Wᵀ)
@@ -59,6 +60,18 @@ def fused(on: bool) -> Iterator[None]:
 
 def is_on() -> bool:
     return _ON[-1]
+
+
+def fusable(*arrays) -> bool:
+    """The fused kernels take real floating arrays, while switched on (:func:`fused`)."""
+    from .dtypes import dtype_kind
+
+    return is_on() and all(dtype_kind(a.dtype) == "f" for a in arrays)
+
+
+def one_float_dtype(*arrays) -> bool:
+    """:func:`fusable`, and all of one dtype (the hand-written kernels' operands)."""
+    return fusable(*arrays) and len({a.dtype for a in arrays}) == 1
 
 
 #: σ(z) in CUDA C (T the dtype), as reference.activation computes it.
@@ -166,6 +179,7 @@ def _scaled_act_adjoint_ref(act, z, dy, h):
     return _act_adjoint(z, dy, act) * h  # reference_batched._dense_adjoint: S *= h
 
 
+ACTIVATION = Fused("activation", "T z", "T a", "a = SIGMA", lambda act, z: _act(z, act))
 EULER_ACT = Fused("euler_act", "T y, T z, T h", "T out", "out = y + h * SIGMA",
                   _euler_act_ref)
 ACT_ADJOINT_KERNEL = Fused("act_adjoint", "T z, T dy", "T dz", "dz = SIGMA_PRIME_DY",
@@ -272,6 +286,6 @@ def _add_column_sums_ref(act, p, dy_next, s):
 ADD_COLUMN_SUMS = AddColumnSums()
 
 #: Every fused kernel (the compile check walks this).
-KERNELS = (EULER_ACT, ACT_ADJOINT_KERNEL, BIAS_ACT_EULER, SCALED_ACT_ADJOINT, ADD_COLUMN_SUMS,
-           SCALED_ACT_ADJOINT_COPY)
+KERNELS = (ACTIVATION, EULER_ACT, ACT_ADJOINT_KERNEL, BIAS_ACT_EULER, SCALED_ACT_ADJOINT,
+           ADD_COLUMN_SUMS, SCALED_ACT_ADJOINT_COPY)
 

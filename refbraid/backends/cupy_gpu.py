@@ -12,7 +12,9 @@ bias gradient's column sums in another), and every 2-D convolution is one stride
 one GEMM (:mod:`refbraid.backends.cupy_conv`, im2col: equal to the reference to round-off)
 where the reference sums the stencil offsets one launch set each; layer norm is one kernel
 forward and three launches for its adjoint (:mod:`refbraid.backends.cupy_layernorm`, equal to
-the reference to round-off: sums in double) where the reference makes ten and thirteen. These
+the reference to round-off: sums in double) where the reference makes ten and thirteen, and
+a GRU cell's gate algebra one launch each way (:mod:`refbraid.backends.cupy_gru`) where it
+makes about twenty. These
 fall back to the
 reference code for complex inputs (the verification's complex step) or inside
 ``cupy_fused.fused(False)``.
@@ -31,21 +33,25 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-OVERRIDES: tuple[str, ...] = ("euler_act", "activation_adjoint", "dense_step", "dense_step_adjoint",
-                              "dense_step_batched", "dense_step_batched_adjoint", "conv_step",
-                              "conv_step_adjoint", "conv_step_batched",
-                              "conv_step_batched_adjoint", "conv2d", "conv2d_adjoint",
-                              "conv2d_batched", "conv2d_adjoint_batched", "layernorm",
-                              "layernorm_adjoint")
+from .cupy_fused import fusable, one_float_dtype
+
+OVERRIDES: tuple[str, ...] = (
+    "activation", "euler_act", "activation_adjoint", "dense_step", "dense_step_adjoint",
+    "dense_step_batched", "dense_step_batched_adjoint", "conv_step", "conv_step_adjoint",
+    "conv_step_batched", "conv_step_batched_adjoint", "conv2d", "conv2d_adjoint",
+    "conv2d_batched", "conv2d_adjoint_batched")
 
 
 # ----------------------------------------------------------------------------- fused kernels
-def _fusable(*arrays) -> bool:
-    """The fused kernels take real floating arrays, while switched on (cupy_fused.fused)."""
-    from .cupy_fused import is_on
-    from .dtypes import dtype_kind
+def activation(z, act: str):
+    """reference.activation ``σ(z)``: one fused launch (cupy_fused.ACTIVATION)."""
+    from . import reference
+    from .cupy_fused import ACTIVATION
 
-    return is_on() and all(dtype_kind(a.dtype) == "f" for a in arrays)
+    reference.check_activation(act)
+    if not fusable(z):
+        return reference.activation(z, act)
+    return ACTIVATION(act, z)
 
 
 def euler_act(y, z, h: float, act: str, out=None):
@@ -54,7 +60,7 @@ def euler_act(y, z, h: float, act: str, out=None):
     from .cupy_fused import EULER_ACT
 
     reference.check_activation(act)
-    if out is not None or not _fusable(y, z):
+    if out is not None or not fusable(y, z):
         return reference.euler_act(y, z, h, act, out)
     return EULER_ACT(act, y, z, h)
 
@@ -65,7 +71,7 @@ def activation_adjoint(z, dy, act: str):
     from .cupy_fused import ACT_ADJOINT_KERNEL
 
     reference.check_activation(act)
-    if not _fusable(z, dy):
+    if not fusable(z, dy):
         return reference.activation_adjoint(z, dy, act)
     return ACT_ADJOINT_KERNEL(act, z, dy)
 
@@ -82,11 +88,6 @@ def _step_sizes(like, h):
     return values_on(like, h, like.dtype)[(slice(None),) + (None,) * (like.ndim - 1)]
 
 
-def _one_float_dtype(*arrays) -> bool:
-    """:func:`_fusable`, and all of one dtype (the column kernel's operands)."""
-    return _fusable(*arrays) and len({a.dtype for a in arrays}) == 1
-
-
 def _im2col(x, W, *others) -> bool:
     """The convolution of ``x`` with ``W`` takes the im2col GEMM (cupy_conv): real floats of
     one dtype, fused kernels on, and column matrices (of x, and of the image-shaped
@@ -94,7 +95,7 @@ def _im2col(x, W, *others) -> bool:
     from .cupy_conv import fits
 
     images = [a for a in (x, *others) if a.ndim >= 4]
-    return _one_float_dtype(x, W, *others) and all(fits(a, W.shape[-1]) for a in images)
+    return one_float_dtype(x, W, *others) and all(fits(a, W.shape[-1]) for a in images)
 
 
 def dense_step(y, W, b, h: float, act: str):
@@ -105,7 +106,7 @@ def dense_step(y, W, b, h: float, act: str):
     from .reference import check_activation
 
     check_activation(act)
-    if b is None or not _fusable(y, W, b):
+    if b is None or not fusable(y, W, b):
         return reference_batched.dense_step(y, W, b, h, act)
     z, y_next = BIAS_ACT_EULER(act, y @ W.T, b, y, h)  # B,C each
     return y_next, z
@@ -120,7 +121,7 @@ def dense_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True)
     from .reference import check_activation
 
     check_activation(act)
-    if not _one_float_dtype(y, z, dy_next, W):
+    if not one_float_dtype(y, z, dy_next, W):
         return reference_batched.dense_step_adjoint(y, z, dy_next, W, h, act, grads)
     if not grads:  # s and a copy of dy_next in one launch, + s W in the GEMM (β = 1): two
         from .cupy_fused import GEMM_ACCUMULATE, SCALED_ACT_ADJOINT_COPY
@@ -155,7 +156,7 @@ def dense_step_batched(Y, W, b, h, act: str):
     from .reference import array_namespace, check_activation
 
     check_activation(act)
-    if not _fusable(Y, W, b):
+    if not fusable(Y, W, b):
         return reference_batched.dense_step_batched(Y, W, b, h, act)
     xp = array_namespace(Y)
     P = xp.matmul(Y, xp.permute_dims(W, (0, 2, 1)))  # k,B,C
@@ -171,7 +172,7 @@ def dense_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True
     from .reference import check_activation
 
     check_activation(act)
-    if not _one_float_dtype(Y, Z, dY_next, W):
+    if not one_float_dtype(Y, Z, dY_next, W):
         return reference_batched.dense_step_batched_adjoint(Y, Z, dY_next, W, h, act, grads)
     S = SCALED_ACT_ADJOINT(act, Z, dY_next, _step_sizes(dY_next, h))  # k,B,C
     return _products(S, Y, dY_next, W, grads)
@@ -223,50 +224,6 @@ def conv2d_adjoint_batched(X, W, dZ, grads: bool = True):
         return reference_batched.conv2d_adjoint_batched(X, W, dZ, grads)
     dX, dW, db = cupy_conv.conv2d_adjoint(X, W, dZ, grads)
     return contiguous(dX), dW, db
-
-
-# ----------------------------------------------------------------------------- layer norm
-def layernorm(x, gamma, beta, eps: float):
-    """reference.layernorm in one launch (cupy_layernorm.layernorm_rows)."""
-    from . import cupy_layernorm, reference
-
-    G = cupy_layernorm.rows_per_gamma(x, gamma) if tuple(beta.shape) == tuple(gamma.shape) \
-        else None
-    if G is None or not _one_float_dtype(x, gamma, beta):
-        return reference.layernorm(x, gamma, beta, eps)
-    return cupy_layernorm.layernorm(x, gamma, beta, eps, G)
-
-
-def layernorm_adjoint(x, mean, rstd, gamma, dy):
-    """reference.layernorm_adjoint in three launches (cupy_layernorm.layernorm_adjoint)."""
-    from . import cupy_layernorm, reference
-
-    G = cupy_layernorm.rows_per_gamma(x, gamma)
-    if G is None or not _one_float_dtype(x, mean, rstd, gamma, dy):
-        return reference.layernorm_adjoint(x, mean, rstd, gamma, dy)
-    return cupy_layernorm.layernorm_adjoint(x, mean, rstd, gamma, dy, G)
-
-
-def _layernorm_adjoint_per_layer(x, mean, rstd, gamma, dy, grads: bool):
-    """The batched transformer step's layer-norm adjoint (layers/transformer_batched.py):
-    x (k, ..., N), γ (k, 1, ..., 1, N); dγ, dβ summed per layer j, (k, N) each (None without
-    ``grads``). Three launches, or one without ``grads``."""
-    from . import cupy_layernorm, reference
-
-    G = cupy_layernorm.rows_per_gamma(x, gamma)
-    if G is None or G * x.shape[0] * x.shape[-1] != x.size \
-            or not _one_float_dtype(x, mean, rstd, gamma, dy):
-        dx, _, _ = reference.layernorm_adjoint(x, mean, rstd, gamma, dy)
-        if not grads:
-            return dx, None, None
-        return dx, *cupy_layernorm.group_sums(True, x, mean, rstd, gamma, dy)[:, :, 0, :]
-    return cupy_layernorm.layernorm_adjoint(x, mean, rstd, gamma, dy, G, True, grads)
-
-
-#: what layers/transformer_batched.py asks of a backend's layer norm: γ, β broadcast per
-#: group of rows in one call, and the adjoint with the gradients summed per layer
-layernorm.takes_row_groups = True
-layernorm_adjoint.per_layer = _layernorm_adjoint_per_layer
 
 
 # ----------------------------------------------------------------------------- conv ODE steps

@@ -19,8 +19,8 @@ broadcast per group of rows (MGRIT's batched sweeps pass (k, 1, 1, N): G = R / k
 Sums accumulate in double (a fixed-order tree in shared memory, or down a column) and are
 rounded to T once: on a GPU the results agree with the reference to round-off, as CuPy's own
 ``mean`` does. Off a GPU (the CuPy stand-in) each kernel runs the reference path and reports
-one launch to the launch counter; its CUDA source is compiled for sm_75, sm_80 and sm_90 with
-NVRTC by tests/test_gpu_fused.py (no GPU needed).
+one launch to the launch counter (:mod:`.cupy_raw`); its CUDA source is compiled for sm_75,
+sm_80 and sm_90 with NVRTC by tests/test_gpu_fused.py (no GPU needed).
 """
 
 from __future__ import annotations
@@ -29,25 +29,10 @@ import math
 
 import numpy as np
 
-from .launch_model import current
+from .cupy_raw import BLOCK_REDUCTIONS, compiled, on_host, real_cupy
 
 THREADS = 256  # threads per block of the row kernels (a power of two: the tree reduction)
 CHUNK = 64  # rows per partial sum of the parameter gradients
-
-_BLOCK_SUM = """
-__device__ double block_sum(double* buf, double v) {
-  int t = threadIdx.x;
-  buf[t] = v;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (t < s) buf[t] += buf[t + s];
-    __syncthreads();
-  }
-  double total = buf[0];
-  __syncthreads();
-  return total;
-}
-"""
 
 _SOURCES = {
     "layernorm_rows": """
@@ -127,7 +112,7 @@ extern "C" __global__ void layernorm_param_parts(const T* x, const T* mean, cons
 def cuda_source(name: str, T: str = "double") -> str:
     """The complete CUDA C source of kernel ``name`` for element type ``T``."""
     return (f"typedef {T} T;\n#define THREADS {THREADS}\n"
-            f"{_BLOCK_SUM}{_SOURCES[name]}")
+            f"{BLOCK_REDUCTIONS}{_SOURCES[name]}")
 
 
 #: the kernels (the compile check walks these)
@@ -151,50 +136,13 @@ def rows_per_gamma(x, gamma) -> int | None:
     return max(1, math.prod(lead[m:]))
 
 
-def _real_cupy(a) -> bool:
-    from .cupy_fused import _real_cupy as real
-
-    return real(a)
-
-
-def _on_host(name: str, fn, *args):
-    """``fn`` (a reference kernel) on the NumPy storage of stand-in arrays, its outputs back
-    on the stand-in, reported as ONE launch ``name`` to the active launch counter: what the
-    fused kernel costs a GPU (plain NumPy arrays pass straight through)."""
-    from .standin_array import ndarray as DeviceArray
-
-    device = [a for a in args if isinstance(a, DeviceArray)]
-    if not device:
-        return fn(*args)
-    raw = [a._a if isinstance(a, DeviceArray) else a for a in args]
-    outs = fn(*raw)
-    outs = outs if isinstance(outs, tuple) else (outs,)
-    t = current()
-    if t is not None:
-        for o in outs:
-            t.fresh(o)
-        t.launch([a._a for a in device], list(outs), name)
-    outs = tuple(DeviceArray(o) for o in outs)
-    return outs if len(outs) > 1 else outs[0]
-
-
-def _compiled(name: str, dtype, cache: dict = {}):  # noqa: B006 - one cache per process
-    import cupy
-
-    T = {"float64": "double", "float32": "float"}[np.dtype(dtype).name]
-    key = (name, T)
-    if key not in cache:
-        cache[key] = cupy.RawKernel(cuda_source(name, T), name)
-    return cache[key]
-
-
 def layernorm(x, gamma, beta, eps: float, G: int):
     """reference.layernorm on CuPy in one launch: ``(y, mean, rstd)``; G from
     :func:`rows_per_gamma`."""
     from . import reference
 
-    if not _real_cupy(x):
-        return _on_host("layernorm_rows", reference.layernorm, x, gamma, beta, eps)
+    if not real_cupy(x):
+        return on_host("layernorm_rows", reference.layernorm, x, gamma, beta, eps)
     import cupy  # pragma: no cover - needs a GPU
 
     x, gamma, beta = (cupy.ascontiguousarray(a) for a in (x, gamma, beta))
@@ -202,7 +150,7 @@ def layernorm(x, gamma, beta, eps: float, G: int):
     R = x.size // N
     y = cupy.empty_like(x)
     mean, rstd = (cupy.empty(x.shape[:-1], dtype=x.dtype) for _ in range(2))
-    _compiled("layernorm_rows", x.dtype)((R,), (THREADS,), (
+    compiled(cuda_source, "layernorm_rows", x.dtype)((R,), (THREADS,), (
         x, gamma, beta, y, mean, rstd, np.int64(R), np.int64(N), np.int64(G),
         np.float64(eps)))
     return y, mean, rstd
@@ -219,12 +167,12 @@ def layernorm_adjoint(x, mean, rstd, gamma, dy, G: int, grouped: bool = False,
     N = x.shape[-1]
     R = x.size // N
     groups = x.shape[0] if grouped else 1
-    if not _real_cupy(x):
-        dx = _on_host("layernorm_dx_rows",
+    if not real_cupy(x):
+        dx = on_host("layernorm_dx_rows",
                       lambda *a: reference.layernorm_adjoint(*a)[0], x, mean, rstd, gamma, dy)
         if not grads:
             return dx, None, None
-        parts = _on_host("layernorm_param_parts", lambda *a: group_sums(grouped, *a),
+        parts = on_host("layernorm_param_parts", lambda *a: group_sums(grouped, *a),
                          x, mean, rstd, gamma, dy)
         sums = reference.array_namespace(parts).sum(parts, axis=2)  # CuPy's sum over chunks
     else:  # pragma: no cover - needs a GPU
@@ -233,7 +181,7 @@ def layernorm_adjoint(x, mean, rstd, gamma, dy, G: int, grouped: bool = False,
         x, mean, rstd, gamma, dy = (cupy.ascontiguousarray(a)
                                     for a in (x, mean, rstd, gamma, dy))
         dx = cupy.empty_like(x)
-        _compiled("layernorm_dx_rows", x.dtype)((R,), (THREADS,), (
+        compiled(cuda_source, "layernorm_dx_rows", x.dtype)((R,), (THREADS,), (
             x, mean, rstd, gamma, dy, dx, np.int64(R), np.int64(N), np.int64(G)))
         if not grads:
             return dx, None, None
@@ -242,8 +190,8 @@ def layernorm_adjoint(x, mean, rstd, gamma, dy, G: int, grouped: bool = False,
             L *= 2
         per_group = max(1, -(-S // L))
         parts = cupy.empty((2, groups, per_group, N), dtype=x.dtype)
-        _compiled("layernorm_param_parts", x.dtype)(((N + 127) // 128, groups * per_group),
-                                                    (128,), (
+        grid = ((N + 127) // 128, groups * per_group)
+        compiled(cuda_source, "layernorm_param_parts", x.dtype)(grid, (128,), (
             x, mean, rstd, dy, parts, np.int64(R), np.int64(N), np.int64(S), np.int64(L),
             np.int64(per_group), np.int64(groups * per_group)))
         sums = parts.sum(axis=2)

@@ -1,0 +1,85 @@
+"""What every hand-written CuPy kernel of the ``cupy`` backend shares: compiled once per
+element type on a GPU; off a GPU, the reference run in its place and counted as one launch.
+
+The ``RawKernel`` modules (:mod:`.cupy_layernorm`, :mod:`.cupy_gru`) keep their CUDA C
+source per kernel with ``T`` the element type; :func:`compiled` builds it for float or double
+on first use. Off a GPU (NumPy arrays, or the CuPy stand-in of :mod:`.cupy_standin`)
+:func:`on_host` runs the reference kernel the CUDA source reproduces, on the stand-in's NumPy
+storage, and reports ONE launch to the active launch counter: what the kernel costs a GPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .launch_model import current
+
+#: CUDA C element type of each NumPy dtype the kernels take
+CUDA_TYPES = {"float64": "double", "float32": "float"}
+
+#: device functions of the row kernels (one thread block per row, blockDim.x a power of
+#: two): the block's sum and maximum of one double per thread, in a fixed-order tree
+BLOCK_REDUCTIONS = """
+__device__ double block_sum(double* buf, double v) {
+  int t = threadIdx.x;
+  buf[t] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (t < s) buf[t] += buf[t + s];
+    __syncthreads();
+  }
+  double total = buf[0];
+  __syncthreads();
+  return total;
+}
+__device__ double block_max(double* buf, double v) {
+  int t = threadIdx.x;
+  buf[t] = v;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (t < s) buf[t] = fmax(buf[t], buf[t + s]);
+    __syncthreads();
+  }
+  double total = buf[0];
+  __syncthreads();
+  return total;
+}
+"""
+
+
+def real_cupy(a) -> bool:
+    """True for an array of an imported CuPy that can build kernels (not a stand-in)."""
+    from .cupy_fused import _real_cupy
+
+    return _real_cupy(a)
+
+
+def compiled(source, name: str, dtype, cache: dict = {}):  # noqa: B006 - one per process
+    """The CuPy ``RawKernel`` ``name`` of ``source(name, T)`` for ``dtype`` (built once)."""
+    import cupy
+
+    text = source(name, CUDA_TYPES[np.dtype(dtype).name])
+    if (name, text) not in cache:
+        cache[name, text] = cupy.RawKernel(text, name)
+    return cache[name, text]
+
+
+def on_host(name: str, fn, *args):
+    """``fn`` (a reference kernel) on the NumPy storage of stand-in arrays, its outputs back
+    on the stand-in, reported as ONE launch ``name`` to the active launch counter (plain
+    NumPy arrays pass straight through)."""
+    from .standin_array import ndarray as DeviceArray
+
+    device = [a for a in args if isinstance(a, DeviceArray)]
+    if not device:
+        return fn(*args)
+    raw = [a._a if isinstance(a, DeviceArray) else a for a in args]
+    outs = fn(*raw)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    t = current()
+    if t is not None:
+        for o in outs:
+            t.fresh(o)
+        t.launch([a._a for a in device], list(outs), name)
+    outs = tuple(DeviceArray(o) for o in outs)
+    return outs if len(outs) > 1 else outs[0]

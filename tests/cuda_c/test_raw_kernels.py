@@ -1,0 +1,146 @@
+"""The ``cupy`` backend's hand-written CUDA C kernels, run on the CPU by the emulator.
+
+Each kernel's own source (layer norm, softmax, GRU cell: refbraid.backends.cupy_layernorm,
+cupy_softmax, cupy_gru), launched by the backend's GPU branch — its grid, its argument
+order — on NumPy arrays (tests/cuda_c/emulator.py), against the NumPy reference: float64 to
+1e-12 and float32 to 1e-5 of the largest entry (the kernels sum in double and in another
+order; glibc's exp and tanh stand in for CUDA's). Blocks of 32 threads and chunks of 8 rows
+(the kernels' sizes are parameters; one host thread per GPU thread makes the full sizes
+slow) let small cases cross the kernels' edges: rows wider than a block, more rows than a
+chunk of the weight-gradient sums, γ per group of rows, fully masked softmax rows, classic
+and implicit GRU steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from refbraid.backends import cupy_gru, cupy_layernorm, cupy_softmax, reference
+
+from .emulator import available, fake_cupy
+
+pytestmark = pytest.mark.skipif(not available(), reason="needs g++ (C++20)")
+TOL = {np.float64: 1e-12, np.float32: 1e-5}
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    for module in (cupy_layernorm, cupy_softmax, cupy_gru):
+        monkeypatch.setattr(module, "THREADS", 32)
+    monkeypatch.setattr(cupy_layernorm, "CHUNK", 8)
+
+
+def _close(got, want, dtype, what):
+    assert got.shape == want.shape and got.dtype == want.dtype, what
+    scale = max(1.0, float(np.max(np.abs(want))))
+    np.testing.assert_allclose(got, want, rtol=0, atol=TOL[dtype] * scale, err_msg=what)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape, gamma_shape, grouped", [
+    ((3, 10, 50), (50,), False),  # rows wider than a block (32), 30 rows: 4 chunks of ≤ 8
+    ((3, 2, 5, 6), (3, 1, 1, 6), True),  # γ per layer, the weight gradients per layer
+    ((2, 13, 4), (2, 1, 4), True),  # a layer's 13 rows: chunks of 8 and 5, none straddling
+])
+def test_the_layernorm_kernels_match_the_reference(dtype, shape, gamma_shape, grouped):
+    rng = np.random.default_rng(0)
+    x, dy = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
+    x += 3.0  # a mean to take out
+    gamma, beta = (rng.standard_normal(gamma_shape).astype(dtype) for _ in range(2))
+    y, mean, rstd = reference.layernorm(x, gamma, beta, 1e-5)
+    dx, dgamma, dbeta = reference.layernorm_adjoint(x, mean, rstd, gamma, dy)
+    if grouped:  # per layer, as the batched transformer step sums them
+        xhat = (x - mean[..., None]) * rstd[..., None]
+        inner = tuple(range(1, x.ndim - 1))
+        dgamma, dbeta = np.sum(dy * xhat, axis=inner), np.sum(dy, axis=inner)
+    G = cupy_layernorm.rows_per_gamma(x, gamma)
+    with fake_cupy():
+        got = cupy_layernorm.layernorm(x, gamma, beta, 1e-5, G)
+        got_adj = cupy_layernorm.layernorm_adjoint(x, mean, rstd, gamma, dy, G, grouped)
+        dx_only = cupy_layernorm.layernorm_adjoint(x, mean, rstd, gamma, dy, G, grouped,
+                                                   grads=False)
+    for name, g, w in zip(("y", "mean", "rstd", "dx", "dgamma", "dbeta"), (*got, *got_adj),
+                          (y, mean, rstd, dx, dgamma, dbeta), strict=True):
+        _close(g, w, dtype, name)
+    assert dx_only[1] is None and dx_only[2] is None
+    np.testing.assert_array_equal(dx_only[0], got_adj[0])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("masked", [False, True], ids=["plain", "masked"])
+def test_the_softmax_kernels_match_the_reference(dtype, masked):
+    rng = np.random.default_rng(1)
+    x, dp = (rng.standard_normal((3, 4, 50)).astype(dtype) for _ in range(2))
+    x[0, 0] *= 40.0  # large logits: the shift by the row maximum matters
+    mask = None
+    if masked:
+        mask = rng.random(x.shape) < 0.5
+        mask[1, 2, :] = True  # fully masked: zeros
+    p = reference.softmax(x, mask)
+    dx = reference.softmax_adjoint(p, dp)
+    with fake_cupy():
+        got_p = cupy_softmax.softmax(x, mask)
+        got_dx = cupy_softmax.softmax_adjoint(p, dp)
+    _close(got_p, p, dtype, "p")
+    _close(got_dx, dx, dtype, "dx")
+    if masked:
+        assert not np.any(got_p[1, 2]) and np.all(got_p[mask] == 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("implicit", [False, True], ids=["classic", "implicit"])
+def test_the_gru_kernels_match_the_reference(dtype, implicit):
+    rng = np.random.default_rng(2)
+    B, H = 5, 14  # B·H = 70: three blocks of 32, the last one part empty
+    gx, gh = (rng.standard_normal((B, 3 * H)).astype(dtype) for _ in range(2))
+    h, dh_new = (rng.standard_normal((B, H)).astype(dtype) for _ in range(2))
+    want = reference.gru_cell(gx, gh, h, 0.3, implicit)
+    want_adj = reference.gru_cell_adjoint(want[1], gh, h, dh_new, 0.3, implicit)
+    with fake_cupy():
+        got = cupy_gru.gru_cell(gx, gh, h, 0.3, implicit)
+        got_adj = cupy_gru.gru_cell_adjoint(want[1], gh, h, dh_new, 0.3, implicit)
+    for name, g, w in zip(("h_new", "gates", "dgx", "dgh", "dh"), (*got, *got_adj),
+                          (*want, *want_adj), strict=True):
+        _close(g, w, dtype, name)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_fused_elementwise_bodies_match_their_reference_paths(dtype):
+    """cupy_fused's ElementwiseKernel bodies (the CUDA C CuPy wraps around them: one thread
+    per element of contiguous operands) for every activation, against the NumPy path each
+    kernel runs off a GPU; the column-sum kernel on (k, B, C) stacks."""
+    from refbraid.backends import cupy_fused
+    from refbraid.backends.reference import ACTIVATIONS
+
+    from .emulator import RawKernel
+
+    T = {np.float32: "float", np.float64: "double"}[dtype]
+    rng = np.random.default_rng(3)
+    shape, n = (4, 37), 4 * 37
+    for kernel in cupy_fused.KERNELS:
+        if kernel is cupy_fused.ADD_COLUMN_SUMS:
+            continue
+        ins = [p.split()[1] for p in kernel.in_params.split(",")]
+        n_out = len(kernel.out_params.split(","))
+        source = "".join(kernel.cuda_kernel(act, T) for act in ACTIVATIONS)  # one compile
+        for act in ACTIVATIONS:
+            args = [rng.standard_normal(shape).astype(dtype) for _ in ins]
+            if "h" in ins:
+                args[ins.index("h")] = np.full(shape, 0.37, dtype=dtype)
+            want = kernel.reference(act, *args)
+            want = want if isinstance(want, tuple) else (want,)
+            outs = [np.empty(shape, dtype=dtype) for _ in range(n_out)]
+            RawKernel(source, f"{kernel.name}_{act}")(
+                (-(-n // 32),), (32,), (*args, *outs, np.int64(n)))
+            for o, w in zip(outs, want, strict=True):
+                _close(o, np.broadcast_to(w, shape).astype(dtype), dtype,
+                       f"{kernel.name} {act}")
+    k, B, C = 2, 5, 7
+    p, dy_next, s = (rng.standard_normal((k, B, C)).astype(dtype) for _ in range(3))
+    dy, db = np.empty_like(p), np.empty((k, C), dtype=dtype)
+    RawKernel(cupy_fused.ADD_COLUMN_SUMS.cuda_kernel("identity", T), "add_column_sums")(
+        (1,), (32,), (p, dy_next, s, dy, db, np.int64(k), np.int64(B), np.int64(C)))
+    want_dy, want_db = cupy_fused.ADD_COLUMN_SUMS.reference("identity", p, dy_next, s)
+    _close(dy, want_dy, dtype, "add_column_sums dy")
+    _close(db, want_db, dtype, "add_column_sums db")
