@@ -221,12 +221,13 @@ assert deepest["lp-batched"]["critical_path"] < deepest["serial"]["critical_path
 
 # %% [markdown]
 # Read the figure from the right. Serial backprop's launches and critical path both grow
-# like N. Layer-parallel per step issues about 2.4× serial's launches: on one stream it can
+# like N. Layer-parallel per step issues about twice serial's launches: on one stream it can
 # only lose. Batched, the launches grow far slower than N and fall below serial backprop's
 # from N = 64 on, while the critical path of either layer-parallel gradient is a fraction of
 # serial's: the independence is there, and batching is how one stream uses it. That is why
 # refbraid turns batched sweeps on for the GPU backends (`refbraid.backends.device_batching`),
 # and why fused kernels (bias, activation and Euler update in one launch,
-# `refbraid.backends.cupy_fused`) matter as much as the solver. Timings need a GPU:
+# `refbraid.backends.cupy_fused`; a convolution as one GEMM; a layer norm, a softmax, a GRU
+# cell as one kernel each) matter as much as the solver. Timings need a GPU:
 # `python -m benchmarks quick gpu`; the counts, `python -m benchmarks quick counts`, run anywhere
 # (docs/gpu_layer_parallel.md).
