@@ -17,7 +17,11 @@ cuda       Numba CUDA kernels (tiled shared-memory matmul, fused activation, con
            non-default device under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``),
            NumPy with copies per kernel on a GPU without CuPy
            (:mod:`refbraid.backends.numba_cuda_memory`)
-cupy       the reference kernels on CuPy arrays (needs a GPU)
+cupy       the reference kernels on CuPy arrays (needs a GPU), with hand-written ones
+           where they launch fewer kernels: fused element-wise chains
+           (:mod:`refbraid.backends.cupy_fused`), im2col convolutions
+           (:mod:`refbraid.backends.cupy_conv`), layer norm, softmax and the GRU cell
+           (:mod:`refbraid.backends.cupy_sequence`)
 strict     tests only: the cupy code path on ``array_api_strict`` arrays on a
            non-default device (:mod:`refbraid.backends.strict_device`)
 =========  =====================================================================
