@@ -18,6 +18,12 @@ operations on a counting CuPy-like device (NumPy underneath), its fused kernels 
 Python thread per CUDA thread). Values: launches, critical path (the longest chain of dependent
 launches), copies h→d and d→h, syncs, and launches and critical path ÷ serial's.
 
+Cases ``cupy[ unfused] layer {name}`` (``layers``, cupy only): per layer of the GPU suite's
+per-layer table (benchmarks/gpu.py: dense and conv ODE steps, layer norm, MLP, attention,
+encoder step, GRU cell; its unit is a forward then an adjoint), the launches of the forward
+and of the adjoint on the counting device; ``fused=False`` counts the reference operations
+the hand-written kernels replace.
+
 Cases ``cuda step {model}`` (``transfers``): one layer-parallel training step on the ``cuda``
 backend in the simulator, device-resident: the backend's kernel calls, Numba kernel launches,
 copies and allocations through ``numba.cuda`` (``to_device``, ``device_array``,
@@ -50,7 +56,7 @@ from benchmarks.harness import ROOT, Result, emit, fresh, launch, worker_main
 MODELS = ("dense", "conv", "transformer", "gru")
 #: ``sizes`` "" takes the size's default N
 OPTIONS = {"gpu_backend": "cupy", "models": ",".join(MODELS), "sizes": "", "fused": True,
-           "transfers": True, "ranks": 2}
+           "layers": True, "transfers": True, "ranks": 2}
 SIZES = {"full": "64,256", "quick": "64,256", "tiny": "16"}
 SIMULATOR = {"NUMBA_ENABLE_CUDASIM": "1"}
 
@@ -89,6 +95,37 @@ def launch_results(recs: list[dict], suite: str = "counts") -> list[Result]:
                    .add("syncs", r["syncs"])
                    .add("launches ÷ serial", r["launches"] / s["launches"])
                    .add("critical path ÷ serial", r["critical_path"] / s["critical_path"]))
+    return out
+
+
+def layer_records(fused: bool = True) -> list[dict]:
+    """Per layer of benchmarks/gpu.py (tiny sizes: counts do not depend on them), the cupy
+    backend's launches of one forward and of one adjoint on the counting device."""
+    import numpy as np
+
+    from benchmarks.gpu import H, LayerOp, StepOp, example_input, layers
+    from refbraid.backends import launch_count
+    from refbraid.backends.cupy_fused import fused as fused_kernels
+    from refbraid.backends.launch_model import tracking
+    from refbraid.network import to_backend
+
+    out = []
+    for name, layer, batch in layers(True):
+        rng = np.random.default_rng(0)
+        op = StepOp(layer, H) if hasattr(layer, "state_shape") else LayerOp(layer)
+        shape = tuple(getattr(layer, "state_shape", None) or layer.in_shape)
+        params = layer.init(rng, np.float32)
+        x = example_input(layer, rng, batch, shape, np.float32)
+        with fused_kernels(fused), launch_count.counting("cupy") as bk:
+            p, xb = to_backend(params, bk), bk.asarray(x)
+            y, _ = op.forward(p, xb, bk)  # warm: weights gathered, nothing left to copy
+            w = bk.asarray(rng.standard_normal(tuple(y.shape)).astype(np.float32))
+            with tracking() as forward:
+                _, cache = op.forward(p, xb, bk)
+            with tracking() as adjoint:
+                op.adjoint(p, cache, w, bk)
+        out.append({"layer": name, "fused": fused, "forward": forward.tally.launches,
+                    "adjoint": adjoint.tally.launches})
     return out
 
 
@@ -212,6 +249,9 @@ def worker(spec: dict) -> None:
         for rec in launch_records(spec["backend"], spec["models"], spec["sizes"],
                                   spec["fused"]):
             emit(rec)
+    elif part == "layers":
+        for rec in layer_records(spec["fused"]):
+            emit(rec)
     elif part in ("device", "host"):
         for model in spec["models"]:
             emit((device_step_record if part == "device" else host_step_record)(model))
@@ -220,7 +260,8 @@ def worker(spec: dict) -> None:
         if rec is not None:
             emit(rec)
     else:
-        raise ValueError(f"`part` must be launches, device, host or sharded, got {part!r}.")
+        raise ValueError(f"`part` must be launches, layers, device, host or sharded, got "
+                         f"{part!r}.")
 
 
 def run(size: str, opts: dict, notes: list[str]) -> list[Result]:
@@ -237,6 +278,14 @@ def run(size: str, opts: dict, notes: list[str]) -> list[Result]:
     notes.append(f"{backend}{'' if opts['fused'] or backend != 'cupy' else ' (unfused)'}: one "
                  "gradient, TorchBraid's MGRIT settings, CI-sized networks; counts, not times")
     out = launch_results(recs)
+    if opts["layers"] and backend == "cupy":
+        notes.append("cupy layer: one forward and one adjoint of each layer of the GPU suite's "
+                     "per-layer table, float32")
+        for rec in fresh("benchmarks.counts", {"part": "layers", "fused": opts["fused"]}):
+            name = f"cupy{'' if rec['fused'] else ' unfused'} layer {rec['layer']}"
+            out.append(Result("counts", name, {"layer": rec["layer"], "fused": rec["fused"]})
+                       .add("forward launches", rec["forward"])
+                       .add("adjoint launches", rec["adjoint"]))
     if opts["transfers"]:
         notes.append("cuda step / cuda-host step: one layer-parallel training step on the "
                      "CUDA simulator, device-resident / host-array mode")
