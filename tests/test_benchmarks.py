@@ -82,7 +82,7 @@ def test_counts_suite_prints_what_launch_count_counts():
     from refbraid.backends import launch_count
 
     opts = {"gpu_backend": "cupy", "models": "dense", "sizes": "16", "fused": True,
-            "transfers": False, "ranks": 0}
+            "layers": False, "transfers": False, "ranks": 0}
     notes: list[str] = []
     rows = {r.params["mode"]: r.values for r in run("tiny", opts, notes)}
     assert list(rows) == list(launch_count.MODES) and notes
@@ -94,6 +94,27 @@ def test_counts_suite_prints_what_launch_count_counts():
         assert values["launches ÷ serial"] == t.launches / rows["serial"]["launches"]
     with pytest.raises(ValueError, match="`models` must be among"):
         run("tiny", {**opts, "models": "mlp"}, [])
+
+
+def test_counts_suite_counts_each_layer_with_and_without_the_hand_written_kernels():
+    """Cases ``cupy layer …``: the launches of one forward and one adjoint per layer; the
+    hand-written kernels take fewer than the reference operations (``fused=False``)."""
+    from benchmarks.counts import run
+
+    opts = {"gpu_backend": "cupy", "models": "dense", "sizes": "16", "layers": True,
+            "transfers": False, "ranks": 0}
+    rows = {}
+    for fused in (True, False):
+        for r in run("tiny", {**opts, "fused": fused}, []):
+            if "layer" in r.params:
+                rows[r.params["layer"], fused] = r.values
+    layers = {layer for layer, _ in rows}
+    assert {"conv_step", "layernorm", "attention", "gru_cell"} <= layers
+    assert rows["layernorm", True] == {"forward launches": 1, "adjoint launches": 3}
+    for layer in layers:
+        now, before = rows[layer, True], rows[layer, False]
+        assert now["forward launches"] <= before["forward launches"], layer
+        assert now["adjoint launches"] <= before["adjoint launches"], layer
 
 
 @pytest.mark.mpi
