@@ -2,8 +2,10 @@
 
 The CuPy stand-in runs the reference in a hand-written kernel's place, so it proves nothing
 about the kernel's own CUDA C. This emulator compiles that very source as C++ (g++, C++20)
-and runs it: every block in turn, every thread of a block a host thread, ``__syncthreads``
-a ``std::barrier`` (a thread that returns drops out of it), ``__shared__`` memory one static
+and runs it: every block in turn, the threads of a block as fibers of one host thread
+switched round-robin at each ``__syncthreads`` (so every thread reaches a barrier before any
+passes it; a thread that returns drops out; a kernel without barriers runs its threads one
+after another), ``__shared__`` memory one static
 array per kernel (blocks run one at a time). :func:`fake_cupy` then puts a ``cupy`` module
 into ``sys.modules`` whose arrays are NumPy's and whose ``RawKernel`` is this emulator, so
 the backend's GPU branch — array preparation, grid, argument order, kernel — runs end to end.
@@ -33,40 +35,88 @@ from pathlib import Path
 import numpy as np
 
 _PRELUDE = r"""
-#include <barrier>
 #include <cmath>
 #include <cstring>
-#include <thread>
+#include <ucontext.h>
 #include <vector>
 using namespace std;
 struct Dim3 { long long x, y, z; };
-static thread_local Dim3 threadIdx;
-static Dim3 blockIdx, blockDim, gridDim;
-static std::barrier<>* emulated_barrier;
+static Dim3 threadIdx, blockIdx, blockDim, gridDim;
+// The threads of a block are fibers of one host thread, switched round-robin: a fiber runs
+// until __syncthreads or its end, then the next one not finished runs; after the last, the
+// first again. So every fiber reaches a barrier before any passes it.
+static std::vector<ucontext_t> fibers;
+static std::vector<char> finished;
+static ucontext_t scheduler;
+static long long current_fiber;
+static void next_fiber(ucontext_t* from) {
+  long long n = (long long)fibers.size(), k = current_fiber;
+  for (long long step = 1; step <= n; ++step) {
+    long long c = (k + step) % n;
+    if (!finished[c]) {
+      current_fiber = c;
+      threadIdx = {c, 0, 0};
+      swapcontext(from, &fibers[c]);
+      return;
+    }
+  }
+  swapcontext(from, &scheduler);
+}
+static void sync_threads() {
+  long long me = current_fiber;
+  next_fiber(&fibers[me]);
+  threadIdx = {me, 0, 0};
+}
 #define __global__
 #define __device__ static
 #define __shared__ static
-#define __syncthreads() emulated_barrier->arrive_and_wait()
+#define __syncthreads() sync_threads()
 static inline double __longlong_as_double(long long v) { double d; memcpy(&d, &v, 8); return d; }
 """
 
-_LAUNCHER = r"""
+_SEQUENTIAL = r"""
 extern "C" void emulate_{name}(long long gx, long long gy, long long bx, void** args) {{
   blockDim = {{bx, 1, 1}};
   gridDim = {{gx, gy, 1}};
   for (long long by = 0; by < gy; ++by)
     for (long long b = 0; b < gx; ++b) {{
       blockIdx = {{b, by, 0}};
-      std::barrier<> bar(bx);
-      emulated_barrier = &bar;
-      std::vector<std::thread> threads;
-      for (long long t = 0; t < bx; ++t)
-        threads.emplace_back([&, t] {{
-          threadIdx = {{t, 0, 0}};
-          {name}({call});
-          bar.arrive_and_drop();
-        }});
-      for (auto& th : threads) th.join();
+      for (long long t = 0; t < bx; ++t) {{
+        threadIdx = {{t, 0, 0}};
+        {name}({call});
+      }}
+    }}
+}}
+"""
+
+_LAUNCHER = r"""
+static void fiber_{name}(int lo, int hi) {{
+  void** args = (void**)(((unsigned long long)(unsigned)hi << 32) | (unsigned)lo);
+  {name}({call});
+  finished[current_fiber] = 1;
+  next_fiber(&fibers[current_fiber]);
+}}
+extern "C" void emulate_{name}(long long gx, long long gy, long long bx, void** args) {{
+  blockDim = {{bx, 1, 1}};
+  gridDim = {{gx, gy, 1}};
+  std::vector<std::vector<char>> stacks(bx, std::vector<char>(1 << 16));
+  unsigned long long a = (unsigned long long)args;
+  for (long long by = 0; by < gy; ++by)
+    for (long long b = 0; b < gx; ++b) {{
+      blockIdx = {{b, by, 0}};
+      fibers.assign(bx, ucontext_t());
+      finished.assign(bx, 0);
+      for (long long t = 0; t < bx; ++t) {{
+        getcontext(&fibers[t]);
+        fibers[t].uc_stack.ss_sp = stacks[t].data();
+        fibers[t].uc_stack.ss_size = stacks[t].size();
+        fibers[t].uc_link = &scheduler;
+        makecontext(&fibers[t], (void (*)())fiber_{name}, 2, (int)(a & 0xffffffffu),
+                    (int)(a >> 32));
+      }}
+      current_fiber = 0;
+      threadIdx = {{0, 0, 0}};
+      swapcontext(&scheduler, &fibers[0]);  // back when every fiber has finished
     }}
 }}
 """
@@ -90,27 +140,51 @@ def _argument(i: int, param: str) -> str:
 
 
 _LIBRARIES: dict[str, ctypes.CDLL] = {}
+_FLAGS = ["g++", "-std=c++20", "-O0", "-fPIC", "-w"]
+
+
+def _folder() -> Path:
+    folder = Path(tempfile.gettempdir()) / "refbraid-cuda-c-emulator"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def _prelude_header() -> Path:
+    """The prelude as a header, precompiled once (every kernel includes it: the C++ library
+    headers are parsed once, not per kernel)."""
+    key = hashlib.sha256(_PRELUDE.encode()).hexdigest()[:16]
+    header = _folder() / f"prelude-{key}.hpp"
+    if not Path(f"{header}.gch").exists():
+        tmp = _folder() / f"prelude-{key}.{os.getpid()}.hpp"
+        tmp.write_text(_PRELUDE)
+        tmp.replace(header) if not header.exists() else tmp.unlink()
+        gch = _folder() / f"prelude-{key}.{os.getpid()}.gch"
+        subprocess.run([*_FLAGS, "-x", "c++-header", str(header), "-o", str(gch)],
+                       check=True, capture_output=True, text=True)
+        gch.replace(f"{header}.gch")  # atomic: parallel test workers may race here
+    return header
 
 
 def _library(source: str) -> ctypes.CDLL:
     """The source's every ``__global__`` kernel, compiled once (one shared library per
     source text: give several kernels in one source to compile them together)."""
     names = re.findall(r'__global__\s+void\s+(\w+)\s*\(', source)
-    launchers = "".join(_LAUNCHER.format(name=n, call=", ".join(
+    # without a barrier the threads of a block are independent: run them one after another
+    template = _LAUNCHER if "__syncthreads" in source else _SEQUENTIAL
+    launchers = "".join(template.format(name=n, call=", ".join(
         _argument(i, p) for i, p in enumerate(_parameters(source, n)))) for n in names)
-    code = _PRELUDE + source.replace('extern "C" __global__', "") + launchers
+    code = (f'#include "{_prelude_header()}"\n' + source.replace('extern "C" __global__', "")
+            + launchers)
     name = names[0] if names else "none"
     key = hashlib.sha256(code.encode()).hexdigest()[:16]
     if key not in _LIBRARIES:
-        folder = Path(tempfile.gettempdir()) / "refbraid-cuda-c-emulator"
-        folder.mkdir(exist_ok=True)
+        folder = _folder()
         lib = folder / f"{name}-{key}.so"
         if not lib.exists():
             src = folder / f"{name}-{key}.cpp"
             src.write_text(code)
             tmp = folder / f"{name}-{key}.{os.getpid()}.so"
-            subprocess.run(["g++", "-std=c++20", "-O0", "-shared", "-fPIC", "-pthread",
-                            "-w", "-o", str(tmp), str(src)], check=True,
+            subprocess.run([*_FLAGS, "-shared", "-o", str(tmp), str(src)], check=True,
                            capture_output=True, text=True)
             tmp.replace(lib)  # atomic: parallel test workers may race here
         _LIBRARIES[key] = ctypes.CDLL(str(lib))
@@ -149,23 +223,81 @@ class RawKernel:
             ctypes.c_longlong(block[0]), argv)
 
 
+_C_TYPES = {"float32": "float", "float64": "double"}
+
+
+class ElementwiseKernel:
+    """``cupy.ElementwiseKernel(in_params, out_params, operation, name)`` emulated: the
+    operation runs once per element, as CuPy generates it — array arguments broadcast to
+    one shape, scalars cast to their parameter's type (``T``: the arrays' dtype), each
+    parameter a reference to its element — compiled and run by :class:`RawKernel`."""
+
+    def __init__(self, in_params: str, out_params: str, operation: str, name: str = "kernel",
+                 **_options):
+        self.ins = [p.split() for p in in_params.split(",")]
+        self.outs = [p.split() for p in out_params.split(",")]
+        self.operation, self.name = operation, name
+
+    def __call__(self, *args):
+        if len(args) != len(self.ins):
+            raise TypeError(f"{self.name}: {len(self.ins)} inputs expected, got {len(args)}")
+        typed = [a for (t, _), a in zip(self.ins, args, strict=True)
+                 if t == "T" and isinstance(a, np.ndarray)]
+        T = typed[0].dtype
+        if any(a.dtype != T for a in typed):
+            raise TypeError(f"{self.name}: the arrays bound to T differ in dtype")
+        shape = np.broadcast_shapes(*(np.shape(a) for a in args if isinstance(a, np.ndarray)))
+
+        def dtype(t):
+            return T if t == "T" else np.dtype(t)
+
+        ins = [np.ascontiguousarray(np.broadcast_to(np.asarray(a, dtype=dtype(t)), shape))
+               for (t, _), a in zip(self.ins, args, strict=True)]
+        outs = [np.empty(shape, dtype=dtype(t)) for t, _ in self.outs]
+        params = self.ins + self.outs
+        decl = ", ".join(f"{_C_TYPES[dtype(t).name]}* {n}_" for t, n in params)
+        refs = " ".join(f"{_C_TYPES[dtype(t).name]}& {n} = {n}_[i];" for t, n in params)
+        source = (f"typedef {_C_TYPES[T.name]} T;\n#define M_SQRT2 1.4142135623730951\n"
+                  f'extern "C" __global__ void {self.name}({decl}, long long n) {{\n'
+                  f"  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
+                  f"  if (i >= n) return;\n  {refs}\n  {self.operation};\n}}\n")
+        n = int(np.prod(shape))
+        RawKernel(source, self.name)((max(1, -(-n // 64)),), (64,), (*ins, *outs, np.int64(n)))
+        return tuple(outs) if len(outs) > 1 else outs[0]
+
+
+def _gemm(transa, transb, a, b, out=None, alpha=1.0, beta=0.0):
+    """``cupy.cublas.gemm``: ``out = α op(a) op(b) + β out`` (NumPy's product)."""
+    op_a = a.T if transa in ("T", "t") else a
+    op_b = b.T if transb in ("T", "t") else b
+    product = np.matmul(op_a, op_b)
+    if out is None:
+        return alpha * product
+    out[...] = alpha * product + beta * out if beta else alpha * product
+    return out
+
+
 @contextlib.contextmanager
 def fake_cupy() -> Iterator[types.ModuleType]:
-    """Within the block ``import cupy`` is NumPy with the emulated ``RawKernel``: the
-    ``cupy`` backend's GPU branches run on NumPy arrays."""
+    """Within the block ``import cupy`` is NumPy with the emulated ``RawKernel`` and
+    ``ElementwiseKernel`` (and ``cupy.cublas.gemm``): the ``cupy`` backend's GPU branches run
+    on NumPy arrays, NumPy's functions standing in for CuPy's (and cuBLAS's)."""
     fake = types.ModuleType("cupy")
-    for name in ("ascontiguousarray", "empty", "empty_like", "zeros", "bool_", "float32",
-                 "float64", "stack", "asarray"):
-        setattr(fake, name, getattr(np, name))
+    fake.__getattr__ = lambda name: getattr(np, name)
     fake.ndarray = np.ndarray
     fake.RawKernel = RawKernel
-    fake.ElementwiseKernel = None  # present, as on CuPy (cupy_fused's test for a real CuPy)
-    saved = sys.modules.get("cupy")
-    sys.modules["cupy"] = fake
+    fake.ElementwiseKernel = ElementwiseKernel
+    fake.cublas = types.ModuleType("cupy.cublas")
+    fake.cublas.gemm = _gemm
+    fake.lib = np.lib
+    names = ("cupy", "cupy.cublas")
+    saved = {n: sys.modules.get(n) for n in names}
+    sys.modules.update({"cupy": fake, "cupy.cublas": fake.cublas})
     try:
         yield fake
     finally:
-        if saved is None:
-            sys.modules.pop("cupy", None)
-        else:
-            sys.modules["cupy"] = saved
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module

@@ -144,3 +144,42 @@ def test_the_fused_elementwise_bodies_match_their_reference_paths(dtype):
     want_dy, want_db = cupy_fused.ADD_COLUMN_SUMS.reference("identity", p, dy_next, s)
     _close(dy, want_dy, dtype, "add_column_sums dy")
     _close(db, want_db, dtype, "add_column_sums db")
+
+
+def _emulated_cupy_backend(fake):
+    """The ``cupy`` backend as get_backend assembles it, on the fake CuPy (NumPy arrays)."""
+    import importlib
+
+    from refbraid.backends import _MODULES, _REFERENCE_MODULES, KERNELS, Backend
+
+    kernels = {k: getattr(m, k) for m in _REFERENCE_MODULES for k in KERNELS if hasattr(m, k)}
+    overrides: tuple[str, ...] = ()
+    for name in _MODULES["cupy"]:
+        module = importlib.import_module(name)
+        kernels.update({k: getattr(module, k) for k in module.OVERRIDES})
+        overrides += tuple(module.OVERRIDES)
+    return Backend("cupy", fake, kernels, overrides)
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["batched", "per-step"])
+@pytest.mark.parametrize("model", ["dense", "conv", "transformer", "gru"])
+def test_a_layer_parallel_gradient_on_the_emulated_gpu_equals_numpy(model, batched):
+    """Every network's layer-parallel gradient (TorchBraid's settings, float64) through the
+    ``cupy`` backend's GPU branches — the fused ElementwiseKernels, the RawKernels, cuBLAS's
+    β = 1 GEMM, the im2col convolutions, batched sweeps or per step — with their CUDA C run
+    by the emulator: the NumPy backend's gradient to 1e-10."""
+    from refbraid.backends import get_backend, launch_count
+    from refbraid.backends.device_batching import sweeps_batched
+    from refbraid.training.gradients import mgrit_gradient
+
+    net, params, x, labels = launch_count.build_model(model, 16, np.random.default_rng(0))
+    settings = launch_count.default_settings()
+    with sweeps_batched(batched):
+        loss, want, _ = mgrit_gradient(net, settings, get_backend("numpy"))(params, x, labels)
+        with fake_cupy() as fake:
+            bk = _emulated_cupy_backend(fake)
+            got_loss, got, _ = mgrit_gradient(net, settings, bk)(params, x, labels)
+    assert got_loss == pytest.approx(loss, rel=1e-12)
+    for k, v in want.items():
+        np.testing.assert_allclose(got[k], v, rtol=0, atol=1e-10 * max(1.0, np.max(np.abs(v))),
+                                   err_msg=k)
