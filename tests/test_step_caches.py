@@ -97,7 +97,7 @@ def test_coarse_adjoint_steps_reuse_the_fine_caches_bit_for_bit(backend_name, ma
     from refbraid.network import to_backend
 
     bk = backend_or_skip(backend_name)
-    net = make(32)
+    net = make(16 if backend_name == "cudasim" else 32)  # the simulator: the fewest layers
     mg = {"torchbraid": lp.LayerParallelSettings(),
           "2level": lp.LayerParallelSettings(
               forward=MGRITSettings.torchbraid(levels=2, cfactor=8, max_iter=1),
