@@ -103,16 +103,17 @@ def layer_records(fused: bool = True) -> list[dict]:
     backend's launches of one forward and of one adjoint on the counting device."""
     import numpy as np
 
-    from benchmarks.gpu import H, LayerOp, StepOp, example_input, layers
+    from benchmarks.gpu_layers import layer_op, layers
     from refbraid.backends import launch_count
     from refbraid.backends.cupy_fused import fused as fused_kernels
     from refbraid.backends.launch_model import tracking
     from refbraid.network import to_backend
+    from refbraid.verify.checks import example_input
 
     out = []
     for name, layer, batch in layers(True):
         rng = np.random.default_rng(0)
-        op = StepOp(layer, H) if hasattr(layer, "state_shape") else LayerOp(layer)
+        op = layer_op(layer)
         shape = tuple(getattr(layer, "state_shape", None) or layer.in_shape)
         params = layer.init(rng, np.float32)
         x = example_input(layer, rng, batch, shape, np.float32)

@@ -39,43 +39,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from benchmarks.gpu_layers import H, layer_op, layers
 from benchmarks.harness import Result, emit, fresh, measure, prepare_worker, worker_main
 from refbraid.backends import Backend, available_backends, get_backend
 from refbraid.backends.host import to_host
 from refbraid.layer_parallel import LayerParallelSettings
-from refbraid.layers import (
-    MLP,
-    ConvStep,
-    DenseStep,
-    EncoderStep,
-    GRUCell,
-    LayerNorm,
-    MultiheadAttention,
-)
 from refbraid.models import build_network
 from refbraid.network import init_params, to_backend
 from refbraid.training.gradients import mgrit_gradient
 from refbraid.verify.checks import example_input
-from refbraid.verify.ops import LayerOp, StepOp
 
-H = 0.1  # Euler step size (any value: it does not change the cost)
 #: ``repeat`` 0 and ``warmup`` -1 take the size's (REPEATS)
 OPTIONS = {"dtype": "both", "repeat": 0, "warmup": -1, "simulator": False}
 REPEATS = {"tiny": (1, 0), "quick": (5, 2), "full": (10, 3)}  # (repeat, warmup) per size
-
-
-def layers(tiny: bool) -> list[tuple[str, object, int]]:
-    """(name, layer, batch): GPU-sized, or ``tiny`` for the simulator."""
-    if tiny:
-        return [("dense_step", DenseStep(4), 2), ("conv_step", ConvStep(2, 4, 4), 2),
-                ("layernorm", LayerNorm(4, 3), 2), ("mlp", MLP(4, 8, 3), 2),
-                ("attention", MultiheadAttention(4, 2, 3), 2),
-                ("encoder_step", EncoderStep(4, 2, 8, 3), 2), ("gru_cell", GRUCell(4, 4), 2)]
-    return [("dense_step", DenseStep(256), 1024), ("conv_step", ConvStep(16, 32, 32), 64),
-            ("layernorm", LayerNorm(256, 64), 32), ("mlp", MLP(256, 1024, 64), 32),
-            ("attention", MultiheadAttention(256, 4, 64), 32),
-            ("encoder_step", EncoderStep(256, 4, 1024, 64), 32),
-            ("gru_cell", GRUCell(256, 256), 256)]
 
 
 def backend(name: str) -> Backend:
@@ -144,7 +120,7 @@ def layer_rows(backends, dtype, tiny, warmup, repeats):
     rows = []
     for name, layer, batch in layers(tiny):
         rng = np.random.default_rng(0)
-        op = StepOp(layer, H) if hasattr(layer, "state_shape") else LayerOp(layer)
+        op = layer_op(layer)
         shape = tuple(getattr(layer, "state_shape", None) or layer.in_shape)
         params = layer.init(rng, dtype)
         x = example_input(layer, rng, batch, shape, dtype)

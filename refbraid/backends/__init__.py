@@ -177,9 +177,21 @@ def get_backend(name: str | Backend = "numpy") -> Backend:
         return _cache[name]
     if name == "cuda":
         _refuse_incompatible_numpy()
+    backend = assemble(name)
+    _cache[name] = backend
+    if name == "cuda" and backend.overrides:
+        _warn_if_host_arrays()
+    return backend
+
+
+def assemble(name: str, xp: ModuleType | None = None) -> Backend:
+    """The backend ``name`` built afresh (not cached): the reference kernels, then the
+    OVERRIDES of each of its modules (:data:`_MODULES`; a module that is not installed is
+    skipped), the array module and device the modules name — or ``xp`` instead (a counting
+    stand-in's; the modules' own ``xp`` is then never imported)."""
     kernels = {k: getattr(m, k) for m in _REFERENCE_MODULES for k in KERNELS if hasattr(m, k)}
     overrides: tuple[str, ...] = ()
-    xp, device = np, None
+    module_xp, device = np, None
     for module_name in _MODULES[name]:
         try:
             module = importlib.import_module(module_name)
@@ -190,13 +202,11 @@ def get_backend(name: str | Backend = "numpy") -> Backend:
         own = tuple(getattr(module, "OVERRIDES", ()))
         kernels.update({k: getattr(module, k) for k in own})
         overrides += own
-        xp = getattr(module, "xp", xp)
+        if xp is None:
+            module_xp = getattr(module, "xp", module_xp)
         device = getattr(module, "DEVICE", device)
-    backend = Backend(name=name, xp=xp, kernels=kernels, overrides=overrides, device=device)
-    _cache[name] = backend
-    if name == "cuda" and overrides:
-        _warn_if_host_arrays()
-    return backend
+    return Backend(name=name, xp=module_xp if xp is None else xp, kernels=kernels,
+                   overrides=overrides, device=device)
 
 
 def with_host_arrays(bk: Backend) -> Backend:

@@ -37,12 +37,12 @@ reference operations instead (``python -m benchmarks quick counts -o fused=False
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
 
+from .cupy_raw import on_host, real_cupy
 from .launch_model import current
 
 _ON: list[bool] = [True]
@@ -125,25 +125,9 @@ class Fused:
                 f"  if (i >= n) return;\n  {loads}\n  {self.source(act)};\n}}\n")
 
     def __call__(self, act: str, *args):
-        if _real_cupy(args[0]):
+        if real_cupy(args[0]):
             return self._cupy(act, *args)  # pragma: no cover - needs a GPU
-        return self._counted(act, *args)
-
-    def _counted(self, act, *args):
-        from .standin_array import ndarray as DeviceArray
-
-        device = any(isinstance(a, DeviceArray) for a in args)
-        raw = [a._a if isinstance(a, DeviceArray) else a for a in args]
-        outs = self.reference(act, *raw)
-        outs = outs if isinstance(outs, tuple) else (outs,)
-        t = current()
-        if device and t is not None:
-            for o in outs:
-                t.fresh(o)
-            t.launch([r for r in raw if isinstance(r, np.ndarray)], list(outs), self.name)
-        if device:
-            outs = tuple(DeviceArray(o) for o in outs)
-        return outs if len(outs) > 1 else outs[0]
+        return on_host(self.name, lambda *raw: self.reference(act, *raw), *args)
 
     def _cupy(self, act, *args):  # pragma: no cover - needs a GPU
         import cupy
@@ -154,13 +138,6 @@ class Fused:
                                             f"refbraid_{self.name}_{act}")
             self._kernels[act] = kernel
         return kernel(*args)
-
-
-def _real_cupy(a) -> bool:
-    """True for an array of an imported CuPy that can build kernels (not a stand-in)."""
-    cupy = sys.modules.get("cupy")
-    return (cupy is not None and hasattr(cupy, "ElementwiseKernel")
-            and isinstance(a, getattr(cupy, "ndarray", ())))
 
 
 # The NumPy-equivalent paths, written against the array API (they also run on stand-ins): a
@@ -248,7 +225,7 @@ class GemmAccumulate:
     name = "gemm_accumulate"
 
     def __call__(self, a, b, out) -> None:
-        if _real_cupy(out):  # pragma: no cover - needs a GPU
+        if real_cupy(out):  # pragma: no cover - needs a GPU
             import cupy
             import cupy.cublas
 

@@ -182,48 +182,57 @@ def dense_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True
 # The catalogue's 2-D convolutions (reference.conv2d, conv2d_adjoint and their k-row forms in
 # reference_batched) as im2col GEMMs (cupy_conv): 4 launches forward (+1 for the bias), 11
 # for the adjoint, instead of ≈ 3 and 5 per stencil offset.
-def conv2d(x, W, b):
-    """reference.conv2d ``z = W * x + b`` as one im2col GEMM (cupy_conv.conv2d)."""
-    from . import cupy_conv, reference
+def _gemm_conv(x, W, b, reference_conv):
+    """``W * x + b`` by cupy_conv.conv2d (one step, or k rows with their own W and b: the bias
+    (..., O) broadcast over (B, H, W)), or by ``reference_conv`` where _im2col says no."""
+    from . import cupy_conv
     from .portable import contiguous
 
     if not _im2col(x, W, *(() if b is None else (b,))):
-        return reference.conv2d(x, W, b)
+        return reference_conv(x, W, b)
     z = cupy_conv.conv2d(x, W)
-    return contiguous(z) if b is None else z + b[None, :, None, None]
+    return contiguous(z) if b is None else z + b[..., None, :, None, None]
 
 
-def conv2d_adjoint(x, W, dz):
-    """reference.conv2d_adjoint: (dx, dW, db) by im2col GEMMs (cupy_conv.conv2d_adjoint)."""
-    from . import cupy_conv, reference
+def _gemm_conv_adjoint(x, W, dz, grads: bool, reference_adjoint):
+    """(dx, dW, db) of :func:`_gemm_conv` (cupy_conv.conv2d_adjoint), dx C-ordered, or
+    ``reference_adjoint()`` where _im2col says no."""
+    from . import cupy_conv
     from .portable import contiguous
 
     if not _im2col(x, W, dz):
-        return reference.conv2d_adjoint(x, W, dz)
-    dx, dW, db = cupy_conv.conv2d_adjoint(x, W, dz)
+        return reference_adjoint()
+    dx, dW, db = cupy_conv.conv2d_adjoint(x, W, dz, grads)
     return contiguous(dx), dW, db
+
+
+def conv2d(x, W, b):
+    """reference.conv2d ``z = W * x + b`` as one im2col GEMM."""
+    from . import reference
+
+    return _gemm_conv(x, W, b, reference.conv2d)
+
+
+def conv2d_adjoint(x, W, dz):
+    """reference.conv2d_adjoint: (dx, dW, db) by im2col GEMMs."""
+    from . import reference
+
+    return _gemm_conv_adjoint(x, W, dz, True, lambda: reference.conv2d_adjoint(x, W, dz))
 
 
 def conv2d_batched(X, W, b):
     """reference_batched.conv2d_batched, row j ``W[j] * X[j] + b[j]``: one batched GEMM."""
-    from . import cupy_conv, reference_batched
-    from .portable import contiguous
+    from . import reference_batched
 
-    if not _im2col(X, W, *(() if b is None else (b,))):
-        return reference_batched.conv2d_batched(X, W, b)
-    Z = cupy_conv.conv2d(X, W)
-    return contiguous(Z) if b is None else Z + b[:, None, :, None, None]
+    return _gemm_conv(X, W, b, reference_batched.conv2d_batched)
 
 
 def conv2d_adjoint_batched(X, W, dZ, grads: bool = True):
     """reference_batched.conv2d_adjoint_batched by batched im2col GEMMs."""
-    from . import cupy_conv, reference_batched
-    from .portable import contiguous
+    from . import reference_batched
 
-    if not _im2col(X, W, dZ):
-        return reference_batched.conv2d_adjoint_batched(X, W, dZ, grads)
-    dX, dW, db = cupy_conv.conv2d_adjoint(X, W, dZ, grads)
-    return contiguous(dX), dW, db
+    return _gemm_conv_adjoint(X, W, dZ, grads, lambda: reference_batched.conv2d_adjoint_batched(
+        X, W, dZ, grads))
 
 
 # ----------------------------------------------------------------------------- conv ODE steps

@@ -1,14 +1,18 @@
 """What every hand-written CuPy kernel of the ``cupy`` backend shares: compiled once per
 element type on a GPU; off a GPU, the reference run in its place and counted as one launch.
 
-The ``RawKernel`` modules (:mod:`.cupy_layernorm`, :mod:`.cupy_gru`) keep their CUDA C
-source per kernel with ``T`` the element type; :func:`compiled` builds it for float or double
-on first use. Off a GPU (NumPy arrays, or the CuPy stand-in of :mod:`.cupy_standin`)
-:func:`on_host` runs the reference kernel the CUDA source reproduces, on the stand-in's NumPy
-storage, and reports ONE launch to the active launch counter: what the kernel costs a GPU.
+The ``RawKernel`` modules (:mod:`.cupy_layernorm`, :mod:`.cupy_softmax`, :mod:`.cupy_gru`)
+keep their CUDA C source per kernel with ``T`` the element type; :func:`compiled` builds it
+for float or double on first use. Off a GPU (NumPy arrays, or the CuPy stand-in of
+:mod:`.cupy_standin`) :func:`on_host` runs the reference kernel the CUDA source reproduces,
+on the stand-in's NumPy storage, and reports ONE launch to the active launch counter: what
+the kernel costs a GPU. :mod:`.cupy_fused`'s element-wise kernels take the same two doors
+(:func:`real_cupy` to choose, :func:`on_host` off a GPU).
 """
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 
@@ -49,9 +53,9 @@ __device__ double block_max(double* buf, double v) {
 
 def real_cupy(a) -> bool:
     """True for an array of an imported CuPy that can build kernels (not a stand-in)."""
-    from .cupy_fused import _real_cupy
-
-    return _real_cupy(a)
+    cupy = sys.modules.get("cupy")
+    return (cupy is not None and hasattr(cupy, "ElementwiseKernel")
+            and isinstance(a, getattr(cupy, "ndarray", ())))
 
 
 def compiled(source, name: str, dtype, cache: dict = {}):  # noqa: B006 - one per process

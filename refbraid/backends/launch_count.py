@@ -20,7 +20,6 @@ counts, not times.
 
 from __future__ import annotations
 
-import importlib
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,17 +38,10 @@ def counting_backend(name: str) -> Backend:
     """``"cupy"`` or ``"cuda"`` with arrays on the CuPy stand-in (module docstring); use
     inside :func:`counting` (cuda: the simulator's kernels are pointed at the counted memory
     there)."""
-    from . import _MODULES, _REFERENCE_MODULES, KERNELS
+    from . import assemble
 
     if name == "cupy":
-        kernels = {k: getattr(m, k) for m in _REFERENCE_MODULES for k in KERNELS
-                   if hasattr(m, k)}
-        overrides: tuple[str, ...] = ()
-        for module_name in _MODULES["cupy"]:  # the cupy backend's modules, as get_backend
-            module = importlib.import_module(module_name)
-            kernels.update({k: getattr(module, k) for k in module.OVERRIDES})
-            overrides += tuple(module.OVERRIDES)
-        return Backend("cupy", cupy_standin.module(), kernels, overrides)
+        return assemble("cupy", cupy_standin.module())
     if name == "cuda":
         from .numba_cuda import simulated
 

@@ -157,7 +157,7 @@ def _prelude_header() -> Path:
     if not Path(f"{header}.gch").exists():
         tmp = _folder() / f"prelude-{key}.{os.getpid()}.hpp"
         tmp.write_text(_PRELUDE)
-        tmp.replace(header) if not header.exists() else tmp.unlink()
+        tmp.replace(header)  # atomic, and the same text whoever writes it
         gch = _folder() / f"prelude-{key}.{os.getpid()}.gch"
         subprocess.run([*_FLAGS, "-x", "c++-header", str(header), "-o", str(gch)],
                        check=True, capture_output=True, text=True)

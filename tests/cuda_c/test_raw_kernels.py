@@ -146,21 +146,6 @@ def test_the_fused_elementwise_bodies_match_their_reference_paths(dtype):
     _close(db, want_db, dtype, "add_column_sums db")
 
 
-def _emulated_cupy_backend(fake):
-    """The ``cupy`` backend as get_backend assembles it, on the fake CuPy (NumPy arrays)."""
-    import importlib
-
-    from refbraid.backends import _MODULES, _REFERENCE_MODULES, KERNELS, Backend
-
-    kernels = {k: getattr(m, k) for m in _REFERENCE_MODULES for k in KERNELS if hasattr(m, k)}
-    overrides: tuple[str, ...] = ()
-    for name in _MODULES["cupy"]:
-        module = importlib.import_module(name)
-        kernels.update({k: getattr(module, k) for k in module.OVERRIDES})
-        overrides += tuple(module.OVERRIDES)
-    return Backend("cupy", fake, kernels, overrides)
-
-
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "per-step"])
 @pytest.mark.parametrize("model", ["dense", "conv", "transformer", "gru"])
 def test_a_layer_parallel_gradient_on_the_emulated_gpu_equals_numpy(model, batched):
@@ -168,7 +153,7 @@ def test_a_layer_parallel_gradient_on_the_emulated_gpu_equals_numpy(model, batch
     ``cupy`` backend's GPU branches — the fused ElementwiseKernels, the RawKernels, cuBLAS's
     β = 1 GEMM, the im2col convolutions, batched sweeps or per step — with their CUDA C run
     by the emulator: the NumPy backend's gradient to 1e-10."""
-    from refbraid.backends import get_backend, launch_count
+    from refbraid.backends import assemble, get_backend, launch_count
     from refbraid.backends.device_batching import sweeps_batched
     from refbraid.training.gradients import mgrit_gradient
 
@@ -177,7 +162,7 @@ def test_a_layer_parallel_gradient_on_the_emulated_gpu_equals_numpy(model, batch
     with sweeps_batched(batched):
         loss, want, _ = mgrit_gradient(net, settings, get_backend("numpy"))(params, x, labels)
         with fake_cupy() as fake:
-            bk = _emulated_cupy_backend(fake)
+            bk = assemble("cupy", fake)  # the cupy backend on the fake CuPy
             got_loss, got, _ = mgrit_gradient(net, settings, bk)(params, x, labels)
     assert got_loss == pytest.approx(loss, rel=1e-12)
     for k, v in want.items():
