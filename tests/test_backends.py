@@ -168,6 +168,19 @@ def _transformer_cases() -> list[Case]:
         Case("softmax", "masked-2x4x6", lambda g, d: (_r(g, (2, 4, 6), d), mask(g, (2, 4, 6)))),
         Case("softmax_adjoint", "3x5x7", lambda g, d: (
             reference.softmax(_r(g, (3, 5, 7), d), None), _r(g, (3, 5, 7), d))),
+        Case("softmax", "scaled-3x5x7", lambda g, d: (3 * _r(g, (3, 5, 7), d), None, 0.37)),
+        Case("softmax", "scaled-masked-2x4x6",
+             lambda g, d: (_r(g, (2, 4, 6), d), mask(g, (2, 4, 6)), 0.5)),
+        Case("softmax_adjoint", "scaled-3x5x7", lambda g, d: (
+            reference.softmax(_r(g, (3, 5, 7), d), None), _r(g, (3, 5, 7), d), 0.37)),
+        # the attention's heads: B 2, L 3, 2 heads of d 4, one to three stacked blocks
+        Case("split_heads", "q-6x8", lambda g, d: (_r(g, (6, 8), d), 2, 3, 2)),
+        Case("split_heads", "qkv-6x24", lambda g, d: (_r(g, (6, 24), d), 2, 3, 2, 3)),
+        Case("merge_heads", "q-4x3x4", lambda g, d: ([_r(g, (4, 3, 4), d)], 2, 2)),
+        Case("merge_heads", "kv-4x3x4",
+             lambda g, d: ([_r(g, (4, 3, 4), d) for _ in range(2)], 2, 2)),
+        Case("merge_heads", "qkv-4x3x4",
+             lambda g, d: ([_r(g, (4, 3, 4), d) for _ in range(3)], 2, 2)),
         Case("layernorm", "3x5x8", lambda g, d: (
             _r(g, (3, 5, 8), d), _r(g, 8, d), _r(g, 8, d), 1e-5)),
         Case("layernorm", "4x13", lambda g, d: (

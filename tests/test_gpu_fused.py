@@ -4,8 +4,8 @@
   the launch counter charges one launch for) gives the reference kernels' bits, every
   activation, float32 and float64; its CUDA source compiles with NVIDIA's NVRTC for sm_75,
   sm_80 and sm_90 in double and float (no GPU needed; skipped without NVRTC); so do the
-  layer-norm, softmax and GRU kernels (refbraid.backends.cupy_layernorm, cupy_softmax,
-  cupy_gru).
+  layer-norm, softmax, attention-head and GRU kernels (refbraid.backends.cupy_layernorm,
+  cupy_softmax, cupy_heads, cupy_gru).
 * refbraid.backends.numba_cuda_batched on device-resident arrays (the simulator's device):
   every row bit-identical to the per-step cuda calls; its new adjoint kernel compiles with
   ``numba.cuda.compile_ptx`` for compute capability 9.0 outside the simulator.
@@ -90,13 +90,13 @@ def _nvrtc_usable() -> bool:
                     "'numba-cuda[cu13]' brings it)")
 @pytest.mark.parametrize("T", ["double", "float"])
 def test_every_fused_kernel_compiles_for_real_gpus(T):
-    from refbraid.backends import cupy_gru, cupy_layernorm, cupy_softmax
+    from refbraid.backends import cupy_gru, cupy_heads, cupy_layernorm, cupy_softmax
 
     for arch in ("compute_75", "compute_80", "compute_90"):
         for kernel in KERNELS:
             for act in ACTIVATIONS:
                 _nvrtc_compile(kernel.cuda_kernel(act, T), arch)
-        for module in (cupy_layernorm, cupy_gru, cupy_softmax):
+        for module in (cupy_layernorm, cupy_gru, cupy_softmax, cupy_heads):
             for name in module.KERNELS:
                 _nvrtc_compile(module.cuda_source(name, T), arch)
 

@@ -20,8 +20,8 @@ cuda       Numba CUDA kernels (tiled shared-memory matmul, fused activation, con
 cupy       the reference kernels on CuPy arrays (needs a GPU), with hand-written ones
            where they launch fewer kernels: fused element-wise chains
            (:mod:`refbraid.backends.cupy_fused`), im2col convolutions
-           (:mod:`refbraid.backends.cupy_conv`), layer norm, softmax and the GRU cell
-           (:mod:`refbraid.backends.cupy_sequence`)
+           (:mod:`refbraid.backends.cupy_conv`), layer norm, softmax, the attention's
+           head split and merge and the GRU cell (:mod:`refbraid.backends.cupy_sequence`)
 strict     tests only: the cupy code path on ``array_api_strict`` arrays on a
            non-default device (:mod:`refbraid.backends.strict_device`)
 =========  =====================================================================
@@ -58,6 +58,8 @@ KERNELS = (
     "softmax_cross_entropy_adjoint",
     # transformer kernels (attention, layer norm, embedding, GRU)
     "bmm",
+    "split_heads",
+    "merge_heads",
     "softmax",
     "softmax_adjoint",
     "layernorm",

@@ -80,6 +80,10 @@ def on_host(name: str, fn, *args):
     raw = [a._a if isinstance(a, DeviceArray) else a for a in args]
     outs = fn(*raw)
     outs = outs if isinstance(outs, tuple) else (outs,)
+    # the kernel writes new memory: a reference output that views an input is copied (else
+    # the counter would take it for the input and forget who wrote that)
+    outs = tuple(o.copy() if any(np.may_share_memory(o, r) for r in raw
+                                 if isinstance(r, np.ndarray)) else o for o in outs)
     t = current()
     if t is not None:
         for o in outs:

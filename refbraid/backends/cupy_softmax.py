@@ -4,10 +4,11 @@
 maximum, the shift, exp, the row sum, the division) and ten with one; its adjoint three.
 Here one thread block per row (R rows of N: every leading axis)::
 
-    softmax_rows          m = max of the unmasked x_j (0 for a fully masked row),
-                          e_j = exp(x_j − m) (0 where masked), s = Σ e,
+    softmax_rows          z_j = c·x_j (c the scale: the attention's 1/√d),
+                          m = max of the unmasked z_j (0 for a fully masked row),
+                          e_j = exp(z_j − m) (0 where masked), s = Σ e,
                           p = e / s (s = 0: p = e = 0)
-    softmax_adjoint_rows  s = Σ_j p_j dp_j,  dx = p (dp − s)
+    softmax_adjoint_rows  s = Σ_j p_j dp_j,  dx = (p (dp − s))·c
 
 The reference's formulas per element; the row sums accumulate in double in a fixed-order tree
 and are rounded to T once, so on a GPU the results agree with the reference to round-off (as
@@ -27,7 +28,7 @@ THREADS = 128  # threads per block (a power of two: the tree reductions)
 _SOURCES = {
     "softmax_rows": """
 extern "C" __global__ void softmax_rows(const T* x, const bool* mask, T* p, long long R,
-    long long N, int masked) {
+    long long N, int masked, T c) {
   __shared__ double buf[THREADS];
   long long r = blockIdx.x;
   if (r >= R) return;
@@ -36,12 +37,12 @@ extern "C" __global__ void softmax_rows(const T* x, const bool* mask, T* p, long
   T* pr = p + r * N;
   double m = -__longlong_as_double(0x7ff0000000000000LL);  // −∞
   for (long long j = threadIdx.x; j < N; j += blockDim.x)
-    if (!masked || !mr[j]) m = fmax(m, (double)xr[j]);
+    if (!masked || !mr[j]) m = fmax(m, (double)(xr[j] * c));
   m = block_max(buf, m);
   T shift = isfinite(m) ? (T)m : (T)0;
   double acc = 0;
   for (long long j = threadIdx.x; j < N; j += blockDim.x) {
-    T e = (masked && mr[j]) ? (T)0 : exp(xr[j] - shift);
+    T e = (masked && mr[j]) ? (T)0 : exp(xr[j] * c - shift);
     pr[j] = e;
     acc += (double)e;
   }
@@ -52,7 +53,7 @@ extern "C" __global__ void softmax_rows(const T* x, const bool* mask, T* p, long
 """,
     "softmax_adjoint_rows": """
 extern "C" __global__ void softmax_adjoint_rows(const T* p, const T* dp, T* dx, long long R,
-    long long N) {
+    long long N, T c) {
   __shared__ double buf[THREADS];
   long long r = blockIdx.x;
   if (r >= R) return;
@@ -61,7 +62,8 @@ extern "C" __global__ void softmax_adjoint_rows(const T* p, const T* dp, T* dx, 
   double acc = 0;
   for (long long j = threadIdx.x; j < N; j += blockDim.x) acc += (double)(pr[j] * dpr[j]);
   T s = (T)block_sum(buf, acc);
-  for (long long j = threadIdx.x; j < N; j += blockDim.x) dx[r * N + j] = pr[j] * (dpr[j] - s);
+  for (long long j = threadIdx.x; j < N; j += blockDim.x)
+    dx[r * N + j] = (pr[j] * (dpr[j] - s)) * c;
 }
 """,
 }
@@ -75,14 +77,14 @@ def cuda_source(name: str, T: str = "double") -> str:
     return f"typedef {T} T;\n#define THREADS {THREADS}\n{BLOCK_REDUCTIONS}{_SOURCES[name]}"
 
 
-def softmax(x, mask):
+def softmax(x, mask, scale: float = 1.0):
     """reference.softmax in one launch; ``mask`` None or a bool array of x's shape."""
     from . import reference
 
     if not real_cupy(x):
         if mask is None:
-            return on_host("softmax_rows", lambda a: reference.softmax(a, None), x)
-        return on_host("softmax_rows", reference.softmax, x, mask)
+            return on_host("softmax_rows", lambda a: reference.softmax(a, None, scale), x)
+        return on_host("softmax_rows", lambda a, m: reference.softmax(a, m, scale), x, mask)
     import cupy  # pragma: no cover - needs a GPU
 
     x = cupy.ascontiguousarray(x)
@@ -92,16 +94,17 @@ def softmax(x, mask):
     mask = cupy.ascontiguousarray(mask) if masked else cupy.empty(1, dtype=cupy.bool_)  # unread
     p = cupy.empty_like(x)
     compiled(cuda_source, "softmax_rows", x.dtype)((R,), (THREADS,), (
-        x, mask, p, np.int64(R), np.int64(N), np.int32(masked)))
+        x, mask, p, np.int64(R), np.int64(N), np.int32(masked), x.dtype.type(scale)))
     return p
 
 
-def softmax_adjoint(p, dp):
+def softmax_adjoint(p, dp, scale: float = 1.0):
     """reference.softmax_adjoint in one launch."""
     from . import reference
 
     if not real_cupy(p):
-        return on_host("softmax_adjoint_rows", reference.softmax_adjoint, p, dp)
+        return on_host("softmax_adjoint_rows",
+                       lambda a, b: reference.softmax_adjoint(a, b, scale), p, dp)
     import cupy  # pragma: no cover - needs a GPU
 
     p, dp = cupy.ascontiguousarray(p), cupy.ascontiguousarray(dp)
@@ -109,5 +112,5 @@ def softmax_adjoint(p, dp):
     R = p.size // N
     dx = cupy.empty_like(p)
     compiled(cuda_source, "softmax_adjoint_rows", p.dtype)((R,), (THREADS,), (
-        p, dp, dx, np.int64(R), np.int64(N)))
+        p, dp, dx, np.int64(R), np.int64(N), p.dtype.type(scale)))
     return dx

@@ -75,7 +75,8 @@ def array(a, dtype=None, copy=True, **kwargs):
     return asarray(a, dtype=dtype, copy=copy)
 
 
-_SPECIAL = {"asarray": asarray, "array": array, "ascontiguousarray": ascontiguousarray}
+_SPECIAL = {"asarray": asarray, "array": array, "ascontiguousarray": ascontiguousarray,
+            "matmul": standin_array.matmul}
 
 
 def function(name: str):

@@ -225,13 +225,16 @@ def check_vector(name: str, v, n: int) -> None:
 
 
 # ----------------------------------------------------------------------------- softmax
-def softmax(x, mask):
+def softmax(x, mask, scale: float = 1.0):
     """Masked row softmax (reference.softmax) in three passes: a Numba pass per row for the
     shift e = x − max (−∞ where masked), NumPy's SIMD exp in place (≈10× faster per element
     than the scalar libm ``exp`` a Numba loop calls), a Numba pass per row for Σ and the scale.
+    A ``scale`` ≠ 1 multiplies x first (NumPy), as the reference does.
     """
     if not fast(x) or x.ndim == 0 or x.size == 0:
-        return reference.softmax(x, mask)
+        return reference.softmax(x, mask, scale)
+    if scale != 1.0:
+        x = x * scale
     m2, use_mask = mask_rows(mask, x)
     x2 = rows(x, x.dtype)  # R,N
     e = np.empty_like(x2)
@@ -241,16 +244,18 @@ def softmax(x, mask):
     return e.reshape(x.shape)
 
 
-def softmax_adjoint(p, dp):
-    """dx = p ⊙ (dp − Σ p ⊙ dp) (reference.softmax_adjoint): one pass per row."""
+def softmax_adjoint(p, dp, scale: float = 1.0):
+    """dx = scale · p ⊙ (dp − Σ p ⊙ dp) (reference.softmax_adjoint): one pass per row, the
+    product by a ``scale`` ≠ 1 after it (NumPy), as the reference takes it."""
     if not fast(p, dp) or p.ndim == 0 or p.size == 0:
-        return reference.softmax_adjoint(p, dp)
+        return reference.softmax_adjoint(p, dp, scale)
     check_same_shape("dp", dp, "p", p)
     dtype = result_dtype(p, dp)
     p2, dp2 = rows(p, dtype), rows(dp, dtype)
     dx = np.empty_like(p2)
     _softmax_adjoint_kernel(p2, dp2, dx)
-    return dx.reshape(p.shape)
+    dx = dx.reshape(p.shape)
+    return dx * scale if scale != 1.0 else dx
 
 
 # ----------------------------------------------------------------------------- embedding

@@ -250,10 +250,13 @@ def bmm(a, b):
     return call.result(c)
 
 
-def softmax(x, mask):
-    """Masked row softmax (reference.softmax): one thread per row."""
+def softmax(x, mask, scale: float = 1.0):
+    """Masked row softmax (reference.softmax): one thread per row; a ``scale`` ≠ 1
+    multiplies x first, as the reference does."""
     if not cuda_floats(x) or x.ndim == 0 or size(x) == 0:
-        return reference.softmax(x, mask)
+        return reference.softmax(x, mask, scale)
+    if scale != 1.0:
+        x = x * scale
     call, dtype = KernelCall(x, mask, names=("x", "mask")), numpy_dtype(x)
     m2, use_mask = _mask_arg(call, mask, x)
     p = call.out(_rows(x), dtype)
@@ -262,17 +265,19 @@ def softmax(x, mask):
     return call.result(p, x.shape)
 
 
-def softmax_adjoint(p, dp):
-    """dx = p ⊙ (dp − Σ p ⊙ dp) (reference.softmax_adjoint): one thread per row."""
+def softmax_adjoint(p, dp, scale: float = 1.0):
+    """dx = scale · p ⊙ (dp − Σ p ⊙ dp) (reference.softmax_adjoint): one thread per row, the
+    product by a ``scale`` ≠ 1 after it, as the reference takes it."""
     if not cuda_floats(p, dp) or p.ndim == 0 or size(p) == 0:
-        return reference.softmax_adjoint(p, dp)
+        return reference.softmax_adjoint(p, dp, scale)
     check_same_shape("dp", dp, "p", p)
     call, dtype = KernelCall(p, dp, names=("p", "dp")), common_dtype(p, dp)
     dx = call.out(_rows(p), dtype)
     blocks, threads = _grid_1d(_rows(p)[0])
     _softmax_adjoint_kernel[blocks, threads](call.arg(p, dtype, _rows(p)),
                                              call.arg(dp, dtype, _rows(p)), dx.arg)
-    return call.result(dx, p.shape)
+    dx = call.result(dx, p.shape)
+    return dx * scale if scale != 1.0 else dx
 
 
 def layernorm(x, gamma, beta, eps: float):

@@ -229,15 +229,45 @@ def bmm(a, b):
     return a @ b
 
 
-def softmax(x, mask):
-    """Row softmax over the last axis, masked entries excluded.
+def split_heads(a, B: int, L: int, heads: int, parts: int = 1):
+    """The attention's heads of ``parts`` stacked projections, each as a batch of matrices.
 
-    p[..., j] = exp(x_j − m) / Σ_{k unmasked} exp(x_k − m) for unmasked j, p = 0 where
-    ``mask`` is True; m = max over unmasked k of Re x_k (any shift gives the same p; the
-    maximum avoids overflow). A fully masked row is all zeros, never NaN.
+    a: (B·L, P·E) rows, the P = ``parts`` blocks of E = heads·d columns side by side (as the
+    stacked projection [q | k | v] gives them)  ->  P arrays (B·heads, L, d), block p's head j
+    of sample b the matrix [b·heads + j]: out_p[b·heads + j, l, i] = a[b·L + l, p·E + j·d + i].
+    """
+    xp = array_namespace(a)
+    E = a.shape[-1] // parts
+    d = E // heads
+    return tuple(xp.reshape(xp.permute_dims(xp.reshape(a[:, p * E:(p + 1) * E], (B, L, heads, d)),
+                                            (0, 2, 1, 3)), (B * heads, L, d))
+                 for p in range(parts))
+
+
+def merge_heads(blocks, B: int, heads: int):
+    """Adjoint (and inverse) of :func:`split_heads`: P arrays (B·heads, L, d) -> (B·L, P·E),
+    the heads of each concatenated along the features (as torch does), the blocks side by
+    side: out[b·L + l, p·E + j·d + i] = blocks[p][b·heads + j, l, i]."""
+    xp = array_namespace(blocks[0])
+    merged = []
+    for a in blocks:
+        _, L, d = a.shape
+        merged.append(xp.reshape(xp.permute_dims(xp.reshape(a, (B, heads, L, d)), (0, 2, 1, 3)),
+                                 (B * L, heads * d)))
+    return merged[0] if len(merged) == 1 else xp.concat(merged, axis=1)
+
+
+def softmax(x, mask, scale: float = 1.0):
+    """Row softmax over the last axis of ``scale``·x, masked entries excluded.
+
+    With z = scale·x: p[..., j] = exp(z_j − m) / Σ_{k unmasked} exp(z_k − m) for unmasked j,
+    p = 0 where ``mask`` is True; m = max over unmasked k of Re z_k (any shift gives the same
+    p; the maximum avoids overflow). A fully masked row is all zeros, never NaN.
     x: (..., N), mask: None or a bool array of x's shape  ->  p: (..., N).
     """
     xp = array_namespace(x)
+    if scale != 1.0:
+        x = x * scale
     re = xp.real(x)  # comparisons on the real part (complex-step safe)
     if mask is None:
         e = xp.exp(x - xp.max(re, axis=-1, keepdims=True))
@@ -249,13 +279,15 @@ def softmax(x, mask):
     return e / xp.where(s == 0, 1.0, s)
 
 
-def softmax_adjoint(p, dp):
-    """Adjoint of p = softmax(x) (masked or not): dx = p ⊙ (dp − Σ_j p_j dp_j) row-wise.
+def softmax_adjoint(p, dp, scale: float = 1.0):
+    """Adjoint of p = softmax(x, mask, scale) (masked or not): dx = scale · p ⊙ (dp − Σ_j p_j
+    dp_j) row-wise, the product by ``scale`` taken last.
 
     Masked entries have p = 0, so they get dx = 0. p, dp: (..., N) -> dx: (..., N).
     """
     xp = array_namespace(p)
-    return p * (dp - xp.sum(p * dp, axis=-1, keepdims=True))
+    dx = p * (dp - xp.sum(p * dp, axis=-1, keepdims=True))
+    return dx * scale if scale != 1.0 else dx
 
 
 def layernorm(x, gamma, beta, eps: float):

@@ -32,7 +32,8 @@ Counting (the events of :class:`~refbraid.backends.launch_model.Tracker`, as CuP
 operation                              counted as
 =====================================  ============================================================
 element-wise, reductions, ``matmul``,  one launch reading the array inputs, writing the result
-``concat``/``stack``, ``take``, ``where``
+``concat``/``stack``, ``take``, ``where`` (``matmul``: and one copy launch per operand CuPy
+                                       copies first — see :func:`matmul`)
 ``zeros``/``ones``/``full``/``arange`` one launch (a fill), new memory
 ``empty``/``empty_like``               new memory, no launch
 views (``reshape`` of contiguous       nothing
@@ -365,6 +366,41 @@ def _binary(op: str):
     return method
 
 
+def matmul(a, b):
+    """``a @ b`` as CuPy runs it: one launch (a GEMM), after CuPy's own copy of each operand
+    its GEMM cannot read in place (an ``ascontiguousarray`` launch each): of a batched
+    product (either side over 2-D) an operand that is not C-contiguous, of a 2-D product one
+    neither C- nor F-contiguous (cuBLAS reads either order, transposed or not)."""
+    batched = max(getattr(a, "ndim", 0), getattr(b, "ndim", 0)) > 2
+
+    def readable(x):
+        if not isinstance(x, ndarray):
+            return x
+        flags = x._a.flags
+        if flags.c_contiguous or (flags.f_contiguous and not batched):
+            return x
+        return run("ascontiguousarray", np.ascontiguousarray, (x,))
+
+    # the GEMM reads the copies (what it waits for) but multiplies the operands as given:
+    # NumPy's product of the same views, so its bits do not depend on the counting
+    return run("matmul", lambda _a, _b: np.matmul(_storage_of(a), _storage_of(b)),
+               (readable(a), readable(b)))
+
+
+def _storage_of(x):
+    return x._a if isinstance(x, ndarray) else x
+
+
+def _matmul_operator(op: str):
+    def method(self, other):
+        if isinstance(other, np.ndarray):
+            _refuse_host(other)
+        return matmul(self, other) if op == "__matmul__" else matmul(other, self)
+
+    method.__name__ = op
+    return method
+
+
 def _inplace(op: str):
     def method(self, other):
         if isinstance(other, np.ndarray):
@@ -381,6 +417,8 @@ for _op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", 
     setattr(ndarray, f"__{_op}__", _binary(f"__{_op}__"))
     setattr(ndarray, f"__r{_op}__", _binary(f"__r{_op}__"))
     setattr(ndarray, f"__i{_op}__", _inplace(f"__i{_op}__"))
+ndarray.__matmul__ = _matmul_operator("__matmul__")
+ndarray.__rmatmul__ = _matmul_operator("__rmatmul__")
 for _op in ("lt", "le", "gt", "ge", "eq", "ne"):
     setattr(ndarray, f"__{_op}__", _binary(f"__{_op}__"))
 for _op in ("neg", "pos", "abs", "invert"):

@@ -63,20 +63,6 @@ from ..backends.reference import array_namespace
 from .init import check_adjoint, check_dtype, check_positive_int, uniform_fan_in
 
 
-def _split_heads(a, B: int, L: int, nh: int):
-    """(B·L, E) rows → (B·nh, L, d): head j of sample b is the matrix [b·nh + j]."""
-    d = a.shape[-1] // nh
-    xp = array_namespace(a)
-    return xp.reshape(xp.permute_dims(xp.reshape(a, (B, L, nh, d)), (0, 2, 1, 3)), (B * nh, L, d))
-
-
-def _merge_heads(a, B: int, nh: int):
-    """(B·nh, L, d) → (B·L, E): heads concatenated along the features, as torch does."""
-    _, L, d = a.shape
-    xp = array_namespace(a)
-    return xp.reshape(xp.permute_dims(xp.reshape(a, (B, nh, L, d)), (0, 2, 1, 3)), (B * L, nh * d))
-
-
 def _t(a):
     """Transpose the last two axes of a batch of matrices."""
     return array_namespace(a).permute_dims(a, (0, 2, 1))
@@ -195,17 +181,15 @@ class MultiheadAttention:
             m2 = xp.reshape(mem, (Bm * S, E))  # BmS,E
             q2 = bk.linear(x2, contiguous(W_in[:E, :]), b_in[:E])  # BT,E
             kv2 = bk.linear(m2, contiguous(W_in[E:, :]), b_in[E:])  # BmS,2E
-            k2, v2 = kv2[:, :E], kv2[:, E:]
+            (q,) = bk.split_heads(q2, B, T, nh)  # G,T,d
+            k, v = (self._broadcast(xp, a, B) for a in bk.split_heads(kv2, Bm, S, nh, 2))
         else:
             Bm, m2 = B, None
             qkv = bk.linear(x2, W_in, b_in)  # BT,3E
-            q2, k2, v2 = qkv[:, :E], qkv[:, E : 2 * E], qkv[:, 2 * E :]
-        q = _split_heads(q2, B, T, nh)  # G,T,d
-        k = self._broadcast(xp, _split_heads(k2, Bm, S, nh), B)  # G,S,d
-        v = self._broadcast(xp, _split_heads(v2, Bm, S, nh), B)  # G,S,d
-        s = bk.bmm(q, contiguous(_t(k))) * self.scale  # G,T,S
-        p = bk.softmax(s, self.mask(xp, B, T, S, kpm, like=x))  # G,T,S
-        o2 = _merge_heads(bk.bmm(p, v), B, nh)  # BT,E
+            q, k, v = bk.split_heads(qkv, B, T, nh, 3)  # G,T,d each
+        s = bk.bmm(q, contiguous(_t(k)))  # G,T,S: q kᵀ, scaled by 1/√d in the softmax
+        p = bk.softmax(s, self.mask(xp, B, T, S, kpm, like=x), self.scale)  # G,T,S
+        o2 = bk.merge_heads([bk.bmm(p, v)], B, nh)  # BT,E
         y = bk.linear(o2, params["W_out"], params["b_out"])  # BT,E
         return xp.reshape(y, (B, T, E)), (x2, m2, q, k, v, p, o2, (B, T, S, Bm))
 
@@ -234,26 +218,26 @@ class MultiheadAttention:
         W_in = params["W_in"]
         do2, dW_out, db_out = _linear_adjoint(bk, o2, params["W_out"], xp.reshape(dout, (B * T, E)),
                                               grads)
-        do = _split_heads(do2, B, T, nh)  # G,T,d
+        (do,) = bk.split_heads(do2, B, T, nh)  # G,T,d
         dp = bk.bmm(do, contiguous(_t(v)))  # G,T,S
-        ds = bk.softmax_adjoint(p, dp) * self.scale  # G,T,S
-        dq2 = _merge_heads(bk.bmm(ds, k), B, nh)  # BT,E
+        ds = bk.softmax_adjoint(p, dp, self.scale)  # G,T,S
+        dq = bk.bmm(ds, k)  # G,T,d
         if self.cross:
+            dq2 = bk.merge_heads([dq], B, nh)  # BT,E
             dx2, dW_q, db_q = _linear_adjoint(bk, x2, contiguous(W_in[:E, :]), dq2, grads)
             if not grads:  # the keys and values come from the memory, not from x
                 return xp.reshape(dx2, (B, T, E)), None
         dv = bk.bmm(contiguous(_t(p)), do)  # G,S,d
         dk = bk.bmm(contiguous(_t(ds)), q)  # G,S,d
-        dk2 = _merge_heads(self._unbroadcast(dk, B, Bm), Bm, nh)  # BmS,E
-        dv2 = _merge_heads(self._unbroadcast(dv, B, Bm), Bm, nh)  # BmS,E
         if not self.cross:
-            dqkv = xp.concat([dq2, dk2, dv2], axis=1)  # BT,3E
+            dqkv = bk.merge_heads([dq, dk, dv], B, nh)  # BT,3E
             dx2, dW_in, db_in = _linear_adjoint(bk, x2, W_in, dqkv, grads)
             if not grads:
                 return xp.reshape(dx2, (B, T, E)), None
             return xp.reshape(dx2, (B, T, E)), {"W_in": dW_in, "b_in": db_in, "W_out": dW_out,
                                           "b_out": db_out}
-        dkv = xp.concat([dk2, dv2], axis=1)  # BmS,2E
+        dkv = bk.merge_heads([self._unbroadcast(dk, B, Bm), self._unbroadcast(dv, B, Bm)], Bm,
+                             nh)  # BmS,2E
         dm2, dW_kv, db_kv = bk.linear_adjoint(m2, contiguous(W_in[E:, :]), dkv)
         return xp.reshape(dx2, (B, T, E)), {
             "W_in": xp.concat([dW_q, dW_kv], axis=0),

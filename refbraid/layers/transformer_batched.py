@@ -42,7 +42,7 @@ from ..backends import reference
 from ..backends.device_batching import chunk_rows, values_on
 from ..backends.portable import contiguous
 from ..indexing import signed_even_slice
-from .attention import _merge_heads, _split_heads, _t
+from .attention import _t
 from .mlp import ACTIVATION
 
 #: Token rows (k·B·T) per stacked call. One call for a whole sweep was up to 2× slower than
@@ -234,12 +234,10 @@ def _forward_rows(step, params, Y, h, bk):
     l1, mean1, rstd1 = _layernorm(bk, Y, params["ln1.gamma"], params["ln1.beta"], step.eps)
     qkv = xp.reshape(_linear(xp, xp.reshape(l1, (k, R, E)), params["sa.W_in"],
                              params["sa.b_in"]), (k * R, 3 * E))
-    q = _split_heads(qkv[:, :E], k * B, T, nh)  # G,T,d
-    kk = _split_heads(qkv[:, E : 2 * E], k * B, T, nh)
-    v = _split_heads(qkv[:, 2 * E :], k * B, T, nh)
-    s = bk.bmm(q, contiguous(_t(kk))) * sa.scale  # G,T,T
-    p = bk.softmax(s, _stacked_mask(sa, xp, params, k, B, T, Y))
-    o2 = xp.reshape(_merge_heads(bk.bmm(p, v), k * B, nh), (k, R, E))
+    q, kk, v = bk.split_heads(qkv, k * B, T, nh, 3)  # G,T,d each
+    s = bk.bmm(q, contiguous(_t(kk)))  # G,T,T: q kᵀ, scaled by 1/√d in the softmax
+    p = bk.softmax(s, _stacked_mask(sa, xp, params, k, B, T, Y), sa.scale)
+    o2 = xp.reshape(bk.merge_heads([bk.bmm(p, v)], k * B, nh), (k, R, E))
     a = xp.reshape(_linear(xp, o2, params["sa.W_out"], params["sa.b_out"]), Y.shape)
     u = Y + a
     l2, mean2, rstd2 = _layernorm(bk, u, params["ln2.gamma"], params["ln2.beta"], step.eps)
@@ -307,13 +305,12 @@ def _adjoint_rows(step, params, Y, Z, dY_next, h, bk, grads: bool):
     q, kk, v, p = (xp.reshape(c[n], (k * B * nh, *c[n].shape[2:])) for n in "qkvp")
     do2, dW_out, db_out = _linear_adjoint(xp, c["o2"], params["sa.W_out"],
                                           xp.reshape(g + du, (k, R, E)), grads)
-    do = _split_heads(xp.reshape(do2, (k * R, E)), k * B, T, nh)  # G,T,d
+    (do,) = bk.split_heads(xp.reshape(do2, (k * R, E)), k * B, T, nh)  # G,T,d
     dp = bk.bmm(do, contiguous(_t(v)))
-    ds = bk.softmax_adjoint(p, dp) * scale
-    dq2 = _merge_heads(bk.bmm(ds, kk), k * B, nh)  # kR,E
-    dv2 = _merge_heads(bk.bmm(contiguous(_t(p)), do), k * B, nh)
-    dk2 = _merge_heads(bk.bmm(contiguous(_t(ds)), q), k * B, nh)
-    dqkv = xp.reshape(xp.concat([dq2, dk2, dv2], axis=1), (k, R, 3 * E))
+    ds = bk.softmax_adjoint(p, dp, scale)
+    dq, dv = bk.bmm(ds, kk), bk.bmm(contiguous(_t(p)), do)  # G,T,d
+    dk = bk.bmm(contiguous(_t(ds)), q)
+    dqkv = xp.reshape(bk.merge_heads([dq, dk, dv], k * B, nh), (k, R, 3 * E))
     dl1, dW_in, db_in = _linear_adjoint(xp, c["l1"], params["sa.W_in"], dqkv, grads)
     dx, dg1, dbe1 = _layernorm_adjoint(bk, Y, c["mean1"], c["rstd1"], params["ln1.gamma"],
                                        xp.reshape(dl1, Y.shape), grads)

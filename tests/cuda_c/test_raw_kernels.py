@@ -1,13 +1,14 @@
 """The ``cupy`` backend's hand-written CUDA C kernels, run on the CPU by the emulator.
 
-Each kernel's own source (layer norm, softmax, GRU cell: refbraid.backends.cupy_layernorm,
-cupy_softmax, cupy_gru), launched by the backend's GPU branch — its grid, its argument
-order — on NumPy arrays (tests/cuda_c/emulator.py), against the NumPy reference: float64 to
-1e-12 and float32 to 1e-5 of the largest entry (the kernels sum in double and in another
-order; glibc's exp and tanh stand in for CUDA's). Blocks of 32 threads and chunks of 8 rows
-(the kernels' sizes are parameters; one host thread per GPU thread makes the full sizes
-slow) let small cases cross the kernels' edges: rows wider than a block, more rows than a
-chunk of the weight-gradient sums, γ per group of rows, fully masked softmax rows, classic
+Each kernel's own source (layer norm, softmax, attention heads, GRU cell:
+refbraid.backends.cupy_layernorm, cupy_softmax, cupy_heads, cupy_gru), launched by the
+backend's GPU branch — its grid, its argument order — on NumPy arrays
+(tests/cuda_c/emulator.py), against the NumPy reference: float64 to 1e-12 and float32 to 1e-5
+of the largest entry (the kernels sum in double and in another order; glibc's exp and tanh
+stand in for CUDA's; the head kernels move data: bit for bit). Blocks of 32 threads and chunks
+of 8 rows (the kernels' sizes are parameters; one host thread per GPU thread makes the full
+sizes slow) let small cases cross the kernels' edges: rows wider than a block, more rows than
+a chunk of the weight-gradient sums, γ per group of rows, fully masked softmax rows, classic
 and implicit GRU steps.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from refbraid.backends import cupy_gru, cupy_layernorm, cupy_softmax, reference
+from refbraid.backends import cupy_gru, cupy_heads, cupy_layernorm, cupy_softmax, reference
 
 from .emulator import available, fake_cupy
 
@@ -26,7 +27,7 @@ TOL = {np.float64: 1e-12, np.float32: 1e-5}
 
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch):
-    for module in (cupy_layernorm, cupy_softmax, cupy_gru):
+    for module in (cupy_layernorm, cupy_softmax, cupy_gru, cupy_heads):
         monkeypatch.setattr(module, "THREADS", 32)
     monkeypatch.setattr(cupy_layernorm, "CHUNK", 8)
 
@@ -86,6 +87,40 @@ def test_the_softmax_kernels_match_the_reference(dtype, masked):
     _close(got_dx, dx, dtype, "dx")
     if masked:
         assert not np.any(got_p[1, 2]) and np.all(got_p[mask] == 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_scaled_softmax_kernels_match_the_reference(dtype):
+    rng = np.random.default_rng(5)
+    x, dp = (rng.standard_normal((2, 3, 40)).astype(dtype) for _ in range(2))
+    p = reference.softmax(x, None, 0.35)
+    dx = reference.softmax_adjoint(p, dp, 0.35)
+    with fake_cupy():
+        got_p = cupy_softmax.softmax(x, None, 0.35)
+        got_dx = cupy_softmax.softmax_adjoint(p, dp, 0.35)
+    _close(got_p, p, dtype, "p")
+    _close(got_dx, dx, dtype, "dx")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("parts", [1, 2, 3])
+def test_the_head_kernels_move_the_reference_bits(dtype, parts, monkeypatch):
+    """Data movement only: bit for bit. B 3, L 5, 2 heads of d 4: with 32 threads a block
+    crosses samples, heads and blocks, and a grid of 2 blocks loops over the 3·5·8·P
+    elements."""
+    monkeypatch.setattr(cupy_heads, "MAX_GRID", 2)
+    B, L, heads, d = 3, 5, 2, 4
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((B * L, parts * heads * d)).astype(dtype)
+    want = reference.split_heads(a, B, L, heads, parts)
+    blocks = [rng.standard_normal((B * heads, L, d)).astype(dtype) for _ in range(parts)]
+    with fake_cupy():
+        got = cupy_heads.split_heads(a, B, L, heads, parts)
+        merged = cupy_heads.merge_heads(blocks, B, heads)
+    assert len(got) == parts
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    np.testing.assert_array_equal(merged, reference.merge_heads(blocks, B, heads))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
