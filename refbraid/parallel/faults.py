@@ -26,6 +26,10 @@ from .mpi import launched_by_mpiexec, mpi_module
 #: Seconds a failing rank other than 0 waits for rank 0 to end the job (see :func:`end_job`):
 #: rank 0 writes the run's log and figures first, which can take seconds on a loaded machine
 END_GRACE_S = 30.0
+#: Seconds the printing rank waits after its line before ending the job: ``MPI_Abort`` tears
+#: the job down at once, and on a loaded machine MPICH's launcher had not yet forwarded the
+#: line from the rank's stderr pipe (the exit code came through, the message did not)
+END_FORWARD_S = 0.3
 
 
 def root_decides(decide: Callable[[], Any]) -> Any:
@@ -62,17 +66,19 @@ def many_ranks() -> bool:
 def end_job(line: str, code: int, grace_s: float = END_GRACE_S) -> NoReturn:
     """End the whole MPI job with exit code ``code``, the user reading ``line`` once.
 
-    World rank 0 prints ``line`` and leaves at once; ``mpiexec`` then stops the other ranks
-    and exits with ``code`` (:func:`refbraid.interrupts.end_process`; MPICH's "Abort(code)
-    ..." text is not shown). Any other rank first waits ``grace_s`` seconds: an error every
-    rank meets (bad input, divergence) reaches rank 0 too, which ends the job meanwhile, after
-    writing the run's files; only an error of this rank alone gets here after the wait, and
-    this rank prints it.
+    World rank 0 prints ``line`` and leaves (after :data:`END_FORWARD_S`); ``mpiexec`` then
+    stops the other ranks and exits with ``code`` (:func:`refbraid.interrupts.end_process`;
+    MPICH's "Abort(code) ..." text is not shown). Any other rank first waits ``grace_s``
+    seconds: an error every rank meets (bad input, divergence) reaches rank 0 too, which ends
+    the job meanwhile, after writing the run's files; only an error of this rank alone gets
+    here after the wait, and this rank prints it.
     """
     if mpi_module().COMM_WORLD.Get_rank() != 0:
         time.sleep(grace_s)
     with contextlib.suppress(Exception):
         sys.stdout.flush()
     sys.stderr.write(line.rstrip("\n") + "\n")
+    sys.stderr.flush()
+    time.sleep(END_FORWARD_S)  # the launcher forwards the line before the job is torn down
     end_process(code)
     raise SystemExit(code)  # pragma: no cover - end_process does not return
