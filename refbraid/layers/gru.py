@@ -246,10 +246,13 @@ class GRUSequence:
         reach past L: positions are points in time, the inputs sit at the steps' starts).
         """
         check_positive_int("stride", stride)
+        if getattr(xs, "ndim", None) != 3 or xs.shape[1] > 0:  # an empty sequence: h0 alone
+            self._check(xs, 0, stride)
         L = xs.shape[1]
+        xt = contiguous(bk.xp.permute_dims(xs, (1, 0, 2)))  # L,B,I: x_t = xt[t] contiguous
         states, caches = [h0], []
         for start in range(0, L, stride):
-            h, cache = self.phi(params, states[-1], xs, start, start + stride, bk)
+            h, cache = self.cell.step(params, states[-1], stride * self.dt, xt[start, ...], bk)
             states.append(h)
             caches.append(cache)
         return states, (caches, stride, xs.shape)

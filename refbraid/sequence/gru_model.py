@@ -31,7 +31,7 @@ Shape legend: B batch, L sequence length, I input features, H hidden size, K cla
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 import numpy as np
@@ -40,7 +40,7 @@ from ..backends import Backend, get_backend
 from ..backends.device_batching import chunk_rows, index_on
 from ..backends.dtypes import dtype_kind
 from ..backends.host import all_finite
-from ..backends.portable import zeros_on
+from ..backends.portable import contiguous, zeros_on
 from ..layer_parallel import LayerParallelInfo, LayerParallelSettings
 from ..layers import Classifier, GRUCell, GRUSequence
 from ..layers.gru import SCHEMES
@@ -202,11 +202,12 @@ class GRUModel:
         Where :func:`batchable`, the terms come from :meth:`GRUCell.weight_gradients_batched`
         on chunks of positions and are added in the same order: the same bits."""
         dcell = {k: bk.xp.zeros_like(cell[k]) for k in CELL_WEIGHTS}
+        xt = time_major(x, bk)
         if batchable(self, bk):
             per_call = chunk_rows(bk, max(1, ROWS_PER_CALL // x.shape[0]), self.seq_len)
             for lo in range(0, self.seq_len, per_call):
                 at = np.arange(lo, min(lo + per_call, self.seq_len))
-                p = {**cell, "x": _inputs_at(x, at, bk)}
+                p = {**cell, "x": _inputs_at(xt, at)}
                 _, cache = self.step.forward_batched(p, states[index_on(states, at), ...],
                                                      self.dt, bk)
                 after = adjoints[index_on(adjoints, at + 1), ...]
@@ -216,7 +217,7 @@ class GRUModel:
                         dcell[name] += d[name][j, ...]
             return dcell
         for k in range(self.seq_len):
-            _, cache = self.step.step(cell, states[k, ...], self.dt, x[:, k, :], bk)
+            _, cache = self.step.step(cell, states[k, ...], self.dt, xt[k, ...], bk)
             _, d = self.step.adjoint(cell, cache, adjoints[k + 1, ...], self.dt, bk)
             for name in CELL_WEIGHTS:
                 dcell[name] += d[name]
@@ -238,10 +239,15 @@ class GRUForward:
     x: Any
     bk: Backend
 
+    @cached_property
+    def xt(self):
+        """The inputs time-major (L, B, I), made once: x_t = xt[t] is contiguous."""
+        return time_major(self.x, self.bk)
+
     def step(self, h, start: int, stop: int):
         span = stop - start
         m = self.model
-        return m.cell(span).step(self.cell, h, span * m.dt, self.x[:, start, :], self.bk)[0]
+        return m.cell(span).step(self.cell, h, span * m.dt, self.xt[start, ...], self.bk)[0]
 
     @property
     def batched_step(self):
@@ -254,7 +260,7 @@ class GRUForward:
         m = self.model
 
         def run(span, rows):
-            X = _inputs_at(self.x, starts[rows], self.bk)
+            X = _inputs_at(self.xt, starts[rows])
             return m.cell(span).forward_batched({**self.cell, "x": X}, Hs[rows, ...],
                                                 span * m.dt, self.bk)[0]
 
@@ -271,11 +277,16 @@ class GRUAdjoint:
     states: Any
     bk: Backend
 
+    @cached_property
+    def xt(self):
+        """The inputs time-major (L, B, I), made once: x_t = xt[t] is contiguous."""
+        return time_major(self.x, self.bk)
+
     def step(self, lam, start: int, stop: int):
         span = start - stop  # the adjoint runs backwards: start = b > stop = a
         m = self.model
         c = m.cell(span)
-        _, cache = c.step(self.cell, self.states[stop, ...], span * m.dt, self.x[:, stop, :],
+        _, cache = c.step(self.cell, self.states[stop, ...], span * m.dt, self.xt[stop, ...],
                           self.bk)
         return c.adjoint(self.cell, cache, lam, span * m.dt, self.bk, grads=False)[0]
 
@@ -292,7 +303,7 @@ class GRUAdjoint:
         def run(span, rows):
             at = stops[rows]
             c = m.cell(span)
-            params = {**self.cell, "x": _inputs_at(self.x, at, self.bk)}
+            params = {**self.cell, "x": _inputs_at(self.xt, at)}
             _, cache = c.forward_batched(params, _states_at(self.states, at, self.bk),
                                          span * m.dt, self.bk)
             return c.adjoint_batched(params, cache, Lam[rows, ...], span * m.dt, self.bk)
@@ -300,9 +311,16 @@ class GRUAdjoint:
         return _by_span(starts - stops, Lam, run, self.bk)
 
 
-def _inputs_at(x, positions, bk):
-    """x[:, p, :] for each p, stacked: (k, B, I)."""
-    return bk.xp.permute_dims(x[:, index_on(x, positions), :], (1, 0, 2))
+def time_major(x, bk):
+    """The inputs x (B, L, I) as (L, B, I) in C order, one copy: the step at position t then
+    reads xt[t], a contiguous (B, I) block — the strided x[:, t, :] would be copied by CuPy's
+    GEMM before each product that reads it (two per step, forward and adjoint)."""
+    return contiguous(bk.xp.permute_dims(x, (1, 0, 2)))
+
+
+def _inputs_at(xt, positions):
+    """xt[p] for each p, stacked: (k, B, I), contiguous (xt time-major: :func:`time_major`)."""
+    return xt[index_on(xt, positions), ...]
 
 
 def _states_at(states, positions, bk):
