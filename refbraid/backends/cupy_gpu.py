@@ -33,9 +33,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-import numpy as np
-
 from .cupy_fused import fusable, one_float_dtype
+from .device_batching import transposed_once
 
 OVERRIDES: tuple[str, ...] = (
     "activation", "euler_act", "activation_adjoint", "dense_step", "dense_step_adjoint",
@@ -161,24 +160,9 @@ def dense_step_batched(Y, W, b, h, act: str):
     if not fusable(Y, W, b):
         return reference_batched.dense_step_batched(Y, W, b, h, act)
     xp = array_namespace(Y)
-    P = xp.matmul(Y, _transposed_once(W))  # k,B,C
+    P = xp.matmul(Y, transposed_once(W))  # k,B,C: Wᵀ copied once per gradient
     Z, Y_next = BIAS_ACT_EULER(act, P, b[:, None, :], Y, _step_sizes(Y, h))
     return Y_next, Z
-
-
-_TRANSPOSED = np.array([-1])  # gathered_once's key for "the transposed copy of these rows"
-
-
-def _transposed_once(W):
-    """Wᵀ of a weight stack (k, C, C') as a C-ordered (k, C', C) copy, made once per gathered
-    stack while gathers are cached (one gradient): CuPy's batched GEMM would otherwise copy
-    the transposed view before every product that reads it."""
-    from .device_batching import gathered_once
-    from .portable import contiguous
-    from .reference import array_namespace
-
-    xp = array_namespace(W)
-    return gathered_once(W, _TRANSPOSED, lambda: contiguous(xp.permute_dims(W, (0, 2, 1))))
 
 
 def dense_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True):

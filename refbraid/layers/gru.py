@@ -46,6 +46,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..backends.device_batching import transposed_once
 from ..backends.portable import contiguous, zeros_on
 from .init import (
     check_adjoint,
@@ -159,9 +160,9 @@ class GRUCell:
                              f"{k} stacked states, got {tuple(X.shape)}.")
         dt = check_step_size("dt", dt)
         check_dtype("Hs", Hs, params)
-        gx = xp.matmul(X, xp.permute_dims(params["W_ih"], (1, 0)))
+        gx = xp.matmul(X, transposed_once(params["W_ih"]))  # on a GPU Wᵀ copied once
         gx += params["b_ih"]  # k,B|1,3H: x Wᵀ, then + b, as bk.linear
-        gh = xp.matmul(Hs, xp.permute_dims(params["W_hh"], (1, 0)))
+        gh = xp.matmul(Hs, transposed_once(params["W_hh"]))
         gh += params["b_hh"]  # k,B,3H
         if gx.shape[1] != B:  # a batch-1 input broadcasts over the batch
             gx = contiguous(xp.broadcast_to(gx, gh.shape))

@@ -39,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends import reference
-from ..backends.device_batching import chunk_rows, values_on
+from ..backends.device_batching import chunk_rows, transposed_once, values_on
 from ..backends.portable import contiguous
 from ..indexing import signed_even_slice
 from .attention import _t
@@ -56,8 +56,9 @@ MIN_LAYERS_PER_CALL = 4
 
 # ----------------------------------------------------------------------------- pieces
 def _linear(xp, X, W, b):
-    """Z[j] = X[j] W[j]ᵀ + b[j]: X (k, R, n), W (k, m, n), b (k, m) -> (k, R, m)."""
-    Z = xp.matmul(X, xp.permute_dims(W, (0, 2, 1)))
+    """Z[j] = X[j] W[j]ᵀ + b[j]: X (k, R, n), W (k, m, n), b (k, m) -> (k, R, m)
+    (on a GPU Wᵀ copied once per gradient: device_batching.transposed_once)."""
+    Z = xp.matmul(X, transposed_once(W))
     Z += b[:, None, :]
     return Z
 
