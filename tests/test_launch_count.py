@@ -78,6 +78,37 @@ def test_the_cupy_standin_counts_operations_as_cupy_launches_them_under_a_tracke
         np.asarray(x)
 
 
+def test_matmul_counts_the_operand_copies_cupy_makes_before_its_gemm():
+    """CuPy's batched matmul copies an operand that is not C-contiguous first; its 2-D
+    product reads C- and F-ordered operands in place and copies any other. The product's
+    values are NumPy's on the operands as given, bit for bit."""
+    from refbraid.backends.cupy_standin import install
+    from refbraid.backends.device_batching import gathers_cached, transposed_once
+
+    rng = np.random.default_rng(0)
+    Y, W = rng.standard_normal((3, 4, 5)), rng.standard_normal((3, 6, 5))
+    A, B = rng.standard_normal((4, 5)), rng.standard_normal((6, 5))
+    Yd, Wd, Ad, Bd = (xp.asarray(a) for a in (Y, W, A, B))
+    cases = [  # (product, ascontiguousarray launches, NumPy's product)
+        (lambda: Yd @ xp.permute_dims(Wd, (0, 2, 1)), 1, Y @ np.transpose(W, (0, 2, 1))),
+        (lambda: xp.matmul(Yd, xp.permute_dims(Wd, (0, 2, 1))), 1,
+         Y @ np.transpose(W, (0, 2, 1))),
+        (lambda: Ad @ Bd.T, 0, A @ B.T),  # 2-D: the transposed view is F-ordered
+        (lambda: Ad[:, ::2] @ Bd[:3, :2], 2, A[:, ::2] @ B[:3, :2]),  # neither order: copied
+    ]
+    for product, copies, want in cases:
+        with tracking() as t:
+            got = product()
+        assert t.tally.by_name == ({"ascontiguousarray": copies, "matmul": 1} if copies
+                                   else {"matmul": 1})
+        np.testing.assert_array_equal(got.get(), want)
+    with install(), gathers_cached(), tracking() as t:  # a weight read transposed: copied once
+        for _ in range(3):
+            got = xp.matmul(Yd, transposed_once(Wd))
+    assert t.tally.by_name == {"ascontiguousarray": 1, "matmul": 3}
+    np.testing.assert_array_equal(got.get(), Y @ np.transpose(W, (0, 2, 1)))
+
+
 def test_the_standin_counts_only_under_a_tracker_and_names_a_foreign_device():
     x = xp.asarray(np.arange(4.0))
     with tracking() as t:
