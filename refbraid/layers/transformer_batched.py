@@ -194,7 +194,12 @@ def _chunks(k: int, size: int):
     return [slice(a, min(a + size, k)) for a in range(0, k, size)]
 
 
-def _rows_of(params: dict, at) -> dict:
+def _rows_of(params: dict, at, k: int | None = None) -> dict:
+    """The stacked params of rows ``at`` — the stacks themselves when ``at`` is all ``k``
+    rows (the same arrays, so what is kept per array, as device_batching.transposed_once's
+    copies, is found again)."""
+    if k is not None and isinstance(at, slice) and at.indices(k) == (0, k, 1):
+        return params
     return {n: v[at, ...] for n, v in params.items()}
 
 
@@ -209,7 +214,7 @@ def forward_batched(step, params, Y, h, bk):
     h = np.asarray(h, dtype=np.float64).reshape(-1)
     if len(h) != k:
         raise ValueError(f"`h` must hold one step size per row ({k}), got {len(h)}.")
-    parts = [_forward_rows(step, _rows_of(params, at), Y[at, ...], h[at], bk)
+    parts = [_forward_rows(step, _rows_of(params, at, k), Y[at, ...], h[at], bk)
              for at in _chunks(k, chunk_rows(bk, rows_per_call(B, T), k))]
     if len(parts) == 1:
         return parts[0]
@@ -272,7 +277,7 @@ def adjoint_batched(step, params, Y, Z, dY_next, h, bk, grads: bool = True):
     for j in range(1, k):  # a new chunk when full or where the rows' forward call changes
         if j - cuts[-1] == size or handles[j].stacks is not handles[j - 1].stacks:
             cuts.append(j)
-    parts = [_adjoint_rows(step, _rows_of(params, at), Y[at, ...], Z[at], dY_next[at, ...],
+    parts = [_adjoint_rows(step, _rows_of(params, at, k), Y[at, ...], Z[at], dY_next[at, ...],
                            h[at], bk, grads) for at in map(slice, cuts, [*cuts[1:], k])]
     if len(parts) == 1:
         return parts[0]
