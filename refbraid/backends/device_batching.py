@@ -204,23 +204,29 @@ def gathers_cached(on: bool = True) -> Iterator[None]:
         _GATHERS.pop()
 
 
-_TRANSPOSED = np.array([-1])  # gathered_once's key for "the transposed copy of this array"
+def permuted_once(a, axes: tuple[int, ...]):
+    """``a`` with its axes permuted to ``axes`` as a C-ordered copy, made once per array while
+    gathers are cached (a GPU gradient: :func:`gathers_cached`), else at every call. The key
+    (−1, *axes) cannot be a gather's (row indices are ≥ 0)."""
+    from .portable import contiguous
+    from .reference import array_namespace
+
+    xp = array_namespace(a)
+    return gathered_once(a, np.array([-1, *axes]), lambda: contiguous(xp.permute_dims(a, axes)))
 
 
 def transposed_once(W):
     """Wᵀ over the last two axes: while gathers are cached (a GPU backend's gradient), a
-    C-ordered copy made once per array ``W``; else the view. CuPy's batched GEMM copies a
-    transposed operand before every product that reads it (:func:`standin_array.matmul`):
-    a weight, the same array for a whole gradient, is then copied once instead."""
-    from .portable import contiguous
+    C-ordered copy made once per array ``W`` (:func:`permuted_once`); else the view. CuPy's
+    batched GEMM copies a transposed operand before every product that reads it
+    (:func:`standin_array.matmul`): a weight, the same array for a whole gradient, is then
+    copied once instead."""
     from .reference import array_namespace
 
-    xp = array_namespace(W)
     axes = (*range(W.ndim - 2), W.ndim - 1, W.ndim - 2)
-    cache = _GATHERS[-1] if _GATHERS else None
-    if cache is None:
-        return xp.permute_dims(W, axes)
-    return gathered_once(W, _TRANSPOSED, lambda: contiguous(xp.permute_dims(W, axes)))
+    if not _GATHERS or _GATHERS[-1] is None:
+        return array_namespace(W).permute_dims(W, axes)
+    return permuted_once(W, axes)
 
 
 def gathered_once(rows, idx: np.ndarray, gather: Callable[[], Any]):

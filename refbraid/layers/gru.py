@@ -46,7 +46,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..backends.device_batching import transposed_once
+from ..backends.device_batching import permuted_once, transposed_once
 from ..backends.portable import contiguous, zeros_on
 from .init import (
     check_adjoint,
@@ -57,6 +57,14 @@ from .init import (
 )
 
 SCHEMES = ("classic", "implicit")
+
+
+def time_major(xs):
+    """The inputs xs (B, L, I) as a C-ordered (L, B, I) copy: the step at position t reads
+    xt[t], a contiguous (B, I) block — CuPy's GEMM would copy the strided xs[:, t, :] before
+    each product that reads it. Made once per array within a GPU gradient
+    (device_batching.permuted_once), so MGRIT's forward, adjoint and weight sweeps share it."""
+    return permuted_once(xs, (1, 0, 2))
 
 
 @dataclass(frozen=True)
@@ -250,7 +258,7 @@ class GRUSequence:
         if getattr(xs, "ndim", None) != 3 or xs.shape[1] > 0:  # an empty sequence: h0 alone
             self._check(xs, 0, stride)
         L = xs.shape[1]
-        xt = contiguous(bk.xp.permute_dims(xs, (1, 0, 2)))  # L,B,I: x_t = xt[t] contiguous
+        xt = time_major(xs)  # L,B,I: x_t = xt[t] contiguous
         states, caches = [h0], []
         for start in range(0, L, stride):
             h, cache = self.cell.step(params, states[-1], stride * self.dt, xt[start, ...], bk)

@@ -40,10 +40,10 @@ from ..backends import Backend, get_backend
 from ..backends.device_batching import chunk_rows, index_on
 from ..backends.dtypes import dtype_kind
 from ..backends.host import all_finite
-from ..backends.portable import contiguous, zeros_on
+from ..backends.portable import zeros_on
 from ..layer_parallel import LayerParallelInfo, LayerParallelSettings
 from ..layers import Classifier, GRUCell, GRUSequence
-from ..layers.gru import SCHEMES
+from ..layers.gru import SCHEMES, time_major
 from ..layers.init import NonFiniteError, check_positive_int, check_step_size
 from ..mgrit import MGRITSettings, Problem, solve
 from ..network import Expected, check_input_dtype, check_param_dict, group
@@ -202,7 +202,7 @@ class GRUModel:
         Where :func:`batchable`, the terms come from :meth:`GRUCell.weight_gradients_batched`
         on chunks of positions and are added in the same order: the same bits."""
         dcell = {k: bk.xp.zeros_like(cell[k]) for k in CELL_WEIGHTS}
-        xt = time_major(x, bk)
+        xt = time_major(x)
         if batchable(self, bk):
             per_call = chunk_rows(bk, max(1, ROWS_PER_CALL // x.shape[0]), self.seq_len)
             for lo in range(0, self.seq_len, per_call):
@@ -230,19 +230,23 @@ def _spec(model: GRUModel) -> dict[str, Expected]:
     return {k: Expected(tuple(v.shape), "weight") for k, v in params.items()}
 
 
+class _TimeMajorInputs:
+    """``xt``: the propagator's inputs ``x`` (B, L, I) time-major, made once
+    (:func:`refbraid.layers.gru.time_major`)."""
+
+    @cached_property
+    def xt(self):
+        return time_major(self.x)
+
+
 @dataclass(frozen=True, eq=False)
-class GRUForward:
+class GRUForward(_TimeMajorInputs):
     """Φ(h; a → b) = step of size (b − a)·Δt with input x[:, a] (module docstring)."""
 
     model: GRUModel
     cell: dict[str, Any]
     x: Any
     bk: Backend
-
-    @cached_property
-    def xt(self):
-        """The inputs time-major (L, B, I), made once: x_t = xt[t] is contiguous."""
-        return time_major(self.x, self.bk)
 
     def step(self, h, start: int, stop: int):
         span = stop - start
@@ -268,7 +272,7 @@ class GRUForward:
 
 
 @dataclass(frozen=True, eq=False)
-class GRUAdjoint:
+class GRUAdjoint(_TimeMajorInputs):
     """Ψ(λ; b → a) = Φ'(h[a]; a → b)ᵀ λ, linearised at the forward states (b > a)."""
 
     model: GRUModel
@@ -276,11 +280,6 @@ class GRUAdjoint:
     x: Any
     states: Any
     bk: Backend
-
-    @cached_property
-    def xt(self):
-        """The inputs time-major (L, B, I), made once: x_t = xt[t] is contiguous."""
-        return time_major(self.x, self.bk)
 
     def step(self, lam, start: int, stop: int):
         span = start - stop  # the adjoint runs backwards: start = b > stop = a
@@ -311,15 +310,9 @@ class GRUAdjoint:
         return _by_span(starts - stops, Lam, run, self.bk)
 
 
-def time_major(x, bk):
-    """The inputs x (B, L, I) as (L, B, I) in C order, one copy: the step at position t then
-    reads xt[t], a contiguous (B, I) block — the strided x[:, t, :] would be copied by CuPy's
-    GEMM before each product that reads it (two per step, forward and adjoint)."""
-    return contiguous(bk.xp.permute_dims(x, (1, 0, 2)))
-
-
 def _inputs_at(xt, positions):
-    """xt[p] for each p, stacked: (k, B, I), contiguous (xt time-major: :func:`time_major`)."""
+    """xt[p] for each p, stacked: (k, B, I), contiguous (xt time-major:
+    :func:`refbraid.layers.gru.time_major`)."""
     return xt[index_on(xt, positions), ...]
 
 
