@@ -51,7 +51,7 @@ if [ $mode = simulator ]; then
     export NUMBA_ENABLE_CUDASIM=1
     # tiny: every simulated CUDA thread is a Python thread
     train_args=(--data peaks --samples 40 --layers 4 --levels 2 --cfactor 2 --width 4
-                --epochs 1 --batch-size 20)
+                --epochs 1 --batch-size 8)
     bench_args=(tiny gpu -o dtype=float64)
     pytest_args=(tests/test_gpu.py)  # its tests skip without a GPU: this checks the step
 else

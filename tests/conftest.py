@@ -21,7 +21,10 @@ Selections (``pyproject.toml``; docs/testing.md): pytest-xdist runs the tests on
 * ``slow``: an end-to-end run (training, a lesson, a fault injected into a real process);
 * ``mpi``: launches ``mpiexec``;
 * ``gpu``: needs a real CUDA GPU;
-* ``docs``: opens the built documentation site in headless Chromium.
+* ``docs``: opens the built documentation site in headless Chromium;
+* ``lesson_script``: a lesson run end to end as a Python script, the default selection's check
+  of the lessons; CI runs every lesson once, as a notebook (tests/test_lessons_notebooks.py),
+  and deselects these (``and not lesson_script``).
 
 Under ``mpiexec`` (tests/mpi) every rank is one pytest process: no xdist workers there.
 """

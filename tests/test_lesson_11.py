@@ -12,6 +12,7 @@ LESSON = Path(__file__).resolve().parent.parent / "lessons" / "11_gradient_bias.
 
 
 @pytest.mark.slow  # four short training runs: ~5 s idle, ~40 s on 2 busy shared cores
+@pytest.mark.lesson_script
 def test_lesson_11_runs_in_small_mode_and_saves_its_figure(tmp_path, monkeypatch):
     monkeypatch.setenv("REFBRAID_LESSON_SMALL", "1")
     monkeypatch.setenv("REFBRAID_LESSON_FIGURES", str(tmp_path))

@@ -10,6 +10,7 @@ import pytest
 LESSON = Path(__file__).resolve().parents[1] / "lessons" / "12_data_space_depth.py"
 
 
+@pytest.mark.lesson_script
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_lesson_12_runs_in_small_mode_and_saves_its_figure(tmp_path, monkeypatch):

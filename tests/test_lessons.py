@@ -19,6 +19,7 @@ def test_lessons_01_02_05_09_exist():
     assert [p.name[:3] for p in MINE] == ["01_", "02_", "05_", "09_"]
 
 
+@pytest.mark.lesson_script
 @pytest.mark.parametrize("path", MINE, ids=lambda p: p.stem)
 def test_lesson_runs_in_small_mode_and_saves_its_figure(path, tmp_path, monkeypatch):
     monkeypatch.setenv("REFBRAID_LESSON_SMALL", "1")

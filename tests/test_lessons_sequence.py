@@ -16,6 +16,7 @@ def test_lessons_07_and_08_exist():
     assert [p.name[:3] for p in MINE] == ["07_", "08_"]
 
 
+@pytest.mark.lesson_script
 @pytest.mark.parametrize("path", MINE, ids=lambda p: p.stem)
 def test_lesson_runs_in_small_mode_and_saves_its_figure(path, tmp_path, monkeypatch):
     monkeypatch.setenv("REFBRAID_LESSON_SMALL", "1")

@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from refbraid.parallel.launch import THREAD_VARS, mpi_env, mpiexec_command, run_mpi
+from refbraid.parallel.launch import (
+    HEAVY_YIELD,
+    THREAD_VARS,
+    mpi_env,
+    mpiexec_command,
+    oversubscription_env,
+    run_mpi,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE_TIMEOUT = 480  # seconds per N: the suite takes ~30-90 s on 2 idle cores (more under load)
@@ -24,6 +31,14 @@ def test_command_uses_the_mpi4py_runner_and_one_thread_per_rank():
     assert cmd[1:3] == ["-n", "3"] and cmd[-5:] == ["py", "-m", "mpi4py", "-m", "pytest"]
     env = mpi_env({"EXTRA": "x"})
     assert all(env[v] == "1" for v in THREAD_VARS) and env["EXTRA"] == "x"
+
+
+def test_more_ranks_than_cores_sleep_while_they_wait_unless_the_user_chose(monkeypatch):
+    monkeypatch.delenv(HEAVY_YIELD, raising=False)
+    assert oversubscription_env(2, 2) == {} and oversubscription_env(1, 4) == {}
+    assert oversubscription_env(4, 2) == {HEAVY_YIELD: "1"}
+    monkeypatch.setenv(HEAVY_YIELD, "0")
+    assert oversubscription_env(4, 2) == {}
 
 
 def test_launch_arguments_are_checked():
@@ -114,6 +129,7 @@ def test_a_job_past_its_timeout_is_killed():
         run.check()
 
 
+@pytest.mark.lesson_script
 @pytest.mark.mpi
 def test_lesson_06_runs_in_small_mode_and_saves_its_figure(tmp_path, monkeypatch):
     """The lesson launches mpiexec itself; its own asserts check the gradients."""

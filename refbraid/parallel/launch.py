@@ -13,6 +13,10 @@
   ends with that rank's traceback instead of hanging.
 * Every rank runs with one thread: ``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``,
   ``MKL_NUM_THREADS`` and ``NUMBA_NUM_THREADS`` are pinned to 1 (P ranks use P cores).
+* More ranks than cores (MPICH): ``MPIR_CVAR_ENABLE_HEAVY_YIELD=1`` unless already set, so
+  a rank waiting for a message sleeps between polls instead of spinning through
+  ``sched_yield`` and taking the core from the rank it waits for (4 ranks on 2 cores: the
+  ``tests/mpi`` suite 81 → 65 s, its system time 36 → 5 s).
 * A timeout kills the whole process group (mpiexec and its ranks) and reports
   ``timed_out=True``; nothing is left running.
 """
@@ -31,6 +35,9 @@ from pathlib import Path
 
 #: Thread-count variables pinned to 1 for every rank.
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+
+#: MPICH's switch from spinning (``sched_yield``) to sleeping (``nanosleep``) while a rank waits.
+HEAVY_YIELD = "MPIR_CVAR_ENABLE_HEAVY_YIELD"
 
 #: Seconds a launched job may run unless told otherwise.
 DEFAULT_TIMEOUT = 120.0
@@ -68,6 +75,22 @@ def mpi_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.update({v: "1" for v in THREAD_VARS})
     env.update(extra or {})
     return env
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the OS reports one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def oversubscription_env(n: int, cores: int) -> dict[str, str]:
+    """Variables for ``n`` ranks on ``cores`` cores: MPICH's heavy yield when ``n > cores``
+    (module docstring); nothing otherwise, and nothing the caller's environment already sets."""
+    if n <= cores or HEAVY_YIELD in os.environ:
+        return {}
+    return {HEAVY_YIELD: "1"}
 
 
 def mpiexec_command(n: int, argv: Sequence[str], python: str | None = None,
@@ -118,7 +141,7 @@ def run_mpi(n: int, argv: Sequence[str], timeout: float = DEFAULT_TIMEOUT,
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ValueError(f"`timeout` must be a positive number of seconds, got {timeout!r}.")
     cmd = mpiexec_command(n, argv, python)
-    extra = dict(env or {})
+    extra = {**oversubscription_env(n, usable_cores()), **(env or {})}
     if is_open_mpi(cmd[0]):
         extra.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         extra.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

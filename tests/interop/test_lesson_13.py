@@ -14,6 +14,7 @@ LESSON = (Path(__file__).resolve().parents[2] / "lessons"
           / "13_check_your_layer_parallel_code.py")
 
 
+@pytest.mark.lesson_script
 def test_lesson_13_runs_and_saves_its_figure(tmp_path, monkeypatch):
     missing = notebooks.missing_modules(notebooks.select(notebooks.find_lessons(), ["13"]))
     if "torch" in missing and not os.environ.get("CI"):  # in CI torch is there or this fails

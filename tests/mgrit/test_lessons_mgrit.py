@@ -8,6 +8,7 @@ import pytest
 LESSONS = Path(__file__).resolve().parents[2] / "lessons"
 
 
+@pytest.mark.lesson_script
 @pytest.mark.parametrize(
     "name", ["03_parareal_is_two_level_mgrit.py", "04_multilevel_mgrit_and_theory.py"]
 )
