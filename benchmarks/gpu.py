@@ -22,7 +22,8 @@ Times: :func:`benchmarks.harness.measure` (median of ``repeat`` after ``warmup``
 followed by a device synchronisation.
 
 Cases ``LP per-step`` / ``LP batched`` / ``refbraid serial`` / ``torch eager serial``: one
-whole gradient of the dense ResNet at N = 64–1024 (TorchBraid's MGRIT settings): refbraid's
+whole gradient of the dense ResNet at N = 64–1024 and of the conv ODE-net at N = 64 and 256
+(16 channels, 16×16 images, batch 64; TorchBraid's MGRIT settings): refbraid's
 layer-parallel gradient with MGRIT's sweeps one launch set per interval and one per sweep
 (:func:`refbraid.backends.device_batching.sweeps_batched`; batched is the default on cuda and
 cupy), refbraid's serial backprop, and PyTorch eager serial backprop of the same network;
@@ -170,53 +171,94 @@ def step_rows(backends, dtype, tiny, warmup, repeats):
     return rows
 
 
-def _torch_serial(n_layers, width, batch, dtype, warmup, repeats):
-    """PyTorch eager serial backprop of the same dense ResNet on the GPU, in ms, or None."""
+#: Whole-gradient cases: (model, N, width C, batch B, image side); dense: C features; conv: C
+#: channels on side × side images (the ConvLift takes one input channel to C).
+GRADIENT_CASES = [("dense", 64, 256, 1024, 0), ("dense", 256, 256, 1024, 0),
+                  ("dense", 256, 32, 64, 0), ("dense", 1024, 32, 64, 0),
+                  ("conv", 64, 16, 64, 16), ("conv", 256, 16, 64, 16)]
+TINY_GRADIENT_CASES = [("dense", 8, 4, 4, 0), ("conv", 4, 2, 2, 4)]
+
+
+def gradient_case(model, n_layers, width, batch, side, dtype):
+    """(net, params, x, labels, size label) of one whole-gradient case."""
+    rng = np.random.default_rng(0)
+    if model == "dense":
+        net = build_network("resnet", (2,), 5, n_layers, width, 3.0)
+        x, size = rng.standard_normal((batch, 2)), f"dense N={n_layers} C={width} B={batch}"
+    else:
+        net = build_network("conv", (1, side, side), 5, n_layers, width, 3.0)
+        x = rng.standard_normal((batch, 1, side, side))
+        size = f"conv N={n_layers} C={width} B={batch} {side}x{side}"
+    return (net, init_params(net, 0, dtype), np.asarray(x, dtype=dtype),
+            rng.integers(0, 5, batch), size)
+
+
+def torch_ode_backprop(model, n_layers, width, batch, side, dtype, device="cuda"):
+    """One PyTorch eager serial backprop of the ODE body, as a no-argument callable: N steps
+    ``z ← z + h·tanh(W z + b)`` (dense: ``z W^T + b``; conv: a 3×3 convolution, padding 1,
+    C → C channels), then ``z.sum().backward()``; random weights on ``device``."""
+    import torch
+
+    tdt = torch.float64 if dtype == np.float64 else torch.float32
+    gen = torch.Generator(device=device).manual_seed(0)
+    shape = (width, width) if model == "dense" else (width, width, 3, 3)
+    Ws = [(torch.randn(*shape, device=device, dtype=tdt, generator=gen) * 0.01)
+          .requires_grad_() for _ in range(n_layers)]
+    bs = [torch.zeros(width, device=device, dtype=tdt, requires_grad=True)
+          for _ in range(n_layers)]
+    state = (batch, width) if model == "dense" else (batch, width, side, side)
+    xt, h = torch.randn(*state, device=device, dtype=tdt, generator=gen), 3.0 / n_layers
+
+    def layer(z, W, b):
+        if model == "dense":
+            return z @ W.T + b
+        return torch.nn.functional.conv2d(z, W, b, padding=1)
+
+    def forward():
+        z = xt
+        for W, b in zip(Ws, bs, strict=True):
+            z = z + h * torch.tanh(layer(z, W, b))
+        return z
+
+    def step():
+        forward().sum().backward()
+
+    step.forward, step.x, step.weights, step.biases = forward, xt, Ws, bs  # for the tests
+    return step
+
+
+def _torch_serial(model, n_layers, width, batch, side, dtype, warmup, repeats):
+    """:func:`torch_ode_backprop` on the GPU, in ms (median), or None without PyTorch CUDA."""
     try:
         import torch
     except ImportError:
         return None
     if not torch.cuda.is_available():
         return None
-    tdt = torch.float64 if dtype == np.float64 else torch.float32
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    Ws = [(torch.randn(width, width, device="cuda", dtype=tdt, generator=gen) * 0.01)
-          .requires_grad_() for _ in range(n_layers)]
-    bs = [torch.zeros(width, device="cuda", dtype=tdt, requires_grad=True)
-          for _ in range(n_layers)]
-    xt, h = torch.randn(batch, width, device="cuda", dtype=tdt, generator=gen), 3.0 / n_layers
-
-    def step():
-        z = xt
-        for W, b in zip(Ws, bs, strict=True):
-            z = z + h * torch.tanh(z @ W.T + b)
-        z.sum().backward()
-
+    step = torch_ode_backprop(model, n_layers, width, batch, side, dtype)
     return median_ms(step, "torch", warmup, repeats)
 
 
 def gradient_rows(backends, dtype, tiny, warmup, repeats):
-    """One whole gradient of the dense ResNet (TorchBraid's MGRIT settings): refbraid
-    layer-parallel with per-step and with batched sweeps
+    """One whole gradient of the dense ResNet and of the conv ODE-net (:data:`GRADIENT_CASES`;
+    TorchBraid's MGRIT settings): refbraid layer-parallel with per-step and with batched sweeps
     (:func:`refbraid.backends.device_batching.sweeps_batched`), refbraid serial backprop, and
-    PyTorch eager serial backprop; ``ratio`` against refbraid serial on the same backend, ``check``
-    the largest relative gradient difference batched vs per-step."""
+    PyTorch eager serial backprop; ``ratio`` against refbraid serial on the same backend,
+    ``check`` the largest relative gradient difference batched vs per-step. The conv cases
+    skip ``cuda-host`` (what residency buys shows per layer) and, at tiny sizes, the CUDA
+    simulator (its conv kernels are tested elsewhere; the strict stand-in runs the case)."""
     from refbraid.backends.device_batching import sweeps_batched
     from refbraid.training.gradients import sequential_gradient
 
-    shapes = [(8, 4, 4)] if tiny else [(64, 256, 1024), (256, 256, 1024), (256, 32, 64),
-                                       (1024, 32, 64)]
     settings = LayerParallelSettings.with_iterations(1, 1, levels=2, cfactor=2) if tiny \
         else LayerParallelSettings()
     rows, dt = [], np.dtype(dtype).name
-    for n_layers, width, batch in shapes:
-        net = build_network("resnet", (2,), 5, n_layers, width, 3.0)
-        rng = np.random.default_rng(0)
-        params = init_params(net, 0, dtype)
-        x = np.asarray(rng.standard_normal((batch, 2)), dtype=dtype)
-        y = rng.integers(0, 5, batch)
-        size, serial = f"N={n_layers} C={width} B={batch}", None
+    for case in TINY_GRADIENT_CASES if tiny else GRADIENT_CASES:
+        net, params, x, y, size = gradient_case(*case, dtype)
+        serial = None
         for bname in backends:
+            if case[0] == "conv" and (bname == "cuda-host" or (tiny and bname == "cuda")):
+                continue
             bk = backend(bname)
             p, xb, yb = to_backend(params, bk), bk.asarray(x), bk.asarray(y)
             lp, sq = mgrit_gradient(net, settings, bk), sequential_gradient(net, bk)
@@ -234,7 +276,7 @@ def gradient_rows(backends, dtype, tiny, warmup, repeats):
             rows += [("LP per-step", size, dt, bname, per, per / ser, "-"),
                      ("LP batched", size, dt, bname, bat, bat / ser, f"{diff:.1e}"),
                      ("refbraid serial", size, dt, bname, ser, 1.0, "-")]
-        ms = None if tiny else _torch_serial(n_layers, width, batch, dtype, warmup, repeats)
+        ms = None if tiny else _torch_serial(*case, dtype, warmup, repeats)
         if ms is not None and serial is not None:
             rows.append(("torch eager serial", size, dt, "torch", ms, ms / serial, "-"))
     return rows

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -207,3 +208,26 @@ def test_the_step_breakdown_splits_each_ranks_wall_time(tmp_path):
         assert rest == pytest.approx(parts["wall"], rel=1e-9), parts
         shares = {share: conv[f"{prefix} {share} ÷ serial"] for share in SHARES}
         assert all(v > 0 for v in shares.values()) and shares["Φ"] < shares["wall"], shares
+
+
+@pytest.mark.parametrize("model", ["dense", "conv"])
+def test_the_torch_baseline_of_the_gpu_suite_is_refbraids_ode_body(model):
+    """The ``gpu`` suite's PyTorch serial backprop (timed on a GPU only) runs here on the CPU:
+    its N steps are refbraid's DenseStep / ConvStep with the same weights (tanh, h = T/N)."""
+    torch = pytest.importorskip("torch")
+    from benchmarks.gpu import torch_ode_backprop
+    from refbraid.backends import get_backend
+    from refbraid.layers import ConvStep, DenseStep
+
+    n, width, batch, side = 3, 2, 2, 4
+    step = torch_ode_backprop(model, n, width, batch, side, np.float64, device="cpu")
+    step()
+    params = [*step.weights, *step.biases]
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in params)
+    layer = DenseStep(width, "tanh") if model == "dense" else ConvStep(width, side, side, "tanh")
+    y = step.x.numpy().copy()
+    for W, b in zip(step.weights, step.biases, strict=True):
+        y, _ = layer.forward({"W": W.detach().numpy(), "b": b.detach().numpy()}, y, 3.0 / n,
+                             get_backend("numpy"))
+    with torch.no_grad():
+        np.testing.assert_allclose(y, step.forward().numpy(), rtol=1e-13, atol=1e-15)
