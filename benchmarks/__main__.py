@@ -81,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     for name, suite in suites.items():
         notes[name] = [f"load {os.getloadavg()[0]:.2f} at the start"]
-        results += suite.run(args.size, opts[name], notes[name])
+        try:
+            results += suite.run(args.size, opts[name], notes[name])
+        except ValueError as err:  # an option's value the suite refuses: a line, not a trace
+            ap.error(f"suite {name}: {err}")
         notes[name].append(f"load {os.getloadavg()[0]:.2f} at the end")
     meta["options"] = opts
     print(f"refbraid benchmarks, {args.size}: {meta['date_utc']} UTC, {meta['cpus']} CPUs, "

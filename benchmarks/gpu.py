@@ -4,6 +4,7 @@ CUDA when it is installed, in float64 and float32 (not in ``quick``: it needs a 
 
     NUMBA_ENABLE_CUDASIM=0 python -m benchmarks quick gpu            # on a GPU machine
     python -m benchmarks full gpu -o dtype=float32 -o repeat=20
+    python -m benchmarks quick gpu -o dtype=float32 -o backends=cupy,cuda   # a short session
     python -m benchmarks tiny gpu                                   # no GPU: checks the suite
 
 ``tiny`` (or ``-o simulator=True``) runs the same cases at tiny sizes on Numba's CUDA
@@ -51,7 +52,9 @@ from refbraid.training.gradients import mgrit_gradient
 from refbraid.verify.checks import example_input
 
 #: ``repeat`` 0 and ``warmup`` -1 take the size's (REPEATS)
-OPTIONS = {"dtype": "both", "repeat": 0, "warmup": -1, "simulator": False}
+#: ``backends`` "" times every GPU backend here (:func:`gpu_backends`), else a comma-separated
+#: choice of them, e.g. ``cupy,cuda`` (no ``cuda-host``: what a short GPU session leaves out)
+OPTIONS = {"dtype": "both", "repeat": 0, "warmup": -1, "simulator": False, "backends": ""}
 REPEATS = {"tiny": (1, 0), "quick": (5, 2), "full": (10, 3)}  # (repeat, warmup) per size
 
 
@@ -243,7 +246,8 @@ def gradient_rows(backends, dtype, tiny, warmup, repeats):
     """One whole gradient of the dense ResNet and of the conv ODE-net (:data:`GRADIENT_CASES`;
     TorchBraid's MGRIT settings): refbraid layer-parallel with per-step and with batched sweeps
     (:func:`refbraid.backends.device_batching.sweeps_batched`), refbraid serial backprop, and
-    PyTorch eager serial backprop; ``ratio`` against refbraid serial on the same backend,
+    PyTorch eager serial backprop, row by row as each is measured (a run cut short keeps
+    what it finished); ``ratio`` against refbraid serial on the same backend,
     ``check`` the largest relative gradient difference batched vs per-step. The conv cases
     skip ``cuda-host`` (what residency buys shows per layer) and, at tiny sizes, the CUDA
     simulator (its conv kernels are tested elsewhere; the strict stand-in runs the case)."""
@@ -252,7 +256,7 @@ def gradient_rows(backends, dtype, tiny, warmup, repeats):
 
     settings = LayerParallelSettings.with_iterations(1, 1, levels=2, cfactor=2) if tiny \
         else LayerParallelSettings()
-    rows, dt = [], np.dtype(dtype).name
+    dt = np.dtype(dtype).name
     for case in TINY_GRADIENT_CASES if tiny else GRADIENT_CASES:
         net, params, x, y, size = gradient_case(*case, dtype)
         serial = None
@@ -273,13 +277,12 @@ def gradient_rows(backends, dtype, tiny, warmup, repeats):
             (per, g_p), (bat, g_b) = found[False], found[True]
             diff = max(float(np.max(np.abs(to_host(g_b[k]) - to_host(g_p[k]))))
                        / max(float(np.max(np.abs(to_host(g_p[k])))), 1e-300) for k in g_p)
-            rows += [("LP per-step", size, dt, bname, per, per / ser, "-"),
-                     ("LP batched", size, dt, bname, bat, bat / ser, f"{diff:.1e}"),
-                     ("refbraid serial", size, dt, bname, ser, 1.0, "-")]
+            yield from [("LP per-step", size, dt, bname, per, per / ser, "-"),
+                        ("LP batched", size, dt, bname, bat, bat / ser, f"{diff:.1e}"),
+                        ("refbraid serial", size, dt, bname, ser, 1.0, "-")]
         ms = None if tiny else _torch_serial(*case, dtype, warmup, repeats)
         if ms is not None and serial is not None:
-            rows.append(("torch eager serial", size, dt, "torch", ms, ms / serial, "-"))
-    return rows
+            yield ("torch eager serial", size, dt, "torch", ms, ms / serial, "-")
 
 
 # ----------------------------------------------------------------------------- the suite
@@ -304,6 +307,8 @@ def worker(spec: dict) -> None:
     prepare_worker()
     tiny, repeat, warmup = spec["simulator"], spec["repeat"], spec["warmup"]
     backends = gpu_backends(tiny)
+    if spec.get("backends"):
+        backends = [b for b in spec["backends"] if b in backends]
     if not backends:
         emit({"error": "no GPU backend here (cuda needs a GPU and NUMBA_ENABLE_CUDASIM=0, cupy "
                        "needs a CuPy with the array API functions); `python -m benchmarks tiny "
@@ -314,7 +319,7 @@ def worker(spec: dict) -> None:
                     f"run; median of {repeat} after {warmup} warm-up runs"]})
     dtypes = [np.float64, np.float32] if spec["dtype"] == "both" else [np.dtype(spec["dtype"]).type]
     for dtype in dtypes:
-        for rows in (layer_rows, step_rows, gradient_rows):
+        for rows in (gradient_rows, layer_rows, step_rows):  # the whole gradient first
             for row in rows(backends, dtype, tiny, warmup, repeat):
                 emit({"row": list(row)})
     names = ["cupy"] + (["cuda"] if tiny else [])
@@ -328,9 +333,15 @@ def run(size: str, opts: dict, notes: list[str]) -> list[Result]:
     if opts["dtype"] not in ("float64", "float32", "both"):
         raise ValueError(f"`dtype` must be float64, float32 or both, got {opts['dtype']!r}.")
     simulator = opts["simulator"] or size == "tiny"
+    chosen = [b.strip() for b in opts["backends"].split(",") if b.strip()]
+    known = ("cuda", "cuda-host", "cupy", "strict")
+    if any(b not in known for b in chosen):
+        raise ValueError(f"`backends` must be a comma-separated choice of {', '.join(known)}, "
+                         f"got {opts['backends']!r}.")
     repeat = opts["repeat"] or REPEATS[size][0]
     warmup = opts["warmup"] if opts["warmup"] >= 0 else REPEATS[size][1]
-    spec = {"simulator": simulator, "dtype": opts["dtype"], "repeat": repeat, "warmup": warmup}
+    spec = {"simulator": simulator, "dtype": opts["dtype"], "repeat": repeat, "warmup": warmup,
+            "backends": chosen}
     recs = fresh("benchmarks.gpu", spec, {"NUMBA_ENABLE_CUDASIM": "1" if simulator else "0"})
     if "error" in recs[0]:
         raise SystemExit(recs[0]["error"])

@@ -154,3 +154,19 @@ def test_the_new_batched_adjoint_kernel_compiles_for_compute_capability_9():
     if "compiled" not in run.stdout and ("NVVM" in run.stderr or "libnvvm" in run.stderr):
         pytest.skip("needs NVIDIA's NVVM (pip install 'numba-cuda[cu13]')")
     assert "compiled" in run.stdout, run.stderr[-3000:]
+
+
+def test_the_compile_checked_fused_source_is_what_cupy_compiles():
+    """On a GPU CuPy's ``ElementwiseKernel`` compiles :meth:`Fused.source` inside its own
+    loop, with ``T`` typedef'd; the NVRTC compile check above compiles ``cuda_kernel``. The
+    two must not differ in anything the body could lean on: no macro or header of ours (a
+    ``#define M_SQRT2`` here once let the check pass a GELU body NVRTC refused on an H200)."""
+    from refbraid.backends import cupy_fused
+
+    for kernel in KERNELS:
+        if kernel is cupy_fused.ADD_COLUMN_SUMS:  # a RawKernel: cuda_kernel is what runs
+            continue
+        for act in ACTIVATIONS:
+            text = kernel.cuda_kernel(act, "float")
+            assert kernel.source(act) in text
+            assert "#" not in text, f"{kernel.name} {act}: a preprocessor line CuPy lacks"
