@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
 # One command for whoever next has an NVIDIA GPU: what runs on it, what does not, and how fast.
 #
-#   bash benchmarks/gpu_check.sh OUTDIR               # on a GPU machine (about 5 minutes)
+#   bash benchmarks/gpu_check.sh OUTDIR               # on a GPU machine (4-5 minutes on an H200)
 #   bash benchmarks/gpu_check.sh OUTDIR --simulator   # no GPU: the same steps, tiny sizes,
 #                                                     # Numba's CUDA simulator (CI runs this)
 #
 # Steps, each writing OUTDIR/<step>.txt, and one line each in OUTDIR/summary.txt:
 #   env        GPU, driver, Python and library versions, where the cuda backend keeps arrays
+#   bench-*    `python -m benchmarks quick gpu -o dtype=float32 -o backends=B`, one process per
+#              backend B (cupy, then cuda; a crash in one leaves the other's rows): whole
+#              gradients first (layer-parallel per step and batched, serial, PyTorch), then
+#              each layer and the step, checks against NumPy, launch counts; OUTDIR/bench-B.json.
+#              On the simulator one `tiny gpu` run of every backend (OUTDIR/bench.json)
+#   profile    `python -m benchmarks.gpu_profile`: where a gradient's host time goes, per
+#              backend, serial and layer-parallel (OUTDIR/profile-<backend>-<mode>.txt)
 #   pytest     `pytest -m gpu -n auto` (the catalogue on the cuda and cupy backends)
-#   bench      `python -m benchmarks quick gpu` (layer, step and gradient times, checks
-#              against NumPy, launch counts; also OUTDIR/bench.json)
 #   train-*    `refbraid train` on numba, cuda and cupy; train-compare.txt sets their final
 #              lines side by side (the metrics, not the times, should agree)
 #   mpi        `mpiexec -n 2 refbraid train --backend cuda` when mpiexec and mpi4py exist
-# A step whose tool is missing (no GPU, no CuPy, no mpiexec, no pytest-xdist) is skipped with
-# the reason. Runs offline with the checkout on PYTHONPATH (nothing is installed). Exit status:
-# 0 when no step failed (skips are not failures), 1 otherwise. docs/gpu.md says more.
+# The timed steps come first, on an idle GPU. A step whose tool is missing (no GPU, no CuPy,
+# no mpiexec, no pytest-xdist) is skipped with the reason. Runs offline with the checkout on
+# PYTHONPATH (nothing is installed). Exit status: 0 when no step failed (skips are not
+# failures), 1 otherwise. The float64 rows and cuda-host (the cuda kernels on host arrays):
+# `NUMBA_ENABLE_CUDASIM=0 python -m benchmarks quick gpu`. docs/gpu.md says more.
 set -uo pipefail
 
 usage="usage: bash benchmarks/gpu_check.sh OUTDIR [--simulator]"
@@ -52,12 +59,10 @@ if [ $mode = simulator ]; then
     # tiny: every simulated CUDA thread is a Python thread
     train_args=(--data peaks --samples 40 --layers 4 --levels 2 --cfactor 2 --width 4
                 --epochs 1 --batch-size 8)
-    bench_args=(tiny gpu -o dtype=float64)
     pytest_args=(tests/test_gpu.py)  # its tests skip without a GPU: this checks the step
 else
     export NUMBA_ENABLE_CUDASIM=0
-    train_args=(--data peaks --epochs 5)
-    bench_args=(quick gpu)  # median of 5 after 2 warm-ups
+    train_args=(--data peaks --epochs 2)
     pytest_args=()
 fi
 
@@ -97,6 +102,25 @@ if [ $mode = gpu ] && [ $gpu = no ]; then
     exit $failed
 fi
 
+# ------------------------------------------------------------------------------ benchmark
+# (first: the times are taken on an idle GPU)
+if [ $mode = simulator ]; then
+    step bench "$py" -m benchmarks tiny gpu -o dtype=float64 --json "$out/bench.json"
+else  # median of 5 after 2 warm-ups
+    for bk in cupy cuda; do
+        if [ $bk = cupy ] && ! has_module cupy; then
+            note "bench-cupy: skipped: CuPy is not installed"; continue
+        fi
+        step "bench-$bk" "$py" -m benchmarks quick gpu -o dtype=float32 -o backends=$bk \
+            --json "$out/bench-$bk.json"
+    done
+fi
+if [ $mode = simulator ]; then
+    step profile "$py" -m benchmarks.gpu_profile "$out" --simulator
+else
+    step profile "$py" -m benchmarks.gpu_profile "$out"
+fi
+
 # ------------------------------------------------------------------------------ tests
 if has_module xdist; then parallel=(-n auto); else
     parallel=(); note "pytest: pytest-xdist absent, running in one process"
@@ -106,9 +130,6 @@ if has_module pytest; then
 else
     note "pytest: skipped: pytest is not installed"
 fi
-
-# ------------------------------------------------------------------------------ benchmark
-step bench "$py" -m benchmarks "${bench_args[@]}" --json "$out/bench.json"
 
 # ------------------------------------------------------------------------------ training
 run_cupy() {  # refbraid on the cupy backend; in simulator mode on the CuPy-like stand-in

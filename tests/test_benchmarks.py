@@ -164,7 +164,8 @@ def test_quick_suites_at_tiny_sizes_print_one_table_and_write_the_json(tmp_path)
 @pytest.mark.slow  # Numba's CUDA simulator, three short trainings: 1.5-2 min on 2 busy cores
 def test_the_gpu_check_script_runs_every_step_on_the_simulator(tmp_path):
     """``bash benchmarks/gpu_check.sh OUT --simulator``, the one command for a GPU machine, end
-    to end without one: every step ends ok (or skipped for a missing tool, never failed); its
+    to end without one: every step ends ok (or skipped for a missing tool, never failed), the
+    host-time profile of a gradient written per backend; its
     ``tiny gpu`` benchmark covers every backend (the simulator and the strict and CuPy-like
     stand-ins), each layer agreeing with NumPy and batched gradients with per-step, with the
     launch counts in the table; numba, cuda and cupy train to the same final line."""
@@ -177,8 +178,11 @@ def test_the_gpu_check_script_runs_every_step_on_the_simulator(tmp_path):
     summary = (out / "summary.txt").read_text()
     assert proc.returncode == 0 and "FAILED" not in summary, summary + proc.stderr
     steps = {line.split(":")[0]: line for line in summary.splitlines() if ":" in line}
-    for step in ("env", "pytest", "bench", "train-numba", "train-cuda", "train-cupy"):
+    for step in ("env", "bench", "profile", "pytest", "train-numba", "train-cuda",
+                 "train-cupy"):
         assert ": ok (" in steps.get(step, ""), summary
+    profile = (out / "profile-cuda-lp-batched.txt").read_text()
+    assert "per gradient" in profile and "cumulative" in profile, profile[:2000]
     assert "the final lines agree" in steps["train-compare"], summary
     results = json.loads((out / "bench.json").read_text())["results"]
     backends = {r["params"]["backend"] for r in results}

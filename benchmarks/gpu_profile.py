@@ -1,0 +1,105 @@
+"""Where a whole gradient's time goes on the host, per GPU backend: a cProfile of it.
+
+    NUMBA_ENABLE_CUDASIM=0 python -m benchmarks.gpu_profile OUTDIR           # on a GPU
+    python -m benchmarks.gpu_profile OUTDIR --simulator                     # no GPU: tiny
+
+On one GPU a gradient of refbraid's is launch-bound: its time divided by the launches it
+issues (counted without a GPU, ``python -m benchmarks quick counts``) was 30-100 µs per
+launch on an H200, many times what the GPU needs to run most of those kernels. That time is
+spent on the host, in refbraid's Python, in CuPy's or Numba's launch paths, or waiting at
+synchronisations; a profile says which. For each backend (``cupy``, ``cuda``) and each
+gradient (``serial`` backprop, layer-parallel ``lp-batched`` with TorchBraid's settings) of
+the first case of :data:`benchmarks.gpu.GRADIENT_CASES` (the dense ResNet, N = 64, C = 256,
+B = 1024, float32), after two warm-up gradients, :data:`PROFILED` gradients run under cProfile
+with a device synchronisation after each; ``OUTDIR/profile-<backend>-<mode>.txt`` gets the
+time per gradient with and without the profiler, the functions with the most own time and the
+most cumulative time. In simulator mode the same runs at the tiny case on the simulator and
+the strict stand-in (which checks this script, not speeds).
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import os
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+PROFILED = 5  #: gradients per profile (on the simulator 1, after 1 warm-up instead of 2)
+TOP = 30  #: functions listed per ordering
+
+
+def profile_one(bname: str, mode: str, case, dtype, simulator: bool = False) -> str:
+    """The report of one backend and mode (see the module docstring)."""
+    from benchmarks.gpu import backend, gradient_case, synchronise
+    from refbraid.backends.device_batching import sweeps_batched
+    from refbraid.layer_parallel import LayerParallelSettings
+    from refbraid.network import to_backend
+    from refbraid.training.gradients import mgrit_gradient, sequential_gradient
+
+    net, params, x, y, size = gradient_case(*case, dtype)
+    bk = backend(bname)
+    p, xb, yb = to_backend(params, bk), bk.asarray(x), bk.asarray(y)
+    settings = LayerParallelSettings.with_iterations(1, 1, levels=2, cfactor=2) if simulator \
+        else LayerParallelSettings()  # as benchmarks.gpu times them
+    grad = sequential_gradient(net, bk) if mode == "serial" else \
+        mgrit_gradient(net, settings, bk)
+    warmup, profiled = (1, 1) if simulator else (2, PROFILED)
+
+    def one():
+        with sweeps_batched(mode == "lp-batched"):
+            grad(p, xb, yb)
+        synchronise(bname)
+
+    for _ in range(warmup):
+        one()
+    t0 = time.perf_counter()
+    for _ in range(profiled):
+        one()
+    plain = (time.perf_counter() - t0) / profiled
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(profiled):
+        one()
+    prof.disable()
+    under = (time.perf_counter() - t0) / profiled
+    text = io.StringIO()
+    text.write(f"{bname} {mode}: {size} {np.dtype(dtype).name}; per gradient {plain * 1e3:.2f} "
+               f"ms, {under * 1e3:.2f} ms under the profiler ({profiled} gradients)\n")
+    for order in ("tottime", "cumulative"):
+        text.write(f"\n--- the {TOP} functions with the most {order} time, per "
+                   f"{profiled} gradients\n")
+        pstats.Stats(prof, stream=text).strip_dirs().sort_stats(order).print_stats(TOP)
+    return text.getvalue()
+
+
+def main(argv: list[str]) -> int:
+    if not argv or len(argv) > 2 or (len(argv) == 2 and argv[1] != "--simulator"):
+        print("usage: python -m benchmarks.gpu_profile OUTDIR [--simulator]", file=sys.stderr)
+        return 2
+    out, simulator = Path(argv[0]), len(argv) == 2
+    # before Numba is first imported (by refbraid): the simulator, or the real GPU
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1" if simulator else "0"
+    from benchmarks.gpu import GRADIENT_CASES, TINY_GRADIENT_CASES, gpu_backends
+
+    out.mkdir(parents=True, exist_ok=True)
+    backends = [b for b in gpu_backends(simulator) if b != "cuda-host"]
+    if not backends:
+        print("no GPU backend here (see `python -m benchmarks tiny gpu`)", file=sys.stderr)
+        return 1
+    case = (TINY_GRADIENT_CASES if simulator else GRADIENT_CASES)[0]
+    for bname in backends:
+        for mode in ("serial", "lp-batched"):
+            report = profile_one(bname, mode, case, np.float32, simulator)
+            (out / f"profile-{bname}-{mode}.txt").write_text(report)
+            print(report.splitlines()[0], flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
