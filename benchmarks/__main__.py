@@ -96,6 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     write_json(args.json, meta, notes, results)
     print(f"\nwrote {args.json}")
+    # A suite that keeps going past a failing case says so in a note "FAILED ...": the
+    # table and the JSON file keep every other case, and the exit status says it failed.
+    failed = [f"{name}: {line}" for name, lines in notes.items() for line in lines
+              if line.startswith("FAILED")]
+    if failed:
+        print("\n" + "\n".join(failed), file=sys.stderr)
+        return 1
     return 0
 
 

@@ -120,8 +120,17 @@ def torch_layer(layer, x: np.ndarray, w: np.ndarray, dtype):
     return run
 
 
+def failed_row(case: str, size: str, dtype, bname: str, err: Exception) -> tuple:
+    """The row of a case that raised: no time, ``check`` the error (the run goes on; the
+    runner reports it and exits 1: :func:`run`)."""
+    msg = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+    return (case, size, np.dtype(dtype).name, bname, float("nan"), float("nan"),
+            f"FAILED: {type(err).__name__}: {msg}")
+
+
 def layer_rows(backends, dtype, tiny, warmup, repeats):
-    rows = []
+    """Each layer's forward then adjoint, row by row; a backend that raises on a layer gives
+    that row as :func:`failed_row` and the others go on."""
     for name, layer, batch in layers(tiny):
         rng = np.random.default_rng(0)
         op = layer_op(layer)
@@ -133,24 +142,27 @@ def layer_rows(backends, dtype, tiny, warmup, repeats):
         size = f"B={batch} " + "x".join(map(str, shape))
         base = None
         for bname in backends:
-            bk = backend(bname)
-            p, xb, wb = to_backend(params, bk), bk.asarray(x), bk.asarray(w)
-            out, _ = op.forward(p, xb, bk)
-            check = float(np.max(np.abs(to_host(out) - want)) / np.max(np.abs(want)))
+            try:
+                bk = backend(bname)
+                p, xb, wb = to_backend(params, bk), bk.asarray(x), bk.asarray(w)
+                out, _ = op.forward(p, xb, bk)
+                check = float(np.max(np.abs(to_host(out) - want)) / np.max(np.abs(want)))
 
-            def run(bk=bk, p=p, xb=xb, wb=wb, op=op):
-                _, cache = op.forward(p, xb, bk)
-                op.adjoint(p, cache, wb, bk)
+                def run(bk=bk, p=p, xb=xb, wb=wb, op=op):
+                    _, cache = op.forward(p, xb, bk)
+                    op.adjoint(p, cache, wb, bk)
 
-            ms = median_ms(run, bname, warmup, repeats)
+                ms = median_ms(run, bname, warmup, repeats)
+            except Exception as err:  # reported as the row; the run goes on
+                yield failed_row(name, size, dtype, bname, err)
+                continue
             base = ms if base is None else base
-            rows.append((name, size, np.dtype(dtype).name, bname, ms, ms / base, f"{check:.1e}"))
-        if not tiny:
+            yield (name, size, np.dtype(dtype).name, bname, ms, ms / base, f"{check:.1e}")
+        if not tiny and base is not None:
             run = torch_layer(layer, x, w, dtype)
             if run is not None:
                 ms = median_ms(run, "torch", warmup, repeats)
-                rows.append((name, size, np.dtype(dtype).name, "torch", ms, ms / base, "-"))
-    return rows
+                yield (name, size, np.dtype(dtype).name, "torch", ms, ms / base, "-")
 
 
 def step_rows(backends, dtype, tiny, warmup, repeats):
@@ -248,7 +260,8 @@ def gradient_rows(backends, dtype, tiny, warmup, repeats):
     (:func:`refbraid.backends.device_batching.sweeps_batched`), refbraid serial backprop, and
     PyTorch eager serial backprop, row by row as each is measured (a run cut short keeps
     what it finished); ``ratio`` against refbraid serial on the same backend,
-    ``check`` the largest relative gradient difference batched vs per-step. The conv cases
+    ``check`` the largest relative gradient difference batched vs per-step; a backend that
+    raises on a case gives :func:`failed_row` and the others go on. The conv cases
     skip ``cuda-host`` (what residency buys shows per layer) and, at tiny sizes, the CUDA
     simulator (its conv kernels are tested elsewhere; the strict stand-in runs the case)."""
     from refbraid.backends.device_batching import sweeps_batched
@@ -263,20 +276,24 @@ def gradient_rows(backends, dtype, tiny, warmup, repeats):
         for bname in backends:
             if case[0] == "conv" and (bname == "cuda-host" or (tiny and bname == "cuda")):
                 continue
-            bk = backend(bname)
-            p, xb, yb = to_backend(params, bk), bk.asarray(x), bk.asarray(y)
-            lp, sq = mgrit_gradient(net, settings, bk), sequential_gradient(net, bk)
-            ser = median_ms(lambda sq=sq, p=p, xb=xb, yb=yb: sq(p, xb, yb), bname, warmup,
-                            repeats)
+            try:
+                bk = backend(bname)
+                p, xb, yb = to_backend(params, bk), bk.asarray(x), bk.asarray(y)
+                lp, sq = mgrit_gradient(net, settings, bk), sequential_gradient(net, bk)
+                ser = median_ms(lambda sq=sq, p=p, xb=xb, yb=yb: sq(p, xb, yb), bname, warmup,
+                                repeats)
+                found = {}
+                for on in (False, True):
+                    with sweeps_batched(on):
+                        found[on] = (median_ms(lambda lp=lp, p=p, xb=xb, yb=yb: lp(p, xb, yb),
+                                               bname, warmup, repeats), lp(p, xb, yb)[1])
+                (per, g_p), (bat, g_b) = found[False], found[True]
+                diff = max(float(np.max(np.abs(to_host(g_b[k]) - to_host(g_p[k]))))
+                           / max(float(np.max(np.abs(to_host(g_p[k])))), 1e-300) for k in g_p)
+            except Exception as err:  # reported as the row; the run goes on
+                yield failed_row("LP batched", size, dtype, bname, err)
+                continue
             serial = serial or ser
-            found = {}
-            for on in (False, True):
-                with sweeps_batched(on):
-                    found[on] = (median_ms(lambda lp=lp, p=p, xb=xb, yb=yb: lp(p, xb, yb),
-                                           bname, warmup, repeats), lp(p, xb, yb)[1])
-            (per, g_p), (bat, g_b) = found[False], found[True]
-            diff = max(float(np.max(np.abs(to_host(g_b[k]) - to_host(g_p[k]))))
-                       / max(float(np.max(np.abs(to_host(g_p[k])))), 1e-300) for k in g_p)
             yield from [("LP per-step", size, dt, bname, per, per / ser, "-"),
                         ("LP batched", size, dt, bname, bat, bat / ser, f"{diff:.1e}"),
                         ("refbraid serial", size, dt, bname, ser, 1.0, "-")]
@@ -354,6 +371,10 @@ def run(size: str, opts: dict, notes: list[str]) -> list[Result]:
             out += launch_results(rec["counts"], "gpu")
             continue
         name, shape, dtype, backend, ms, ratio, check = rec["row"]
+        if str(check).startswith("FAILED"):
+            notes.append(f"{check.split(':')[0]} {name} {shape} {dtype} {backend}:"
+                         f"{check.split(':', 1)[1]}")
+            continue
         res = Result("gpu", f"{name} {shape} {dtype} {backend}",
                      {"case": name, "size": shape, "dtype": dtype, "backend": backend})
         res.add("median", ms, "ms").add("ratio", ratio, "×")

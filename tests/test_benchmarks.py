@@ -235,3 +235,31 @@ def test_the_torch_baseline_of_the_gpu_suite_is_refbraids_ode_body(model):
                              get_backend("numpy"))
     with torch.no_grad():
         np.testing.assert_allclose(y, step.forward().numpy(), rtol=1e-13, atol=1e-15)
+
+
+def test_a_gpu_case_that_raises_is_a_failed_row_and_the_others_go_on(monkeypatch, tmp_path):
+    """A short GPU session must not lose its table to one failing case (an H200 run lost
+    every per-layer row of a backend to one kernel): the failing backend's row says FAILED
+    with the error, every other row is measured, the runner keeps them in its table and JSON
+    and exits 1."""
+    import benchmarks.__main__ as runner
+    from benchmarks import gpu
+
+    rows = list(gpu.layer_rows(["numpy", "no-such-backend"], np.float64, True, 0, 1))
+    failed = [r for r in rows if str(r[6]).startswith("FAILED")]
+    assert failed and {r[3] for r in failed} == {"no-such-backend"}
+    assert "no-such-backend" in failed[0][6]  # the error's own words
+    assert len([r for r in rows if r[3] == "numpy"]) == len(failed)  # every layer measured
+    grads = list(gpu.gradient_rows(["no-such-backend", "numpy"], np.float64, True, 0, 1))
+    assert [r[0] for r in grads if r[3] == "numpy"] == ["LP per-step", "LP batched",
+                                                        "refbraid serial"] * 2
+
+    ok, bad = rows[0], failed[0]
+    monkeypatch.setattr(gpu, "fresh", lambda *a, **k: [{"notes": []}, {"row": list(ok)},
+                                                       {"row": list(bad)}])
+    monkeypatch.setattr(runner, "load", lambda name: gpu)
+    out = tmp_path / "b.json"
+    assert runner.main(["tiny", "gpu", "--json", str(out)]) == 1
+    saved = json.loads(out.read_text())
+    assert len(saved["results"]) == 1
+    assert any(n.startswith("FAILED") for n in saved["notes"]["gpu"])
