@@ -12,8 +12,11 @@ gradient (``serial`` backprop, layer-parallel ``lp-batched`` with TorchBraid's s
 the first case of :data:`benchmarks.gpu.GRADIENT_CASES` (the dense ResNet, N = 64, C = 256,
 B = 1024, float32), after two warm-up gradients, :data:`PROFILED` gradients run under cProfile
 with a device synchronisation after each; ``OUTDIR/profile-<backend>-<mode>.txt`` gets the
-time per gradient with and without the profiler, the functions with the most own time and the
-most cumulative time. In simulator mode the same runs at the tiny case on the simulator and
+time per gradient with and without the profiler, what the GPU itself ran in one gradient
+(kernels, copies and their summed GPU time, read by PyTorch's profiler when PyTorch has
+CUDA: against the wall time, how idle the GPU is; against the counted launches, whether the
+count is what a GPU runs), the functions with the most own time and the most cumulative
+time. In simulator mode the same runs at the tiny case on the simulator and
 the strict stand-in (which checks this script, not speeds).
 """
 
@@ -31,6 +34,34 @@ import numpy as np
 
 PROFILED = 5  #: gradients per profile (on the simulator 1, after 1 warm-up instead of 2)
 TOP = 30  #: functions listed per ordering
+
+
+def device_activity(one) -> str:
+    """What the GPU itself ran in one call of ``one``, read by PyTorch's profiler (CUPTI sees
+    every kernel of the process, CuPy's and Numba's included): the kernels and copies it
+    ran and their summed time; with the wall time beside it, how busy the GPU was, and with
+    the counted launches, whether the count is what a GPU runs."""
+    try:
+        import torch
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError:
+        return "the GPU's own activity: not read (no PyTorch)"
+    if not torch.cuda.is_available():
+        return "the GPU's own activity: not read (PyTorch sees no CUDA device)"
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            one()
+        events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+        copies = [e for e in events if e.name.lower().startswith(("memcpy", "memset"))]
+        busy = sum(e.time_range.elapsed_us() for e in events) / 1e3
+        if not events:
+            return ("the GPU's own activity: the profiler listed no device event (it may not "
+                    "see kernels launched outside PyTorch here)")
+        return (f"the GPU's own activity in one gradient: {len(events) - len(copies)} kernels "
+                f"and {len(copies)} copies/sets, {busy:.2f} ms of GPU time in all")
+    except Exception as err:  # a profiler that cannot read the device: said, not fatal
+        return f"the GPU's own activity: not read ({type(err).__name__}: {err})"
 
 
 def profile_one(bname: str, mode: str, case, dtype, simulator: bool = False) -> str:
@@ -71,6 +102,7 @@ def profile_one(bname: str, mode: str, case, dtype, simulator: bool = False) -> 
     text = io.StringIO()
     text.write(f"{bname} {mode}: {size} {np.dtype(dtype).name}; per gradient {plain * 1e3:.2f} "
                f"ms, {under * 1e3:.2f} ms under the profiler ({profiled} gradients)\n")
+    text.write(device_activity(one) + "\n")
     for order in ("tottime", "cumulative"):
         text.write(f"\n--- the {TOP} functions with the most {order} time, per "
                    f"{profiled} gradients\n")
