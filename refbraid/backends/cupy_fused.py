@@ -19,8 +19,9 @@ float against a T array)::
                         into the copy, cuBLAS's GEMM with β = 1)
 
 with σ, σ' in :data:`ACT` / :data:`ACT_ADJOINT` (tanh, relu, gelu, identity); the last is a
-``RawKernel`` with one thread per column (an element-wise kernel cannot sum), accumulating in
-double, on (B, C) or stacked (k, B, C) arrays of one dtype. On CuPy arrays
+``RawKernel`` with a block of 32 × 32 threads per 32 columns (an element-wise kernel cannot
+sum): 32 partial sums down each column, then a fixed-order tree, in double; on (B, C) or
+stacked (k, B, C) arrays of one dtype. On CuPy arrays
 the CUDA source runs (compiled by CuPy on first use; the source is compiled for sm_90 with
 NVRTC in tests/test_gpu_fused.py, no GPU needed). On any other array (NumPy, the CuPy
 stand-in of :mod:`refbraid.backends.cupy_standin`) :meth:`Fused.__call__` runs the
@@ -171,9 +172,17 @@ SCALED_ACT_ADJOINT = Fused("scaled_act_adjoint", "T z, T dy, T h", "T s",
 
 
 class AddColumnSums(Fused):
-    """``dy = dy_next + p`` and ``db = Σ_B s`` in one launch: one thread per column c (of
-    each row j of a stack) walks the column down, writing dy and summing s (coalesced: the
-    threads of a warp read neighbouring columns). A CuPy ``RawKernel`` on a GPU."""
+    """``dy = dy_next + p`` and ``db = Σ_B s`` in one launch. A block of 32 × 32 threads takes
+    32 neighbouring columns of one row j of a stack: thread (c, r) walks rows r, r + 32, …
+    of column c, writing dy and summing s (coalesced: a warp reads 32 neighbouring columns),
+    then the 32 partial sums of each column are added in a fixed tree in shared memory (in
+    double; db rounded to T once). So k ⌈C/32⌉ blocks of 1024 threads, not k·C threads
+    walking all B rows each (a 1024 × 256 state had 256 threads on a 132-multiprocessor
+    GPU). The order of the sum depends on B alone: a row's db is the same bits whether it
+    is computed alone or in a stack. A CuPy ``RawKernel`` on a GPU."""
+
+    THREADS = 1024  # 32 columns × 32 row groups
+    GROUPS = 32
 
     def __init__(self):
         super().__init__("add_column_sums", "T p, T dy_next, T s", "T dy, T db", "",
@@ -183,16 +192,26 @@ class AddColumnSums(Fused):
         return super().__call__("identity", p, dy_next, s)
 
     def source(self, act: str) -> str:
-        return ("  long long t = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
-                "  if (t >= k * C) return;\n"
-                "  long long j = t / C, c = t % C;\n"
+        return ("  __shared__ double part[1024];\n"
+                "  long long tiles = (C + 31) / 32;\n"
+                "  long long j = blockIdx.x / tiles;\n"
+                "  long long c = (blockIdx.x % tiles) * 32 + threadIdx.x % 32;\n"
+                "  int r = threadIdx.x / 32;\n"
                 "  double acc = 0;\n"
-                "  for (long long n = 0; n < B; ++n) {\n"
-                "    long long i = (j * B + n) * C + c;\n"
-                "    dy[i] = dy_next[i] + p[i];\n"
-                "    acc += s[i];\n"
+                "  if (c < C) {\n"
+                "    for (long long n = r; n < B; n += 32) {\n"
+                "      long long i = (j * B + n) * C + c;\n"
+                "      dy[i] = dy_next[i] + p[i];\n"
+                "      acc += s[i];\n"
+                "    }\n"
                 "  }\n"
-                "  db[t] = (T)acc;\n")
+                "  part[threadIdx.x] = acc;\n"
+                "  __syncthreads();\n"
+                "  for (int half = 16; half > 0; half >>= 1) {\n"
+                "    if (r < half) part[threadIdx.x] += part[threadIdx.x + 32 * half];\n"
+                "    __syncthreads();\n"
+                "  }\n"
+                "  if (r == 0 && c < C) db[j * C + c] = (T)part[threadIdx.x];\n")
 
     def cuda_kernel(self, act: str = "identity", T: str = "double") -> str:
         return (f"typedef {T} T;\n"
@@ -211,8 +230,7 @@ class AddColumnSums(Fused):
         p, dy_next, s = (cupy.ascontiguousarray(a) for a in (p, dy_next, s))
         k, (B, C) = (1 if p.ndim == 2 else p.shape[0]), p.shape[-2:]
         dy, db = cupy.empty_like(p), cupy.empty(p.shape[:-2] + (C,), dtype=p.dtype)
-        threads = 128
-        kernel(((k * C + threads - 1) // threads,), (threads,),
+        kernel((k * ((C + 31) // 32),), (self.THREADS,),
                (p, dy_next, s, dy, db, np.int64(k), np.int64(B), np.int64(C)))
         return dy, db
 

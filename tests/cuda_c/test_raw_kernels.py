@@ -171,14 +171,24 @@ def test_the_fused_elementwise_bodies_match_their_reference_paths(dtype):
             for o, w in zip(outs, want, strict=True):
                 _close(o, np.broadcast_to(w, shape).astype(dtype), dtype,
                        f"{kernel.name} {act}")
-    k, B, C = 2, 5, 7
+    # more rows than row groups, a partial tile of columns: the kernel's launch as _cupy's
+    k, B, C = 2, 70, 40
+    kernel = RawKernel(cupy_fused.ADD_COLUMN_SUMS.cuda_kernel("identity", T), "add_column_sums")
     p, dy_next, s = (rng.standard_normal((k, B, C)).astype(dtype) for _ in range(3))
-    dy, db = np.empty_like(p), np.empty((k, C), dtype=dtype)
-    RawKernel(cupy_fused.ADD_COLUMN_SUMS.cuda_kernel("identity", T), "add_column_sums")(
-        (1,), (32,), (p, dy_next, s, dy, db, np.int64(k), np.int64(B), np.int64(C)))
+
+    def add_column_sums(p, dy_next, s):
+        k = p.shape[0]
+        dy, db = np.empty_like(p), np.empty((k, C), dtype=dtype)
+        kernel((k * -(-C // 32),), (cupy_fused.ADD_COLUMN_SUMS.THREADS,),
+               (p, dy_next, s, dy, db, np.int64(k), np.int64(B), np.int64(C)))
+        return dy, db
+
+    dy, db = add_column_sums(p, dy_next, s)
     want_dy, want_db = cupy_fused.ADD_COLUMN_SUMS.reference("identity", p, dy_next, s)
-    _close(dy, want_dy, dtype, "add_column_sums dy")
+    np.testing.assert_array_equal(dy, want_dy)
     _close(db, want_db, dtype, "add_column_sums db")
+    alone = add_column_sums(*(np.ascontiguousarray(a[1:]) for a in (p, dy_next, s)))[1]
+    np.testing.assert_array_equal(alone[0], db[1])  # a row's sum: the same bits in a stack
 
 
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "per-step"])
