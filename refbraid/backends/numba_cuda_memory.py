@@ -9,11 +9,12 @@ array namespace is chosen once, at import (:data:`MODE`):
 =======  ======================================================================================
 mode     arrays, and how a kernel sees them
 =======  ======================================================================================
-cupy     a GPU and CuPy: ``xp`` is ``cupy``. A kernel gets ``cuda.as_cuda_array(a)``: a Numba
-         view of the same device memory through ``__cuda_array_interface__`` (no copy);
-         outputs are ``cupy.empty`` arrays. Both libraries use the default stream, so kernels
-         and CuPy operations run in order without synchronising (keep CuPy on its default
-         stream). Needs a CuPy the ``cupy`` backend accepts (``cupy_gpu.is_usable``).
+cupy     a GPU and CuPy: ``xp`` is ``cupy``. A kernel gets a Numba view of the same
+         device memory made from ``__cuda_array_interface__`` (no copy), once per pointer
+         and layout (:func:`cupy_view`); outputs are ``cupy.empty`` arrays. Both libraries
+         use the default stream, so kernels and CuPy operations run in order without
+         synchronising (keep CuPy on its default stream). Needs a CuPy the ``cupy``
+         backend accepts (``cupy_gpu.is_usable``).
 sim      Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, the CI): ``xp`` is
          ``array_api_strict`` on the logical device ``"device1"``, the strict stand-in of
          :mod:`refbraid.backends.strict_device` playing the GPU's memory. A kernel gets the
@@ -39,6 +40,7 @@ this module only.
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,9 +115,43 @@ def _view(a):
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
         return FakeCUDAArray(a._array)
-    # No stream synchronisation: CuPy and the Numba launches both use the default stream, so
-    # they run in order (sync=True would wait for the device at every kernel argument).
-    return cuda.as_cuda_array(a, sync=False)
+    return cupy_view(a)
+
+
+#: at most this many views are kept (:func:`cupy_view`), the least recently used dropped
+VIEW_CACHE_SIZE = 4096
+_VIEWS: OrderedDict = OrderedDict()
+
+
+def _new_view(desc: dict):
+    """A Numba device array over the memory ``desc`` (a ``__cuda_array_interface__``)
+    describes, owning nothing. No stream synchronisation: CuPy and the Numba launches both
+    use the default stream, so they run in order."""
+    return cuda.from_cuda_array_interface(desc, owner=None, sync=False)
+
+
+def cupy_view(a):
+    """Numba's view of CuPy array ``a``, made once per (device, pointer, shape, strides,
+    dtype) and kept (:data:`VIEW_CACHE_SIZE`).
+
+    Making one (``numba.cuda.as_cuda_array``: CuPy's interface dict, a memory pointer, an
+    external stream object, the layout's dummy array) is Python work at every argument of
+    every launch, the bulk of a launch's host cost. A view is a pointer and a layout that
+    owns nothing, so the view made for one array is the right view of any later array with
+    the same key: CuPy's memory pool hands the same blocks out again, step after step, and
+    an array whose key it is can only be alive while its memory is. The interface's
+    ``stream`` is left out: every launch runs on the default stream."""
+    mem = a.data
+    key = (mem.device_id, mem.ptr, a.shape, a.strides, a.dtype.char)
+    view = _VIEWS.get(key)
+    if view is None:
+        desc = {k: v for k, v in a.__cuda_array_interface__.items() if k != "stream"}
+        view = _VIEWS[key] = _new_view(desc)
+        if len(_VIEWS) > VIEW_CACHE_SIZE:
+            _VIEWS.popitem(last=False)
+    else:
+        _VIEWS.move_to_end(key)
+    return view
 
 
 @dataclass(frozen=True)
