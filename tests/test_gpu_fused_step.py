@@ -242,3 +242,39 @@ def test_a_batched_gradient_copies_each_index_array_once_and_the_next_gradient_n
     assert loss1 == loss2
     for k in g1:
         np.testing.assert_array_equal(g1[k], g2[k], err_msg=k)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_cuda_column_sums_split_rows_and_columns_and_agree_with_each_other(dtype):
+    """The column sums of the cuda backend fill a block with up to 32 columns × 32 row
+    groups, the groups' partial sums added in a fixed tree: more rows than groups and a
+    partial last tile of columns here (Numba's simulator). The fused adjoint's db equals
+    the composed path's (``linear_adjoint``'s column-sum kernel) bit for bit, one row of a
+    stack equals the same row alone, and both are NumPy's sums to round-off."""
+    if not _simulated():
+        pytest.skip("the simulator's kernels")
+    from refbraid.backends import numba_cuda_dense, numba_cuda_step
+    from refbraid.backends.numba_cuda_memory import KernelCall
+
+    assert numba_cuda_dense.column_sum_geometry(70, 40) == (32, 32)
+    assert numba_cuda_dense.column_sum_geometry(4, 3) == (4, 4)
+    k, B, C = 2, 70, 40
+    p, dy_next, s = (_data(dtype, k, B, C, seed=i) for i in range(3))
+
+    def fused(p, dy_next, s):
+        n = p.shape[0]
+        call = KernelCall(p, dy_next, s)
+        args = [call.arg(a, dtype, (n * B * C,)) for a in (p, s)]
+        dY, db = numba_cuda_step.add_column_sums(call, args[0], dy_next, args[1], dtype, n,
+                                                 B, C)
+        return call.result(dY), call.result(db)
+
+    dY, db = fused(p, dy_next, s)
+    np.testing.assert_array_equal(dY, dy_next + p)
+    np.testing.assert_allclose(db, s.sum(axis=1, dtype=np.float64).astype(dtype),
+                               rtol=RTOL[dtype], atol=RTOL[dtype] * np.abs(s).sum(axis=1).max())
+    alone = fused(*(np.ascontiguousarray(a[1:]) for a in (p, dy_next, s)))[1]
+    np.testing.assert_array_equal(alone[0], db[1])
+    W = _data(dtype, C, 3, seed=5)
+    composed_db = numba_cuda_dense.linear_adjoint(_data(dtype, B, 3, seed=6), W, s[0])[2]
+    np.testing.assert_array_equal(composed_db, db[0])

@@ -7,15 +7,16 @@ reference :func:`refbraid.backends.reference_batched.dense_step_adjoint`)::
     s  = h σ'(z) ⊙ dy_next          _scaled_adjoint_kernel       one thread per element
     p  = s W                        the tiled GEMM               (numba_cuda_dense)
     dW = sᵀ y                       the tiled GEMM
-    dy = dy_next + p,  db = Σ_B s   _add_column_sums_kernel      one thread per column
+    dy = dy_next + p,  db = Σ_B s   _add_column_sums_kernel      32 columns × 32 row groups
 
 Composed of the per-operation kernels a step issued six launches (σ'·dy, ×h in the glue, two
 GEMMs, the column sum, + in the glue); here four: the step size is applied inside the
-element-wise kernel, and the last sum rides along the column sums (thread c walks column c
-of p, dy_next and s, row by row: coalesced, as neighbouring threads read neighbouring
-columns). Without ``grads`` (MGRIT's relaxation) a step is two launches (σ'·dy·h, and the
-GEMM with ``dy_next`` added in its epilogue: ``numba_cuda_dense._store``, the product
-rounded to the dtype first; before, three: + in the glue).
+element-wise kernel, and the last sum rides along the column sums (a block of up to 32
+neighbouring columns × 32 row groups, each thread walking every 32nd row of its column:
+coalesced, as neighbouring threads read neighbouring columns; numba_cuda_dense's
+column-sum geometry). Without ``grads`` (MGRIT's relaxation) a step is two launches
+(σ'·dy·h, and the GEMM with ``dy_next`` added in its epilogue: ``numba_cuda_dense._store``,
+the product rounded to the dtype first; before, three: + in the glue).
 The forward step is already one GEMM with the bias fused (``numba_cuda_dense.linear``) and
 one element-wise kernel (``numba_cuda.euler_act``). k steps at once
 (``numba_cuda_batched.dense_adjoint_batched``) launch the same sequence with the batched
@@ -23,21 +24,23 @@ GEMM and :func:`add_column_sums` over the stack.
 
 Round-off: bit-identical to the per-operation cuda path it replaces (the same roundings:
 σ'·dy is rounded to the dtype before the multiplication by h, which is h cast to the dtype
-as the glue's ``h * s`` casts a Python float; the column sums accumulate in float64 as
-``_column_sum_kernel`` does), tested in the simulator; against NumPy's reference, the column
-sum's accumulation order and precision (float64, then rounded) differ: ≤ a few ulp of the
-sum (tests/test_gpu_fused.py).
+as the glue's ``h * s`` casts a Python float; the column sums accumulate in float64 in the
+order ``_column_sum_kernel`` uses, which depends on B alone), tested in the simulator;
+against NumPy's reference, the column sum's accumulation order and precision (float64,
+then rounded) differ: ≤ a few ulp of the sum (tests/test_gpu_fused.py).
 
 Shape legend: k rows (one for a single step), B batch, C width.
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from . import numba_cuda_memory as mem
 from .numba_cpu import activation_code
 from .numba_cuda import THREADS, _act_adjoint_dev, _act_dev, blocks, cuda, cuda_jit
+from .numba_cuda_dense import COLUMN_SUM_SHARED, column_sum_geometry, column_tree
 from .numba_cuda_memory import KernelCall
 
 OVERRIDES = ("dense_step_adjoint",) if cuda is not None else ()
@@ -74,18 +77,27 @@ def _scaled_adjoint_kernel(z, dy, h, code, out):
 
 
 @cuda_jit
-def _add_column_sums_kernel(p, dy_next, s, dy, db):
-    """dy[j, n, c] = dy_next[j, n, c] + p[j, n, c] and db[j, c] = Σ_n s[j, n, c] (float64
-    accumulator, n in order): one thread per (j, c)."""
-    t = cuda.grid(1)
+def _add_column_sums_kernel(p, dy_next, s, dy, db, width, groups):
+    """dy[j, n, c] = dy_next[j, n, c] + p[j, n, c] and db[j, c] = Σ_n s[j, n, c]: block b
+    takes columns of row j = b // tiles, thread (c, g) walks rows g, g + groups, … writing dy
+    and summing s in float64, the partial sums then added as the composed path's
+    ``_column_sum_kernel`` adds them (numba_cuda_dense: the same bits)."""
+    part = cuda.shared.array(COLUMN_SUM_SHARED, numba.float64)
     C = p.shape[2]
-    if t < p.shape[0] * C:
-        j, c = t // C, t % C
-        acc = 0.0
-        for n in range(p.shape[1]):
+    tiles = (C + width - 1) // width
+    t = cuda.threadIdx.x
+    j = cuda.blockIdx.x // tiles
+    c = (cuda.blockIdx.x % tiles) * width + t % width
+    acc = 0.0
+    if c < C:
+        for n in range(t // width, p.shape[1], groups):
             dy[j, n, c] = dy_next[j, n, c] + p[j, n, c]
             acc += s[j, n, c]
-        db[j, c] = acc
+    part[t] = acc
+    cuda.syncthreads()
+    column_tree(part, t, width, groups)
+    if t < width and c < C:
+        db[j, c] = part[t]
 
 
 # ----------------------------------------------------------------------------- host side
@@ -106,9 +118,10 @@ def add_column_sums(call: KernelCall, P, dY_next, S, dtype, k: int, B: int, C: i
     values each, any shape) and the input ``dY_next``: returns the outputs (dY (k, B, C),
     db (k, C))."""
     dY, db = call.out((k, B, C), dtype), call.out((k, C), dtype)
-    _add_column_sums_kernel[blocks(k * C), THREADS](
+    width, groups = column_sum_geometry(B, C)
+    _add_column_sums_kernel[k * blocks(C, width), width * groups](
         P.reshape((k, B, C)), call.arg(dY_next, dtype, (k, B, C)), S.reshape((k, B, C)),
-        dY.arg, db.arg)
+        dY.arg, db.arg, width, groups)
     return dY, db
 
 
