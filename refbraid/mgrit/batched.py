@@ -36,6 +36,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+from array_api_compat import is_cupy_array, is_numpy_array
 
 from .arrays import namespace
 from .relax import copy, row_slice, rows_view
@@ -103,9 +104,11 @@ def f_relax(u, g, points, sweeps: list, step, inplace: bool = False):
 
 def _one_dtype(u, val, g) -> bool:
     """Whether ``Φ + g`` may be added straight into rows of ``u`` (through a slice, a view):
-    NumPy arrays of one dtype, so the same additions as a new sum copied in."""
-    return (isinstance(u, np.ndarray) and isinstance(val, np.ndarray)
-            and isinstance(g, np.ndarray) and u.dtype == val.dtype == g.dtype)
+    all NumPy or all CuPy arrays (``numpy.add(…, out=)`` dispatches to CuPy's ``add``: one
+    launch on a GPU instead of a sum and a copy) of one dtype, so the same additions as a new
+    sum copied in."""
+    same_library = all(map(is_numpy_array, (u, val, g))) or all(map(is_cupy_array, (u, val, g)))
+    return same_library and u.dtype == val.dtype == g.dtype
 
 
 def propagate_at(u, g, points, positions, step, ghost=None, ghost_point=None):

@@ -49,9 +49,9 @@ def take_rows(u, positions):
 
 
 def rows_view(u, positions):
-    """Rows ``u[positions]`` for reading only: a view for a NumPy array and evenly spaced
-    positions (no copy), else :func:`take_rows`."""
-    rows = row_slice(positions) if isinstance(u, np.ndarray) else None
+    """Rows ``u[positions]`` for reading only: a strided slice when the positions are evenly
+    spaced (a view on NumPy and CuPy: no copy, no launch), else :func:`take_rows`."""
+    rows = row_slice(positions)
     return take_rows(u, positions) if rows is None else u[rows, ...]
 
 
