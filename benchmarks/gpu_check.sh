@@ -20,7 +20,7 @@
 #   mpi        `mpiexec -n 2 refbraid train --backend cuda` when mpiexec and mpi4py exist
 # The timed steps come first, on an idle GPU. A step whose tool is missing (no GPU, no CuPy,
 # no mpiexec, no pytest-xdist) is skipped with the reason. Runs offline with the checkout on
-# PYTHONPATH (nothing is installed). Exit status: 0 when no step failed (skips are not
+# PYTHONPATH; nothing is installed, but for wheels carried in gpu-wheels/ (OUTDIR/site). Exit status: 0 when no step failed (skips are not
 # failures), 1 otherwise. The float64 rows and cuda-host (the cuda kernels on host arrays):
 # `NUMBA_ENABLE_CUDASIM=0 python -m benchmarks quick gpu`. docs/gpu.md says more.
 set -uo pipefail
@@ -41,7 +41,19 @@ summary="$out/summary.txt"
 : > "$summary"
 failed=0
 
-note() { echo "$1" | tee -a "$summary"; }
+note() { echo "$*" | tee -a "$summary"; }
+
+# Wheels carried to an offline GPU machine (docs/gpu.md: a NumPy numba-cuda can run,
+# array-api-compat) go into a folder of their own, ahead of the machine's packages.
+if [ $mode = gpu ] && compgen -G "$root/gpu-wheels/*.whl" > /dev/null; then
+    if "$py" -m pip install -q --no-index --no-deps --no-compile --target "$out/site" \
+            "$root"/gpu-wheels/*.whl > "$out/wheels.txt" 2>&1; then
+        export PYTHONPATH="$root:$out/site${PYTHONPATH#"$root"}"
+        note "wheels: gpu-wheels/*.whl installed to $out/site (ahead on PYTHONPATH)"
+    else
+        note "wheels: FAILED to install gpu-wheels/*.whl: see wheels.txt"; failed=1
+    fi
+fi
 step() {  # step NAME COMMAND...: run, output to OUTDIR/NAME.txt, one summary line
     local name=$1 t0 rc
     shift
@@ -98,7 +110,7 @@ if [ $mode = gpu ] && "$py" -c "from numba import cuda; import sys; sys.exit(not
 fi
 if [ $mode = gpu ] && [ $gpu = no ]; then
     note "no CUDA GPU found (numba.cuda.is_available() is False): GPU steps skipped;" \
-         " run with --simulator to check the script without one"
+         "run with --simulator to check the script without one"
     exit $failed
 fi
 
