@@ -120,10 +120,17 @@ def torch_layer(layer, x: np.ndarray, w: np.ndarray, dtype):
     return run
 
 
+def gradient_settings(tiny: bool) -> LayerParallelSettings:
+    """The MGRIT settings of the timed gradients: TorchBraid's; at tiny sizes one forward and
+    one adjoint iteration on 2 levels, cfactor 2 (N = 8 has no third level)."""
+    return LayerParallelSettings.with_iterations(1, 1, levels=2, cfactor=2) if tiny \
+        else LayerParallelSettings()
+
+
 def failed_row(case: str, size: str, dtype, bname: str, err: Exception) -> tuple:
     """The row of a case that raised: no time, ``check`` the error (the run goes on; the
     runner reports it and exits 1: :func:`run`)."""
-    msg = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+    msg = (str(err).strip().splitlines() or [""])[0][:200]
     return (case, size, np.dtype(dtype).name, bname, float("nan"), float("nan"),
             f"FAILED: {type(err).__name__}: {msg}")
 
@@ -168,8 +175,7 @@ def layer_rows(backends, dtype, tiny, warmup, repeats):
 def step_rows(backends, dtype, tiny, warmup, repeats):
     n_layers, width, batch = (8, 4, 4) if tiny else (64, 256, 1024)
     net = build_network("resnet", (2,), 5, n_layers, width, 3.0)
-    settings = LayerParallelSettings.with_iterations(1, 1, levels=2, cfactor=2) if tiny \
-        else LayerParallelSettings()
+    settings = gradient_settings(tiny)
     rng = np.random.default_rng(0)
     params = init_params(net, 0, dtype)
     x, y = np.asarray(rng.standard_normal((batch, 2)), dtype=dtype), rng.integers(0, 5, batch)
@@ -267,8 +273,7 @@ def gradient_rows(backends, dtype, tiny, warmup, repeats):
     from refbraid.backends.device_batching import sweeps_batched
     from refbraid.training.gradients import sequential_gradient
 
-    settings = LayerParallelSettings.with_iterations(1, 1, levels=2, cfactor=2) if tiny \
-        else LayerParallelSettings()
+    settings = gradient_settings(tiny)
     dt = np.dtype(dtype).name
     for case in TINY_GRADIENT_CASES if tiny else GRADIENT_CASES:
         net, params, x, y, size = gradient_case(*case, dtype)
@@ -371,9 +376,9 @@ def run(size: str, opts: dict, notes: list[str]) -> list[Result]:
             out += launch_results(rec["counts"], "gpu")
             continue
         name, shape, dtype, backend, ms, ratio, check = rec["row"]
-        if str(check).startswith("FAILED"):
-            notes.append(f"{check.split(':')[0]} {name} {shape} {dtype} {backend}:"
-                         f"{check.split(':', 1)[1]}")
+        if str(check).startswith("FAILED: "):
+            notes.append(f"FAILED {name} {shape} {dtype} {backend}: "
+                         f"{check.removeprefix('FAILED: ')}")
             continue
         res = Result("gpu", f"{name} {shape} {dtype} {backend}",
                      {"case": name, "size": shape, "dtype": dtype, "backend": backend})

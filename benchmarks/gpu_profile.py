@@ -54,10 +54,10 @@ def device_activity(one) -> str:
             one()
         events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
         copies = [e for e in events if e.name.lower().startswith(("memcpy", "memset"))]
-        busy = sum(e.time_range.elapsed_us() for e in events) / 1e3
         if not events:
             return ("the GPU's own activity: the profiler listed no device event (it may not "
                     "see kernels launched outside PyTorch here)")
+        busy = sum(e.time_range.elapsed_us() for e in events) / 1e3
         return (f"the GPU's own activity in one gradient: {len(events) - len(copies)} kernels "
                 f"and {len(copies)} copies/sets, {busy:.2f} ms of GPU time in all")
     except Exception as err:  # a profiler that cannot read the device: said, not fatal
@@ -66,32 +66,27 @@ def device_activity(one) -> str:
 
 def profile_one(bname: str, mode: str, case, dtype, simulator: bool = False) -> str:
     """The report of one backend and mode (see the module docstring)."""
-    from benchmarks.gpu import backend, gradient_case, synchronise
+    from benchmarks.gpu import backend, gradient_case, gradient_settings, median_ms, synchronise
     from refbraid.backends.device_batching import sweeps_batched
-    from refbraid.layer_parallel import LayerParallelSettings
     from refbraid.network import to_backend
     from refbraid.training.gradients import mgrit_gradient, sequential_gradient
 
     net, params, x, y, size = gradient_case(*case, dtype)
     bk = backend(bname)
     p, xb, yb = to_backend(params, bk), bk.asarray(x), bk.asarray(y)
-    settings = LayerParallelSettings.with_iterations(1, 1, levels=2, cfactor=2) if simulator \
-        else LayerParallelSettings()  # as benchmarks.gpu times them
     grad = sequential_gradient(net, bk) if mode == "serial" else \
-        mgrit_gradient(net, settings, bk)
+        mgrit_gradient(net, gradient_settings(simulator), bk)  # as benchmarks.gpu times them
     warmup, profiled = (1, 1) if simulator else (2, PROFILED)
 
-    def one():
+    def gradient():
         with sweeps_batched(mode == "lp-batched"):
             grad(p, xb, yb)
+
+    def one():
+        gradient()
         synchronise(bname)
 
-    for _ in range(warmup):
-        one()
-    t0 = time.perf_counter()
-    for _ in range(profiled):
-        one()
-    plain = (time.perf_counter() - t0) / profiled
+    plain = median_ms(gradient, bname, warmup, profiled) / 1e3  # synchronised after each
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     prof.enable()
@@ -101,7 +96,7 @@ def profile_one(bname: str, mode: str, case, dtype, simulator: bool = False) -> 
     under = (time.perf_counter() - t0) / profiled
     text = io.StringIO()
     text.write(f"{bname} {mode}: {size} {np.dtype(dtype).name}; per gradient {plain * 1e3:.2f} "
-               f"ms, {under * 1e3:.2f} ms under the profiler ({profiled} gradients)\n")
+               f"ms (median), {under * 1e3:.2f} ms under the profiler (mean of {profiled})\n")
     text.write(device_activity(one) + "\n")
     for order in ("tottime", "cumulative"):
         text.write(f"\n--- the {TOP} functions with the most {order} time, per "

@@ -182,7 +182,6 @@ class AddColumnSums(Fused):
     is computed alone or in a stack. A CuPy ``RawKernel`` on a GPU."""
 
     THREADS = 1024  # 32 columns × 32 row groups
-    GROUPS = 32
 
     def __init__(self):
         super().__init__("add_column_sums", "T p, T dy_next, T s", "T dy, T db", "",

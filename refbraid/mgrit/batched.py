@@ -95,14 +95,14 @@ def f_relax(u, g, points, sweeps: list, step, inplace: bool = False):
     for sw in sweeps:
         # the rows of one sweep are evenly spaced: slices (views), no gathered copies
         val = step.many(out[sw.prev, ...], sw.starts, sw.stops)
-        if g is not None and isinstance(sw.rows, slice) and _one_dtype(out, val, g):
+        if g is not None and isinstance(sw.rows, slice) and _adds_into_rows(out, val, g):
             np.add(val, g[sw.rows, ...], out=out[sw.rows, ...])  # Φ + g straight into u
         else:
             out[sw.rows, ...] = val if g is None else val + g[sw.rows, ...]
     return out
 
 
-def _one_dtype(u, val, g) -> bool:
+def _adds_into_rows(u, val, g) -> bool:
     """Whether ``Φ + g`` may be added straight into rows of ``u`` (through a slice, a view):
     all NumPy or all CuPy arrays (``numpy.add(…, out=)`` dispatches to CuPy's ``add``: one
     launch on a GPU instead of a sum and a copy) of one dtype, so the same additions as a new
