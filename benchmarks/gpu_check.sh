@@ -7,6 +7,7 @@
 #
 # Steps, each writing OUTDIR/<step>.txt, and one line each in OUTDIR/summary.txt:
 #   env        GPU, driver, Python and library versions, where the cuda backend keeps arrays
+#   pytest     `pytest -m gpu -n auto` (the catalogue on the cuda and cupy backends)
 #   bench-*    `python -m benchmarks quick gpu -o dtype=float32 -o backends=B`, one process per
 #              backend B (cupy, then cuda; a crash in one leaves the other's rows): whole
 #              gradients first (layer-parallel per step and batched, serial, PyTorch), then
@@ -14,15 +15,15 @@
 #              On the simulator one `tiny gpu` run of every backend (OUTDIR/bench.json)
 #   profile    `python -m benchmarks.gpu_profile`: where a gradient's host time goes, per
 #              backend, serial and layer-parallel (OUTDIR/profile-<backend>-<mode>.txt)
-#   pytest     `pytest -m gpu -n auto` (the catalogue on the cuda and cupy backends)
 #   train-*    `refbraid train` on numba, cuda and cupy; train-compare.txt sets their final
 #              lines side by side (the metrics, not the times, should agree)
 #   mpi        `mpiexec -n 2 refbraid train --backend cuda` when mpiexec and mpi4py exist
-# The timed steps come first, on an idle GPU. A step whose tool is missing (no GPU, no CuPy,
-# no mpiexec, no pytest-xdist) is skipped with the reason. Runs offline with the checkout on
-# PYTHONPATH; nothing is installed, but for wheels carried in gpu-wheels/ (OUTDIR/site). Exit status: 0 when no step failed (skips are not
-# failures), 1 otherwise. The float64 rows and cuda-host (the cuda kernels on host arrays):
-# `NUMBA_ENABLE_CUDASIM=0 python -m benchmarks quick gpu`. docs/gpu.md says more.
+# Correctness first: the tests, then the timed steps (on the then idle GPU). A step whose tool
+# is missing (no GPU, no CuPy, no mpiexec, no pytest-xdist) is skipped with the reason. Runs
+# offline with the checkout on PYTHONPATH; nothing is installed, but for wheels carried in
+# gpu-wheels/ (into a temporary folder, ahead on PYTHONPATH, removed at exit). Exit status: 0
+# when no step failed (skips are not failures), 1 otherwise. The float64 rows and cuda-host
+# (the cuda kernels on host arrays): `NUMBA_ENABLE_CUDASIM=0 python -m benchmarks quick gpu`. docs/gpu.md says more.
 set -uo pipefail
 
 usage="usage: bash benchmarks/gpu_check.sh OUTDIR [--simulator]"
@@ -46,10 +47,12 @@ note() { echo "$*" | tee -a "$summary"; }
 # Wheels carried to an offline GPU machine (docs/gpu.md: a NumPy numba-cuda can run,
 # array-api-compat) go into a folder of their own, ahead of the machine's packages.
 if [ $mode = gpu ] && compgen -G "$root/gpu-wheels/*.whl" > /dev/null; then
-    if "$py" -m pip install -q --no-index --no-deps --no-compile --target "$out/site" \
+    site=$(mktemp -d "${TMPDIR:-/tmp}/refbraid-gpu-site.XXXXXX")
+    trap 'rm -rf "$site"' EXIT
+    if "$py" -m pip install -q --no-index --no-deps --no-compile --target "$site" \
             "$root"/gpu-wheels/*.whl > "$out/wheels.txt" 2>&1; then
-        export PYTHONPATH="$root:$out/site${PYTHONPATH#"$root"}"
-        note "wheels: gpu-wheels/*.whl installed to $out/site (ahead on PYTHONPATH)"
+        export PYTHONPATH="$root:$site${PYTHONPATH#"$root"}"
+        note "wheels: gpu-wheels/*.whl installed to $site (ahead on PYTHONPATH; removed at exit)"
     else
         note "wheels: FAILED to install gpu-wheels/*.whl: see wheels.txt"; failed=1
     fi
@@ -114,8 +117,18 @@ if [ $mode = gpu ] && [ $gpu = no ]; then
     exit $failed
 fi
 
+# ------------------------------------------------------------------------------ tests
+if has_module xdist; then parallel=(-n auto); else
+    parallel=(); note "pytest: pytest-xdist absent, running in one process"
+fi
+if has_module pytest; then
+    step pytest "$py" -m pytest -m gpu "${parallel[@]}" -q -p no:cacheprovider "${pytest_args[@]}"
+else
+    note "pytest: skipped: pytest is not installed"
+fi
+
 # ------------------------------------------------------------------------------ benchmark
-# (first: the times are taken on an idle GPU)
+# (after the tests, which have finished: the times are taken on an idle GPU)
 if [ $mode = simulator ]; then
     step bench "$py" -m benchmarks tiny gpu -o dtype=float64 --json "$out/bench.json"
 else  # median of 5 after 2 warm-ups
@@ -131,16 +144,6 @@ if [ $mode = simulator ]; then
     step profile "$py" -m benchmarks.gpu_profile "$out" --simulator
 else
     step profile "$py" -m benchmarks.gpu_profile "$out"
-fi
-
-# ------------------------------------------------------------------------------ tests
-if has_module xdist; then parallel=(-n auto); else
-    parallel=(); note "pytest: pytest-xdist absent, running in one process"
-fi
-if has_module pytest; then
-    step pytest "$py" -m pytest -m gpu "${parallel[@]}" -q -p no:cacheprovider "${pytest_args[@]}"
-else
-    note "pytest: skipped: pytest is not installed"
 fi
 
 # ------------------------------------------------------------------------------ training
