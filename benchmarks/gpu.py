@@ -42,7 +42,15 @@ from __future__ import annotations
 import numpy as np
 
 from benchmarks.gpu_layers import H, layer_op, layers
-from benchmarks.harness import Result, emit, fresh, measure, prepare_worker, worker_main
+from benchmarks.harness import (
+    Result,
+    WorkerFailed,
+    emit,
+    fresh,
+    measure,
+    prepare_worker,
+    worker_main,
+)
 from refbraid.backends import Backend, available_backends, get_backend
 from refbraid.backends.host import to_host
 from refbraid.layer_parallel import LayerParallelSettings
@@ -181,11 +189,15 @@ def step_rows(backends, dtype, tiny, warmup, repeats):
     x, y = np.asarray(rng.standard_normal((batch, 2)), dtype=dtype), rng.integers(0, 5, batch)
     size, rows, base = f"N={n_layers} C={width} B={batch}", [], None
     for bname in backends:
-        bk = backend(bname)
-        gradient = mgrit_gradient(net, settings, bk)
-        p, xb, yb = to_backend(params, bk), bk.asarray(x), bk.asarray(y)
-        ms = median_ms(lambda g=gradient, p=p, xb=xb, yb=yb: g(p, xb, yb), bname, warmup,
-                       repeats)
+        try:
+            bk = backend(bname)
+            gradient = mgrit_gradient(net, settings, bk)
+            p, xb, yb = to_backend(params, bk), bk.asarray(x), bk.asarray(y)
+            ms = median_ms(lambda g=gradient, p=p, xb=xb, yb=yb: g(p, xb, yb), bname, warmup,
+                           repeats)
+        except Exception as err:  # reported as the row; the run goes on
+            rows.append(failed_row("layer-parallel step", size, dtype, bname, err))
+            continue
         base = ms if base is None else base
         rows.append(("layer-parallel step", size, np.dtype(dtype).name, bname, ms, ms / base,
                      "-"))
@@ -364,7 +376,14 @@ def run(size: str, opts: dict, notes: list[str]) -> list[Result]:
     warmup = opts["warmup"] if opts["warmup"] >= 0 else REPEATS[size][1]
     spec = {"simulator": simulator, "dtype": opts["dtype"], "repeat": repeat, "warmup": warmup,
             "backends": chosen}
-    recs = fresh("benchmarks.gpu", spec, {"NUMBA_ENABLE_CUDASIM": "1" if simulator else "0"})
+    try:
+        recs = fresh("benchmarks.gpu", spec, {"NUMBA_ENABLE_CUDASIM": "1" if simulator else "0"})
+    except WorkerFailed as err:  # the rows it finished are kept; the run reports the crash
+        if not err.records:
+            raise
+        recs = err.records
+        last = (str(err).strip().splitlines() or [""])[-1][:300]
+        notes.append(f"FAILED: the worker crashed after {len(recs) - 1} rows: {last}")
     if "error" in recs[0]:
         raise SystemExit(recs[0]["error"])
     notes += recs[0]["notes"]

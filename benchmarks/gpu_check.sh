@@ -9,7 +9,8 @@
 #   env        GPU, driver, Python and library versions, where the cuda backend keeps arrays
 #   pytest     `pytest -m gpu -n auto` (the catalogue on the cuda and cupy backends)
 #   bench-*    `python -m benchmarks quick gpu -o dtype=float32 -o backends=B`, one process per
-#              backend B (cupy, then cuda; a crash in one leaves the other's rows): whole
+#              backend B (cupy, then cuda, or those GPU_CHECK_BENCH names, e.g. "cuda"; a
+#              crash in one leaves the other's rows, and a crashed worker its rows so far): whole
 #              gradients first (layer-parallel per step and batched, serial, PyTorch), then
 #              each layer and the step, checks against NumPy, launch counts; OUTDIR/bench-B.json.
 #              On the simulator one `tiny gpu` run of every backend (OUTDIR/bench.json)
@@ -132,7 +133,7 @@ fi
 if [ $mode = simulator ]; then
     step bench "$py" -m benchmarks tiny gpu -o dtype=float64 --json "$out/bench.json"
 else  # median of 5 after 2 warm-ups
-    for bk in cupy cuda; do
+    for bk in ${GPU_CHECK_BENCH:-cupy cuda}; do
         if [ $bk = cupy ] && ! has_module cupy; then
             note "bench-cupy: skipped: CuPy is not installed"; continue
         fi
@@ -192,7 +193,9 @@ if ! command -v mpiexec > /dev/null 2>&1; then
 elif ! has_module mpi4py; then
     note "mpi: skipped: mpi4py is not installed"
 else
-    step mpi mpiexec -n 2 "$py" -m refbraid train "${train_args[@]}" --backend cuda \
+    # Open MPI refuses to run as root (a container's user) unless told; MPICH ignores these
+    step mpi env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+        mpiexec -n 2 "$py" -m mpi4py -m refbraid train "${train_args[@]}" --backend cuda \
         --out "$out/run-mpi2-cuda"
 fi
 

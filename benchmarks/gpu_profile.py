@@ -28,6 +28,7 @@ import os
 import pstats
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -120,12 +121,17 @@ def main(argv: list[str]) -> int:
         print("no GPU backend here (see `python -m benchmarks tiny gpu`)", file=sys.stderr)
         return 1
     case = (TINY_GRADIENT_CASES if simulator else GRADIENT_CASES)[0]
+    failed = 0
     for bname in backends:
         for mode in ("serial", "lp-batched"):
-            report = profile_one(bname, mode, case, np.float32, simulator)
+            try:
+                report = profile_one(bname, mode, case, np.float32, simulator)
+            except Exception:  # the other backends and modes go on; the exit status says so
+                report = f"FAILED {bname} {mode}:\n{traceback.format_exc()}"
+                failed = 1
             (out / f"profile-{bname}-{mode}.txt").write_text(report)
             print(report.splitlines()[0], flush=True)
-    return 0
+    return failed
 
 
 if __name__ == "__main__":

@@ -176,16 +176,25 @@ def launch(n: int, module: str, spec: dict, timeout: float = 1800,
     return records(run_mpi(n, argv, timeout=timeout, cwd=ROOT, env=env).check().output)
 
 
+class WorkerFailed(RuntimeError):
+    """A worker process exited with an error; ``records`` holds what it emitted before."""
+
+    def __init__(self, message: str, found: list[dict]):
+        super().__init__(message)
+        self.records = found
+
+
 def fresh(module: str, spec: dict, env: dict[str, str] | None = None,
           timeout: float = 1800) -> list[dict]:
     """Run ``module``'s worker in one new process (no MPI; ``env`` added to this environment)
-    and return its records; a failing worker raises ``RuntimeError`` with its output's tail."""
+    and return its records; a failing worker raises :class:`WorkerFailed` with its output's
+    tail (and the records it emitted before, for a suite that streams its rows)."""
     argv = [sys.executable, "-m", module, "--worker", json.dumps(spec)]
     proc = subprocess.run(argv, cwd=ROOT, env={**os.environ, **(env or {})},
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"`{' '.join(argv[1:3])}` failed (exit {proc.returncode}):\n"
-                           + (proc.stdout + proc.stderr)[-4000:])
+        raise WorkerFailed(f"`{' '.join(argv[1:3])}` failed (exit {proc.returncode}):\n"
+                           + (proc.stdout + proc.stderr)[-4000:], records(proc.stdout))
     return records(proc.stdout)
 
 

@@ -263,3 +263,29 @@ def test_a_gpu_case_that_raises_is_a_failed_row_and_the_others_go_on(monkeypatch
     saved = json.loads(out.read_text())
     assert len(saved["results"]) == 1
     assert any(n.startswith("FAILED") for n in saved["notes"]["gpu"])
+    steps = gpu.step_rows(["numpy", "no-such-backend"], np.float64, True, 0, 1)
+    assert [str(r[6]).startswith("FAILED") for r in steps] == [False, True]
+
+
+def test_a_gpu_worker_that_crashes_keeps_the_rows_it_finished(monkeypatch, tmp_path):
+    """A crash the worker cannot catch (a CUDA error that kills the process) must not take
+    the rows it already streamed with it: they are kept, a FAILED note quotes the crash's
+    last line, and the runner exits 1."""
+    import benchmarks.__main__ as runner
+    from benchmarks import gpu
+    from benchmarks.harness import WorkerFailed
+
+    ok = next(gpu.layer_rows(["numpy"], np.float64, True, 0, 1))
+
+    def crashed(*args, **kwargs):
+        raise WorkerFailed("failed (exit 1):\nCUDAError: LAUNCH_OUT_OF_RESOURCES",
+                           [{"notes": []}, {"row": list(ok)}])
+
+    monkeypatch.setattr(gpu, "fresh", crashed)
+    monkeypatch.setattr(runner, "load", lambda name: gpu)
+    out = tmp_path / "b.json"
+    assert runner.main(["tiny", "gpu", "--json", str(out)]) == 1
+    saved = json.loads(out.read_text())
+    assert len(saved["results"]) == 1
+    assert any(n.startswith("FAILED") and "LAUNCH_OUT_OF_RESOURCES" in n
+               for n in saved["notes"]["gpu"])

@@ -246,7 +246,7 @@ def test_a_batched_gradient_copies_each_index_array_once_and_the_next_gradient_n
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_the_cuda_column_sums_split_rows_and_columns_and_agree_with_each_other(dtype):
-    """The column sums of the cuda backend fill a block with up to 32 columns × 32 row
+    """The column sums of the cuda backend fill a block with up to 32 columns × 8 row
     groups, the groups' partial sums added in a fixed tree: four groups of 18 rows and a
     partial last tile of columns here (Numba's simulator). The fused adjoint's db equals
     the composed path's (``linear_adjoint``'s column-sum kernel) bit for bit, one row of a
@@ -256,7 +256,7 @@ def test_the_cuda_column_sums_split_rows_and_columns_and_agree_with_each_other(d
     from refbraid.backends import numba_cuda_dense, numba_cuda_step
     from refbraid.backends.numba_cuda_memory import KernelCall
 
-    assert numba_cuda_dense.column_sum_geometry(1024, 256) == (32, 32)  # a GPU-sized step
+    assert numba_cuda_dense.column_sum_geometry(1024, 256) == (32, 8)  # a GPU-sized step
     assert numba_cuda_dense.column_sum_geometry(70, 40) == (32, 4)  # below: 2 tiles, a tree
     assert numba_cuda_dense.column_sum_geometry(4, 3) == (4, 1)
     k, B, C = 2, 70, 40

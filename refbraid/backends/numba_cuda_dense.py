@@ -163,14 +163,18 @@ def _gemm_small_kernel(A, B, C, trans_a, trans_b, bias, has_bias, addend, has_ad
 # row groups; thread (c, g) sums rows g, g + groups, … of column c (coalesced: neighbouring
 # threads read neighbouring columns) in float64, then the groups' partial sums are added in a
 # fixed tree in shared memory (:func:`column_tree`). One thread per column walking all B rows
-# left a GPU nearly idle (a 1024 × 256 sum: 256 threads; now 8 blocks of 32 × 32). A group
-# takes about ROWS_PER_THREAD rows, so a small batch keeps one group (a plain sum down the
-# column, as before, and few threads for Numba's simulator, which runs each as a Python
-# thread). The order of the sum depends on ``groups`` alone, i.e. on B
+# left a GPU nearly idle (a 1024 × 256 sum: 256 threads; now 8 blocks of 32 × 8). A group
+# takes about ROWS_PER_THREAD rows, up to ROW_GROUPS groups, so a small batch keeps one
+# group (a plain sum down the column, as before, and few threads for Numba's simulator,
+# which runs each as a Python thread). The order of the sum depends on ``groups`` alone, i.e. on B
 # (:func:`column_sum_geometry`): the fused and the composed adjoint, one step or a stack,
 # sum each column the same way.
 COLUMN_TILE = 32  #: at most this many columns per block
-ROW_GROUPS = 32  #: at most this many row groups (a power of two)
+#: at most this many row groups (a power of two): blocks of at most 32 × 8 = 256 threads.
+#: 32 × 32 = 1024 threads failed to launch on an H200 (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES:
+#: a 1024-thread block leaves 64 registers a thread, and the fused adjoint's kernel needs
+#: more); 256 leave 255, the most a thread can have, so any of these kernels launches.
+ROW_GROUPS = 8
 ROWS_PER_THREAD = 32  #: about this many rows per group, before the groups reach ROW_GROUPS
 #: the partial sums of one block: a module constant, so the compiler sees a constant shape
 COLUMN_SUM_SHARED = (COLUMN_TILE * ROW_GROUPS,)
@@ -183,7 +187,8 @@ def _power_of_two_at_least(n: int) -> int:
 def column_sum_geometry(B: int, C: int) -> tuple[int, int]:
     """(width, groups) of the column-sum blocks for B rows and C columns: powers of two, at
     most :data:`COLUMN_TILE` columns (no more than C needs) and :data:`ROW_GROUPS` groups of
-    about :data:`ROWS_PER_THREAD` rows each (B = 1024: 32 groups of 32; B ≤ 32: one)."""
+    about :data:`ROWS_PER_THREAD` rows each (B = 1024: 8 groups of 128; B = 256: 8 of 32;
+    B ≤ 32: one)."""
     return (min(COLUMN_TILE, _power_of_two_at_least(C)),
             min(ROW_GROUPS, _power_of_two_at_least(-(-int(B) // ROWS_PER_THREAD))))
 

@@ -138,8 +138,9 @@ def cupy_view(a):
     external stream object, the layout's dummy array) is Python work at every argument of
     every launch, the bulk of a launch's host cost. A view is a pointer and a layout that
     owns nothing, so the view made for one array is the right view of any later array with
-    the same key: CuPy's memory pool hands the same blocks out again, step after step, and
-    an array whose key it is can only be alive while its memory is. The interface's
+    the same key: CuPy's memory pool hands the same blocks out again, step after step. Owning
+    nothing, a view does not keep its array alive either: :class:`KernelCall` does, for as
+    long as its launches need it. The interface's
     ``stream`` is left out: every launch runs on the default stream."""
     mem = a.data
     key = (mem.device_id, mem.ptr, a.shape, a.strides, a.dtype.char)
@@ -167,9 +168,17 @@ class KernelCall:
     """The memory of one wrapper call: inputs as kernel arguments, outputs where they live.
 
     ``KernelCall(*inputs)`` decides: device mode when any input is a backend device array
-    (no copies at all), host mode otherwise (NumPy inputs copied in, outputs copied back)."""
+    (no copies at all), host mode otherwise (NumPy inputs copied in, outputs copied back).
+
+    A kernel argument is a view that owns nothing (:func:`cupy_view`), so the call keeps
+    every device array behind one alive until it is dropped itself, after the wrapper's
+    launches are queued: a temporary made here (a cast, a contiguous copy, a placeholder)
+    would otherwise go back to CuPy's pool at once, and the next allocation (an output) could
+    get its memory before the kernel has read it. CuPy frees an array's memory for reuse by
+    later work on the same stream, so dropping it after the launches is safe."""
 
     def __init__(self, *inputs, names: tuple[str, ...] = ()):
+        self._alive: list = []  # the device arrays the kernel arguments view
         given = [a for a in inputs if a is not None]
         self.on_device = any(is_backend_array(a) for a in given)
         if self.on_device:
@@ -190,6 +199,7 @@ class KernelCall:
                 a = xp.reshape(a, shape)
             if MODE == "cupy":
                 a = xp.ascontiguousarray(a)
+            self._alive.append(a)
             return _view(a)
         if is_numba_device_array(a):
             if numpy_dtype(a) != dtype:
@@ -208,6 +218,7 @@ class KernelCall:
                 array = xp.empty(shape, dtype=getattr(xp, dtype.name), device=DEVICE)
             else:
                 array = xp.empty(shape, dtype=dtype)
+            self._alive.append(array)
             return Output(_view(array), array)
         array = cuda.device_array(shape, dtype=dtype)
         return Output(array, array)

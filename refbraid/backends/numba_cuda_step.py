@@ -7,12 +7,12 @@ reference :func:`refbraid.backends.reference_batched.dense_step_adjoint`)::
     s  = h σ'(z) ⊙ dy_next          _scaled_adjoint_kernel       one thread per element
     p  = s W                        the tiled GEMM               (numba_cuda_dense)
     dW = sᵀ y                       the tiled GEMM
-    dy = dy_next + p,  db = Σ_B s   _add_column_sums_kernel      ≤ 32 columns × ≤ 32 groups
+    dy = dy_next + p,  db = Σ_B s   _add_column_sums_kernel      ≤ 32 columns × ≤ 8 groups
 
 Composed of the per-operation kernels a step issued six launches (σ'·dy, ×h in the glue, two
 GEMMs, the column sum, + in the glue); here four: the step size is applied inside the
 element-wise kernel, and the last sum rides along the column sums (a block of up to 32
-neighbouring columns × up to 32 row groups, each thread walking every groups-th row of its
+neighbouring columns × up to 8 row groups, each thread walking every groups-th row of its
 column: coalesced, as neighbouring threads read neighbouring columns; numba_cuda_dense's
 column-sum geometry). Without ``grads`` (MGRIT's relaxation) a step is two launches
 (σ'·dy·h, and the GEMM with ``dy_next`` added in its epilogue: ``numba_cuda_dense._store``,
