@@ -241,8 +241,8 @@ assert deepest["lp-batched"]["critical_path"] < deepest["serial"]["critical_path
 # (docs/gpu_layer_parallel.md).
 #
 # What a real GPU said (one H200, float32, `cupy`): the batched layer-parallel gradient of
-# the dense ResNet took 0.27–0.47× refbraid's own serial backprop at width 256 and
-# batch 1024, and 0.55–0.57× PyTorch's serial backprop at N = 256 — but 1.6× PyTorch's at
-# N = 64. Divide each time by the counted launches and you get 30–100 µs per launch: far more
-# than the GPU needs for these kernels. The host's path to the GPU, not the arithmetic, is
-# what is left to make fast; the launch counts above say how many times it is paid.
+# the dense ResNet took 0.24–0.55× refbraid's own serial backprop and 0.22–0.56× PyTorch's
+# serial backprop at N = 256 and 1024 — but 1.08× PyTorch's at N = 64. A profile of one
+# gradient shows the GPU busy for only 10–28 % of it: the host's path to the GPU (a Python
+# call per launch), not the arithmetic, is what is left to make fast; the launch counts above
+# say how many times it is paid.
