@@ -1,5 +1,6 @@
 """Every Numba CUDA kernel of the ``cuda`` backend compiles for real GPUs — compute
-capability 7.5, 8.0 and 9.0 — for every signature the backends launch it with.
+capability 7.5, 8.0 and 9.0 — for every signature the backends launch it with, and launches:
+its registers and shared memory fit the largest block it is launched with.
 
 Numba's CUDA simulator runs a kernel as Python, so a kernel the compiler refuses (a shared
 array whose shape is not a compile-time constant, a type the simulator never checks) passes
@@ -9,7 +10,13 @@ batched dense step run on the ``cuda`` backend while every launch's kernel and a
 types are written down (argument layouts as the GPU path passes them: C-contiguous). A
 second process without the simulator then compiles each (kernel, signature) to PTX for each
 target with ``numba.cuda.compile_ptx`` and NVIDIA's NVVM from PyPI (``numba-cuda[cu13]``;
-no GPU, no driver). tests/cuda_compile/compile_targets.py is that process.
+no GPU, no driver), then assembles the PTX for the target with ptxas (through nvJitLink,
+also from PyPI), which says how many registers a thread and how much shared memory a block
+take: a block of T threads needs T × registers ≤ 65536 (the register file of one block on
+these GPUs), or the launch fails with ``CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`` — as a
+1024-thread column sum (70 registers a thread) did on an H200. The simulator records each
+launch's block size; the workload includes the largest blocks the backend makes.
+tests/cuda_compile/compile_targets.py is that process.
 
 Without NVVM the test skips, unless ``REFBRAID_REQUIRE_NVVM=1`` (CI) makes that a failure.
 """
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 import os
 import pickle
 import pkgutil
@@ -39,6 +47,7 @@ if not numba.config.ENABLE_CUDASIM:
                 "the kernels are compiled by running them", allow_module_level=True)
 pytest.importorskip("numba.cuda")
 
+from numba.cuda.errors import normalize_kernel_dimensions  # noqa: E402
 from numba.cuda.simulator import kernel as sim_kernel  # noqa: E402
 from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray  # noqa: E402
 
@@ -73,16 +82,18 @@ def _numba_type(arg):
 
 @contextlib.contextmanager
 def recorded_launches():
-    """Within the block every simulated kernel launch adds (module, name, made_by, argtypes)
-    to the yielded set."""
-    seen: set = set()
+    """Within the block every simulated kernel launch records (module, name, made_by,
+    argtypes) in the yielded dict, with the most threads per block it was launched with."""
+    seen: dict = {}
     original = sim_kernel.FakeCUDAKernel.__call__
 
     def call(self, *args):
         if not self._device and not sim_kernel._kernel_context:
             made_by = getattr(self, "made_by", None)
-            seen.add((self.fn.__module__, self.fn.__name__, made_by,
-                      tuple(_numba_type(a) for a in args)))
+            key = (self.fn.__module__, self.fn.__name__, made_by,
+                   tuple(_numba_type(a) for a in args))
+            _, block = normalize_kernel_dimensions(self.grid_dim, self.block_dim)
+            seen[key] = max(seen.get(key, 0), math.prod(block))
         return original(self, *args)
 
     sim_kernel.FakeCUDAKernel.__call__ = call
@@ -132,11 +143,31 @@ def run_workload() -> None:
         y1, z1 = bk.conv_step(X[0], Ws[0], rng.standard_normal(2).astype(dtype), 0.5, "relu")
         for grads in (True, False):  # one fused conv step (numba_cuda_conv_step)
             bk.conv_step_adjoint(X[0], z1, y1, Ws[0], 0.5, "relu", grads)
+        _largest_column_sum_blocks(rng, dtype)
+
+
+def _largest_column_sum_blocks(rng, dtype) -> None:
+    """The column sums at a GPU's batch (B = 1024, C = 32: the most threads per block they
+    make, ``column_sum_geometry``), launched alone: the whole step at that size would take
+    the simulator minutes."""
+    from refbraid.backends import numba_cuda_dense, numba_cuda_step
+    from refbraid.backends.numba_cuda_memory import KernelCall
+
+    B, C = 1024, 32
+    assert numba_cuda_dense.column_sum_geometry(B, C) == (32, numba_cuda_dense.ROW_GROUPS)
+    p, dy_next, s = (rng.standard_normal((1, B, C)).astype(dtype) for _ in range(3))
+    call = KernelCall(p, dy_next, s)
+    P, S = call.arg(p, dtype, (B * C,)), call.arg(s, dtype, (B * C,))
+    numba_cuda_step.add_column_sums(call, P, dy_next, S, dtype, 1, B, C)
+    width, groups = numba_cuda_dense.column_sum_geometry(B, C)
+    out = call.out(C, dtype)
+    numba_cuda_dense._column_sum_kernel[1, width * groups](call.arg(p[0], dtype), out.arg,
+                                                           width, groups)
 
 
 def _launched(records) -> set[tuple[str, str]]:
     out = set()
-    for module, name, made_by, _ in records:
+    for module, name, made_by, *_ in records:
         out.add((made_by[0], made_by[1]) if made_by else (module, name))
     return out
 
@@ -145,17 +176,17 @@ def _launched(records) -> set[tuple[str, str]]:
 def records():
     with recorded_launches() as seen:
         run_workload()
-    return sorted(seen, key=repr)
+    return sorted(((*key, threads) for key, threads in seen.items()), key=repr)
 
 
 def test_the_workload_launches_every_kernel_of_the_cuda_backend(records):
     missing = defined_kernels() - _launched(records)
     assert not missing, f"kernels never launched by run_workload (add them): {sorted(missing)}"
-    dtypes = {t.dtype.name for *_, sig in records for t in sig if hasattr(t, "dtype")}
+    dtypes = {t.dtype.name for *_, sig, _ in records for t in sig if hasattr(t, "dtype")}
     assert {"float32", "float64"} <= dtypes
 
 
-def test_every_kernel_compiles_for_real_gpu_targets(records, tmp_path):
+def test_every_kernel_compiles_and_fits_its_blocks_on_real_gpu_targets(records, tmp_path):
     path = tmp_path / "records.pkl"
     path.write_bytes(pickle.dumps(records))
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
@@ -169,3 +200,4 @@ def test_every_kernel_compiles_for_real_gpu_targets(records, tmp_path):
     for cc in TARGETS:
         assert codes[cc] == 0, f"cc {cc}:\n{out[cc]}"
         assert f"compiled {len(records)}/{len(records)} " in out[cc], out[cc]
+        assert f"launchable {len(records)}/{len(records)} " in out[cc], out[cc]
