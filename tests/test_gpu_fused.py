@@ -61,7 +61,8 @@ def test_each_fused_kernel_gives_the_reference_bits_off_a_gpu(act, dtype):
     np.testing.assert_array_equal(np.sum(S, axis=1), db)
 
 
-def _nvrtc_compile(source: str, arch: str) -> None:
+def _nvrtc_compile(source: str, arch: str) -> str:
+    """The PTX NVRTC makes of ``source`` for ``arch`` (``compute_90``: what CuPy compiles)."""
     from cuda.bindings import nvrtc
 
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"k.cu", 0, [], [])
@@ -73,6 +74,10 @@ def _nvrtc_compile(source: str, arch: str) -> None:
             log = b" " * size
             nvrtc.nvrtcGetProgramLog(prog, log)
             raise AssertionError(f"{arch}: {log.decode(errors='replace')}\n{source}")
+        _, size = nvrtc.nvrtcGetPTXSize(prog)
+        ptx = b" " * size
+        nvrtc.nvrtcGetPTX(prog, ptx)
+        return ptx.rstrip(b"\0 ").decode()
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 
@@ -86,19 +91,42 @@ def _nvrtc_usable() -> bool:
         return False
 
 
+#: the most threads per block CuPy may give an ElementwiseKernel (the hardware's limit; CuPy
+#: chooses the block, so every element-wise body must fit the largest)
+ELEMENTWISE_THREADS = 1024
+
+
 @pytest.mark.skipif(not _nvrtc_usable(), reason="needs NVIDIA's NVRTC (pip install "
                     "'numba-cuda[cu13]' brings it)")
 @pytest.mark.parametrize("T", ["double", "float"])
-def test_every_fused_kernel_compiles_for_real_gpus(T):
+def test_every_fused_kernel_compiles_and_fits_its_blocks_on_real_gpus(T):
+    """NVRTC compiles each kernel's CUDA C for compute capability 7.5, 8.0 and 9.0, and
+    ptxas (through nvJitLink) says its registers and shared memory fit the block it is
+    launched with (tests/cuda_compile/ptxas.py): the RawKernels' own block sizes, the
+    hardware's largest for the element-wise bodies, whose block CuPy chooses."""
+    from cuda_compile.ptxas import block_fits, ptxas_resources
+
     from refbraid.backends import cupy_gru, cupy_heads, cupy_layernorm, cupy_softmax
 
-    for arch in ("compute_75", "compute_80", "compute_90"):
+    unfit = []
+    for cc in ((7, 5), (8, 0), (9, 0)):
+        arch = f"compute_{cc[0]}{cc[1]}"
+        compiled = []
         for kernel in KERNELS:
+            threads = getattr(kernel, "THREADS", ELEMENTWISE_THREADS)
             for act in ACTIVATIONS:
-                _nvrtc_compile(kernel.cuda_kernel(act, T), arch)
+                compiled.append((f"{kernel.name}_{act}", threads,
+                                 _nvrtc_compile(kernel.cuda_kernel(act, T), arch)))
         for module in (cupy_layernorm, cupy_gru, cupy_softmax, cupy_heads):
             for name in module.KERNELS:
-                _nvrtc_compile(module.cuda_source(name, T), arch)
+                compiled.append((name, module.THREADS,
+                                 _nvrtc_compile(module.cuda_source(name, T), arch)))
+        for name, threads, ptx in compiled:
+            registers, shared = ptxas_resources(ptx, cc)
+            if not block_fits(registers, shared, threads):
+                unfit.append(f"{name} sm_{cc[0]}{cc[1]} {T}: {threads} threads × {registers} "
+                             f"registers, {shared} bytes of shared memory")
+    assert not unfit, "blocks that would not launch:\n" + "\n".join(unfit)
 
 
 def test_the_device_resident_batched_dense_step_equals_per_step_cuda_calls():

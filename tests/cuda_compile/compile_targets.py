@@ -8,11 +8,8 @@ tests/test_cuda_compile.py in the simulator: each is a kernel of refbraid's ``cu
 the Numba types of one launch's arguments and the most threads per block it was launched
 with. Each is compiled to PTX with ``numba.cuda.compile_ptx`` (NVIDIA's NVVM; no GPU and no
 driver needed) for the compute capability CC (``7.5``, ``8.0``, ``9.0``), then assembled
-for it by ptxas through nvJitLink (``-verbose``: the registers per thread and the static
-shared memory per block it reports). A launch needs, per block, ⌈threads / 32⌉ warps of
-⌈32 · registers / 256⌉ · 256 registers each within :data:`REGISTERS_PER_BLOCK`, and its
-shared memory within :data:`SHARED_PER_BLOCK`; else the driver refuses it
-(``CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES``). A kernel made by a factory
+for it by ptxas, whose registers and shared memory must fit the recorded block
+(tests/cuda_compile/ptxas.py). A kernel made by a factory
 (:func:`refbraid.backends.numba_cuda.kernel_factory`) is rebuilt from ``made_by``.
 
 numba-cuda compiles a *device* function (``cuda.jit(device=True)``, called by a kernel) for
@@ -31,14 +28,16 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
-import re
 import sys
 import time
 
-#: 32-bit registers one block may use, on compute capability 7.5, 8.0 and 9.0
-REGISTERS_PER_BLOCK = 65536
-#: bytes of static shared memory one block may use (more needs an opt-in the kernels lack)
-SHARED_PER_BLOCK = 48 * 1024
+from ptxas import (
+    REGISTERS_PER_BLOCK,
+    SHARED_PER_BLOCK,
+    block_fits,
+    ptxas_resources,
+    registers_needed,
+)
 
 
 def _kernel(module: str, name: str, made_by):
@@ -46,34 +45,6 @@ def _kernel(module: str, name: str, made_by):
         mod, factory, args = made_by
         return getattr(importlib.import_module(mod), factory)(*args)
     return getattr(importlib.import_module(module), name)
-
-
-def ptxas_resources(ptx: str, cc: tuple[int, int]) -> tuple[int, int]:
-    """(registers per thread, static shared bytes per block) of the one kernel in ``ptx``,
-    as ptxas assembles it for compute capability ``cc`` (nvJitLink's info log)."""
-    from cuda.bindings import nvjitlink
-
-    handle = nvjitlink.create(2, [f"-arch=sm_{cc[0]}{cc[1]}", "-verbose"])
-    try:
-        data = ptx.encode()
-        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel.ptx")
-        nvjitlink.complete(handle)
-        log = bytearray(nvjitlink.get_info_log_size(handle))
-        nvjitlink.get_info_log(handle, log)
-    finally:
-        nvjitlink.destroy(handle)
-    text = log.decode(errors="replace")
-    registers = re.search(r"[Uu]sed (\d+) registers", text)
-    shared = re.search(r"(\d+) bytes smem", text)
-    if registers is None:
-        raise RuntimeError(f"ptxas reported no register count:\n{text}")
-    return int(registers.group(1)), int(shared.group(1)) if shared else 0
-
-
-def registers_needed(registers: int, threads: int) -> int:
-    """Registers a block of ``threads`` takes: whole warps, each allocated in units of 256."""
-    per_warp = -(-32 * registers // 256) * 256
-    return -(-threads // 32) * per_warp
 
 
 class _Target:
@@ -127,7 +98,7 @@ def main(argv: list[str]) -> int:
             registers, shared = ptxas_resources(ptx, cc)
             most = max(most, (registers, label))
             need = registers_needed(registers, threads)
-            if need > REGISTERS_PER_BLOCK or shared > SHARED_PER_BLOCK:
+            if not block_fits(registers, shared, threads):
                 unfit += 1
                 print(f"DOES NOT LAUNCH {where}: {threads} threads a block × {registers} "
                       f"registers = {need} registers (at most {REGISTERS_PER_BLOCK}), "
