@@ -367,6 +367,23 @@ def loss_and_logits(net: Network, params: Params, x, labels, bk: Backend | str =
     return host_float(loss), logits
 
 
+def stacked_gradients(steps: dict[str, Any], layer_grads: list[dict], bk: Backend) -> dict:
+    """The step weights' gradients as stacked arrays like ``steps`` (N, ...): layer n's
+    ``layer_grads[n][k]`` in row n of ``k``, in each parameter's dtype (0 where a layer gave
+    none). One ``stack`` per parameter when every layer gave every parameter: on a GPU two
+    launches in all, not two per layer (a row assignment each)."""
+    xp = bk.xp
+    if all(d.keys() == steps.keys() for d in layer_grads):
+        out = {k: xp.stack([d[k] for d in layer_grads]) for k in steps}
+        return {k: v if v.dtype == steps[k].dtype else xp.astype(v, steps[k].dtype)
+                for k, v in out.items()}
+    out = {k: xp.zeros_like(v) for k, v in steps.items()}
+    for n, d in enumerate(layer_grads):
+        for k, v in d.items():
+            out[k][n, ...] = v
+    return out
+
+
 def backprop(net: Network, params: Params, x, labels, bk: Backend | str = "numpy"):
     """Loss and its gradient by sequential backprop (the exact discrete adjoint).
 
@@ -381,16 +398,14 @@ def backprop(net: Network, params: Params, x, labels, bk: Backend | str = "numpy
     lam, dclose = net.closing.adjoint(group(params, "closing"), close_cache, dlogits, bk)
     grads = {f"closing.{k}": v for k, v in dclose.items()}
     steps = group(params, "steps")
-    dsteps = {k: bk.xp.zeros_like(v) for k, v in steps.items()}
+    layer_grads = [None] * net.n_layers
     adjoints = [None] * (net.n_layers + 1)
     adjoints[net.n_layers] = lam
     for n in reversed(range(net.n_layers)):
         theta = layer_params(steps, n)
-        lam, dtheta = net.step.adjoint(theta, step_caches[n], lam, net.h, bk)
+        lam, layer_grads[n] = net.step.adjoint(theta, step_caches[n], lam, net.h, bk)
         adjoints[n] = lam
-        for k, v in dtheta.items():
-            dsteps[k][n, ...] = v
-    grads.update({f"steps.{k}": v for k, v in dsteps.items()})
+    grads.update({f"steps.{k}": v for k, v in stacked_gradients(steps, layer_grads, bk).items()})
     _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, lam, bk)
     grads.update({f"opening.{k}": v for k, v in dopen.items()})
     info = {"logits": logits, "states": states, "adjoints": adjoints}

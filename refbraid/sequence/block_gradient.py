@@ -26,7 +26,7 @@ from ..layer_parallel import (
     mgrit_forward,
 )
 from ..mgrit import Problem, solve
-from ..network import Network, forward, group, layer_params
+from ..network import Network, forward, group, layer_params, stacked_gradients
 from ..propagators import CachingForward, CapturingAdjoint
 
 
@@ -46,11 +46,11 @@ def block_backprop(net: Network, params, x, dloss_fn, bk: Backend):
     loss, dout = dloss_fn(out)
     lam, dclose = net.closing.adjoint(group(params, "closing"), close_cache, dout, bk)
     steps = group(params, "steps")
-    dsteps = {k: bk.xp.zeros_like(v) for k, v in steps.items()}
+    layer_grads = [None] * net.n_layers
     for n in reversed(range(net.n_layers)):
-        lam, dtheta = net.step.adjoint(layer_params(steps, n), step_caches[n], lam, net.h, bk)
-        for k, v in dtheta.items():
-            dsteps[k][n, ...] = v
+        lam, layer_grads[n] = net.step.adjoint(layer_params(steps, n), step_caches[n], lam,
+                                               net.h, bk)
+    dsteps = stacked_gradients(steps, layer_grads, bk)
     _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, lam, bk)
     grads = {f"opening.{k}": v for k, v in dopen.items()}
     grads.update({f"steps.{k}": v for k, v in dsteps.items()})
