@@ -373,7 +373,7 @@ def stacked_gradients(steps: dict[str, Any], layer_grads: list[dict], bk: Backen
     none). One ``stack`` per parameter when every layer gave every parameter: on a GPU two
     launches in all, not two per layer (a row assignment each)."""
     xp = bk.xp
-    if all(d.keys() == steps.keys() for d in layer_grads):
+    if layer_grads and all(d.keys() == steps.keys() for d in layer_grads):
         out = {k: xp.stack([d[k] for d in layer_grads]) for k in steps}
         return {k: v if v.dtype == steps[k].dtype else xp.astype(v, steps[k].dtype)
                 for k, v in out.items()}

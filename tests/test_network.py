@@ -144,3 +144,27 @@ def test_backprop_validates_its_batch():
     x[0, 0] = np.nan
     with pytest.raises(ValueError, match="`x` must be finite"):
         backprop(net, params, x, np.array([0, 1]))
+
+
+def test_stacked_gradients_stack_rows_in_the_parameters_dtype_and_zero_what_a_layer_lacks():
+    """Serial backprop's weight gradients: layer n's in row n, one stack per parameter (as
+    the row-by-row assignment into zeros it replaced: the same values and dtype), and a layer
+    that gives no gradient for a parameter leaves its row zero."""
+    from refbraid.backends import get_backend
+    from refbraid.network import stacked_gradients
+
+    bk = get_backend("numpy")
+    steps = {"W": np.ones((3, 2, 2), np.float32), "b": np.ones((3, 2), np.float32)}
+    layers = [{"W": np.full((2, 2), n, np.float64), "b": np.full(2, -n, np.float32)}
+              for n in range(3)]
+    got = stacked_gradients(steps, layers, bk)
+    for k, v in steps.items():
+        want = np.zeros_like(v)
+        for n, d in enumerate(layers):
+            want[n, ...] = d[k]
+        assert got[k].dtype == v.dtype
+        np.testing.assert_array_equal(got[k], want)
+    del layers[1]["b"]
+    got = stacked_gradients(steps, layers, bk)
+    np.testing.assert_array_equal(got["b"], [[0, 0], [0, 0], [-2, -2]])
+    np.testing.assert_array_equal(got["W"][2], np.full((2, 2), 2))
