@@ -380,7 +380,7 @@ def stacked_gradients(steps: dict[str, Any], layer_grads: list[dict], bk: Backen
     out = {k: xp.zeros_like(v) for k, v in steps.items()}
     for n, d in enumerate(layer_grads):
         for k, v in d.items():
-            out[k][n, ...] = v
+            set_row(out[k], n, v)
     return out
 
 

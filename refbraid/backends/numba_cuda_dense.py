@@ -166,9 +166,9 @@ def _gemm_small_kernel(A, B, C, trans_a, trans_b, bias, has_bias, addend, has_ad
 # left a GPU nearly idle (a 1024 × 256 sum: 256 threads; now 8 blocks of 32 × 8). A group
 # takes about ROWS_PER_THREAD rows, up to ROW_GROUPS groups, so a small batch keeps one
 # group (a plain sum down the column, as before, and few threads for Numba's simulator,
-# which runs each as a Python thread). The order of the sum depends on ``groups`` alone, i.e. on B
-# (:func:`column_sum_geometry`): the fused and the composed adjoint, one step or a stack,
-# sum each column the same way.
+# which runs each as a Python thread). The order of the sum depends on ``groups`` alone,
+# i.e. on B (:func:`column_sum_geometry`): the fused and the composed adjoint, one step or a
+# stack, sum each column the same way.
 COLUMN_TILE = 32  #: at most this many columns per block
 #: at most this many row groups (a power of two): blocks of at most 32 × 8 = 256 threads.
 #: 32 × 32 = 1024 threads failed to launch on an H200 (CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES:

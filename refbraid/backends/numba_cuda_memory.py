@@ -140,8 +140,8 @@ def cupy_view(a):
     owns nothing, so the view made for one array is the right view of any later array with
     the same key: CuPy's memory pool hands the same blocks out again, step after step. Owning
     nothing, a view does not keep its array alive either: :class:`KernelCall` does, for as
-    long as its launches need it. The interface's
-    ``stream`` is left out: every launch runs on the default stream."""
+    long as its launches need it. The interface's ``stream`` is left out: every launch runs
+    on the default stream."""
     mem = a.data
     key = (mem.device_id, mem.ptr, a.shape, a.strides, a.dtype.char)
     view = _VIEWS.get(key)
