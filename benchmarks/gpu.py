@@ -314,9 +314,41 @@ def gradient_rows(backends, dtype, tiny, warmup, repeats):
             yield from [("LP per-step", size, dt, bname, per, per / ser, "-"),
                         ("LP batched", size, dt, bname, bat, bat / ser, f"{diff:.1e}"),
                         ("refbraid serial", size, dt, bname, ser, 1.0, "-")]
+            if bname == "cupy":
+                yield from graphed_rows(net, settings, bk, (p, xb, yb), g_p, size, dt, ser,
+                                        warmup, repeats)
         ms = None if tiny else _torch_serial(*case, dtype, warmup, repeats)
         if ms is not None and serial is not None:
             yield ("torch eager serial", size, dt, "torch", ms, ms / serial, "-")
+
+
+def graphed_rows(net, settings, bk, args, g_per_step, size, dt, ser, warmup, repeats):
+    """The same gradients replayed from CUDA graphs
+    (:func:`refbraid.training.captured_gradient.captured_gradient`): layer-parallel with
+    batched sweeps and serial backprop, each recorded once (outside the timing) and timed per
+    call with its checks, input copies and result copies; ``check`` against the eager
+    per-step and serial gradients. A recording that fails gives :func:`failed_row`."""
+    from refbraid.backends.device_batching import sweeps_batched
+    from refbraid.training.captured_gradient import captured_gradient
+    from refbraid.training.gradients import sequential_gradient
+
+    def rel(got, want):
+        return max(float(np.max(np.abs(to_host(got[k]) - to_host(want[k]))))
+                   / max(float(np.max(np.abs(to_host(want[k])))), 1e-300) for k in want)
+
+    for case, graph_settings in (("LP batched, CUDA graph", settings),
+                                 ("refbraid serial, CUDA graph", "serial")):
+        try:
+            with sweeps_batched(True):
+                g = captured_gradient(net, bk, graph_settings)
+                ms = median_ms(lambda g=g: g(*args), bk.name, warmup, repeats)
+                want = g_per_step if graph_settings != "serial" else \
+                    sequential_gradient(net, bk)(*args)[1]
+                diff = rel(g(*args)[1], want)
+        except Exception as err:  # reported as the row; the run goes on
+            yield failed_row(case, size, np.dtype(dt), bk.name, err)
+            continue
+        yield (case, size, dt, bk.name, ms, ms / ser, f"{diff:.1e}")
 
 
 # ----------------------------------------------------------------------------- the suite

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .backends import Backend, get_backend
-from .backends.host import host_float
+from .backends.host import loss_value
 from .mgrit import GradientWorkspace, MGRITResult, MGRITSettings, Problem, solve
 from .mgrit.transfer import SpatialCoarsening
 from .network import Network, Params, check_inputs, group, set_rows_from
@@ -227,4 +227,4 @@ def layer_parallel_gradient(
     grads.update({f"steps.{k}": v for k, v in dsteps.items()})
     grads.update({f"closing.{k}": v for k, v in dclose.items()})
     info = LayerParallelInfo(fwd, bwd, states, adjoints, logits)
-    return host_float(loss), {k: grads[k] for k in params}, info
+    return loss_value(loss), {k: grads[k] for k in params}, info

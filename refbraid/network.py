@@ -39,8 +39,15 @@ import numpy as np
 from .backends import Backend, get_backend
 from .backends.device_batching import gathered_once, index_on
 from .backends.dtypes import dtype_kind
-from .backends.host import all_finite, first_non_finite, host_float, host_range
-from .backends.portable import indexes_with_integer_arrays, namespace
+from .backends.host import (
+    all_finite,
+    first_non_finite,
+    host_float,
+    host_range,
+    host_reads_allowed,
+    loss_value,
+)
+from .backends.portable import indexes_with_integer_arrays, stack_rows
 from .layers.init import NonFiniteError, check_positive_int
 
 Params = dict[str, Any]
@@ -120,7 +127,7 @@ def set_rows_from(a, rows: list[int], values: list) -> None:
     """``a[rows[j], ...] = values[j]`` for every j: one stacked assignment into a NumPy or
     CuPy array (on a device: two launches, not one per row), else row by row (:func:`set_row`)."""
     if rows and indexes_with_integer_arrays(a):  # NumPy, CuPy
-        a[index_on(a, rows), ...] = namespace(a).stack(values)
+        a[index_on(a, rows), ...] = stack_rows(values)
         return
     for n, value in zip(rows, values, strict=True):
         set_row(a, n, value)
@@ -269,7 +276,9 @@ def check_param_dict(spec: dict[str, Expected], params, rows_hint: str = "") -> 
                             f"them with .astype(...).")
         if want.kind == "weight":
             weights.append((key, value))
-    bad = first_non_finite(weights)  # one flag per weight, one copy to the host for all
+    # one flag per weight, one copy to the host for all (inside host_reads_deferred the
+    # caller has checked the values: a captured gradient, before each replay)
+    bad = first_non_finite(weights) if host_reads_allowed() else None
     if bad is not None:
         raise NonFiniteError(f"`{bad}` must be finite, got NaN or infinite values.")
     return dtype
@@ -317,7 +326,10 @@ def check_batch(net: Network, x, labels=None) -> None:
         raise ValueError("`x` must hold at least one sample.")
     if dtype_kind(x.dtype) not in "biufc":
         raise TypeError(f"`x` must be a numeric array, got dtype {x.dtype}.")
-    if dtype_kind(x.dtype) in "fc" and not all_finite(x):
+    # the values (finite, labels in range) cross to the host; inside host_reads_deferred the
+    # caller has checked them (a captured gradient, before each replay)
+    values = host_reads_allowed()
+    if values and dtype_kind(x.dtype) in "fc" and not all_finite(x):
         raise NonFiniteError("`x` must be finite, got NaN or infinite values.")
     if labels is not None:
         if getattr(labels, "shape", None) != (x.shape[0],):
@@ -326,6 +338,8 @@ def check_batch(net: Network, x, labels=None) -> None:
         if dtype_kind(labels.dtype) not in "iu":
             raise TypeError(f"`labels` must be integer class indices, got dtype {labels.dtype}.")
         n_classes = net.closing.out_shape[0]
+        if not values:
+            return
         lo, hi = host_range(labels)  # min and max on the device: two numbers to the host
         if lo < 0 or hi >= n_classes:
             raise ValueError(f"`labels` must lie in [0, {n_classes}), got range [{lo}, {hi}].")
@@ -374,9 +388,7 @@ def stacked_gradients(steps: dict[str, Any], layer_grads: list[dict], bk: Backen
     launches in all, not two per layer (a row assignment each)."""
     xp = bk.xp
     if layer_grads and all(d.keys() == steps.keys() for d in layer_grads):
-        out = {k: xp.stack([d[k] for d in layer_grads]) for k in steps}
-        return {k: v if v.dtype == steps[k].dtype else xp.astype(v, steps[k].dtype)
-                for k, v in out.items()}
+        return {k: stack_rows([d[k] for d in layer_grads], steps[k].dtype) for k in steps}
     out = {k: xp.zeros_like(v) for k, v in steps.items()}
     for n, d in enumerate(layer_grads):
         for k, v in d.items():
@@ -409,4 +421,4 @@ def backprop(net: Network, params: Params, x, labels, bk: Backend | str = "numpy
     _, dopen = net.opening.adjoint(group(params, "opening"), open_cache, lam, bk)
     grads.update({f"opening.{k}": v for k, v in dopen.items()})
     info = {"logits": logits, "states": states, "adjoints": adjoints}
-    return host_float(loss), {k: grads[k] for k in params}, info
+    return loss_value(loss), {k: grads[k] for k in params}, info

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from .backends import Backend, batched_sweeps_on, device_batching
+from .backends.portable import stack_rows
 from .layers.forward_into import adjoint_into, forward_into
 from .mgrit.transfer import restrict_to_shape
 from .network import Network, layer_params, layers_params, row, stacked_rows
@@ -106,7 +107,7 @@ class AdjointPropagator:
         hc = (starts - stops) * self.net.h
         Y = stacked_rows(self.states, stops, self.bk)  # k,*S
         if tuple(L.shape[1:]) != tuple(Y.shape[1:]):  # coarse in space: R y per step
-            return self.bk.xp.stack([self.step(L[j], a, b) for j, (a, b) in
+            return stack_rows([self.step(L[j], a, b) for j, (a, b) in
                                      enumerate(zip(starts.tolist(), stops.tolist(), strict=True))])
         _, Z = self.net.step.forward_batched(theta, Y, hc, self.bk)
         L_prev, _ = self.net.step.adjoint_batched(theta, Y, Z, L, hc, self.bk, grads=False)
@@ -216,7 +217,7 @@ class CapturingAdjoint(AdjointPropagator):
             self.counts["coarse_cache_hits"] += len(layers)
             return L_prev
         if any(a not in self.caches for a in layers):  # a block's first step (MPI): per step
-            return self.bk.xp.stack([self.step(L[j], a + 1, a) for j, a in enumerate(layers)])
+            return stack_rows([self.step(L[j], a + 1, a) for j, a in enumerate(layers)])
         theta = layers_params(self.steps, stops, self.bk)
         Y, Z = cached_stacks(self.caches, self.origins, layers, self.bk.xp)  # k,*S each
         h = np.full(len(layers), self.net.h)

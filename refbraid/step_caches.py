@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .backends.portable import stack_rows
 from .indexing import signed_even_slice
 
 
@@ -41,5 +42,5 @@ def cached_stacks(caches: dict[int, Any], origins: dict[int, tuple[Any, Any, int
         if rows is not None:
             return head[0][rows, ...], head[1][rows, ...]
     zs = [caches[a][1] for a in layers]  # arrays, or a layer's cache handles (host objects)
-    return (xp.stack([caches[a][0] for a in layers]),
-            xp.stack(zs) if hasattr(zs[0], "shape") else np.stack(zs))
+    return (stack_rows([caches[a][0] for a in layers]),
+            stack_rows(zs) if hasattr(zs[0], "shape") else np.stack(zs))

@@ -67,6 +67,17 @@ def backend_or_skip(name: str) -> Backend:
     return get_backend(name)
 
 
+@pytest.fixture
+def cupylike() -> Backend:
+    """The ``cupy`` backend on the CuPy-like stand-in (refbraid.backends.cupy_standin)."""
+    from refbraid.backends import cupy_standin
+
+    if cupy_standin.real_cupy_imported():
+        pytest.skip("a real CuPy is imported in this process (the GPU run tests CuPy itself)")
+    with cupy_standin.standin_backend() as bk:
+        yield bk
+
+
 @pytest.fixture(params=BACKEND_PARAMS)
 def backend(request) -> Backend:
     """Every backend in turn (cupy skipped without a GPU)."""

@@ -24,14 +24,6 @@ from refbraid import backends
 from refbraid.backends import cupy_standin, portable, reference, reference_spatial
 
 
-@pytest.fixture
-def cupylike():
-    if cupy_standin.real_cupy_imported():
-        pytest.skip("a real CuPy is imported in this process (the GPU run tests CuPy itself)")
-    with cupy_standin.standin_backend() as bk:
-        yield bk
-
-
 def test_a_cupy_array_gets_cupys_namespace_and_new_arrays_on_the_device(cupylike):
     x = cupylike.asarray(np.arange(24.0).reshape(1, 2, 3, 4))
     assert not hasattr(x, "__array_namespace__")  # as CuPy 14's arrays

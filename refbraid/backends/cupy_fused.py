@@ -248,6 +248,11 @@ class GemmAccumulate:
             import cupy
             import cupy.cublas
 
+            from . import cupy_blas
+
+            if cupy_blas.active():  # a CUDA graph recording: CuPy's cuBLAS would refuse
+                cupy_blas.matmul(a, b, out=out, beta=1.0)
+                return
             cupy.cublas.gemm("N", "N", cupy.ascontiguousarray(a), cupy.ascontiguousarray(b),
                              out=out, alpha=1.0, beta=1.0)
             return

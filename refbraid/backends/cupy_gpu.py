@@ -104,12 +104,13 @@ def dense_step(y, W, b, h: float, act: str):
     update in one fused launch (cupy_fused.BIAS_ACT_EULER); the reference's arithmetic."""
     from . import reference_batched
     from .cupy_fused import BIAS_ACT_EULER
-    from .reference import check_activation
+    from .reference import array_namespace, check_activation
 
     check_activation(act)
     if b is None or not fusable(y, W, b):
         return reference_batched.dense_step(y, W, b, h, act)
-    z, y_next = BIAS_ACT_EULER(act, y @ W.T, b, y, h)  # B,C each
+    # xp.matmul, not `@`: a CUDA graph recording replaces it (refbraid.backends.cupy_blas)
+    z, y_next = BIAS_ACT_EULER(act, array_namespace(y).matmul(y, W.T), b, y, h)  # B,C each
     return y_next, z
 
 

@@ -22,21 +22,37 @@ from typing import Any
 
 import numpy as np
 
+from .capture_state import (
+    HostReadDeferred,
+    host_reads_allowed,
+    host_reads_deferred,
+    is_recording_graph,
+    recording_graph,
+)
 from .portable import namespace
+
+__all__ = ["COUNTS", "HostReadDeferred", "all_finite", "first_non_finite", "host_float",
+           "host_range", "host_reads_allowed", "host_reads_deferred", "is_recording_graph",
+           "loss_value", "recording_graph", "to_host", "tree_to_host"]
 
 #: Copies made by :func:`to_host` since the start (``COUNTS["to_host"]``); tests read it.
 COUNTS: Counter = Counter()
 
 _HOST_TYPES = (np.ndarray, np.generic, int, float, complex, bool)
 
-
 def to_host(a: Any) -> Any:
     """``a`` as host data: a NumPy array for any device array (CuPy ``.get()``, Numba
     ``copy_to_host()``, array-api-strict ``to_device`` the CPU), host values unchanged.
 
-    This is the documented conversion; everything else keeps arrays where they live."""
+    This is the documented conversion; everything else keeps arrays where they live. Inside
+    :func:`host_reads_deferred` a device array raises :class:`HostReadDeferred`."""
     if a is None or isinstance(a, _HOST_TYPES):
         return a
+    if not host_reads_allowed():
+        raise HostReadDeferred(
+            f"a {type(a).__name__} of shape {getattr(a, 'shape', '?')} was read on the host "
+            f"inside host_reads_deferred() (work recorded into a CUDA graph cannot wait for "
+            f"the device): defer the read to after the replay.")
     COUNTS["to_host"] += 1
     module = type(a).__module__
     if module.startswith("array_api_strict"):
@@ -55,6 +71,12 @@ def to_host(a: Any) -> Any:
 def host_float(a: Any) -> float:
     """A Python float of a 0-d (or one-element) array or scalar, through :func:`to_host`."""
     return float(np.asarray(to_host(a)).reshape(()))
+
+
+def loss_value(a: Any) -> Any:
+    """The loss a gradient returns: :func:`host_float` of ``a``, or inside
+    :func:`host_reads_deferred` the 0-d device array itself (read after the replay)."""
+    return host_float(a) if host_reads_allowed() else a
 
 
 def tree_to_host(tree: Any) -> Any:

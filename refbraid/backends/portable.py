@@ -13,7 +13,9 @@ say each once, so a kernel line reads the same on every backend:
 * :func:`contiguous` — a C-contiguous array where layout exists (NumPy, CuPy), else a
   fresh copy (a broadcast view becomes a writable array either way);
 * :func:`copy_of` — a copy that shares no memory, made where the array lives;
-* :func:`namespace` — the array's namespace (NumPy for host values).
+* :func:`namespace` — the array's namespace (NumPy for host values);
+* :func:`stack_rows` — ``stack``, without CuPy's host-made address table while a CUDA graph
+  is recorded.
 
 Which library an array belongs to is asked of `array-api-compat
 <https://data-apis.org/array-api-compat/>`_ and nowhere else: it knows NumPy, CuPy (whose
@@ -28,6 +30,8 @@ from __future__ import annotations
 import array_api_compat
 import numpy as np
 from array_api_compat import is_cupy_array, is_numpy_array
+
+from .capture_state import is_recording_graph
 
 
 def namespace(*arrays):
@@ -63,6 +67,29 @@ def zeros_on(like, shape, dtype=None):
     if _current_device_library(like):
         return xp.zeros(shape, dtype=dtype)
     return xp.zeros(shape, dtype=dtype, device=like.device)
+
+
+#: CuPy concatenates more than this many arrays of one dtype with a host-made address table.
+POINTER_TABLE_ABOVE = 8
+
+
+def stack_rows(arrays, dtype=None):
+    """``xp.stack(arrays)`` (``out[n] = arrays[n]``), optionally cast to ``dtype``. While a
+    CUDA graph is recorded (:func:`~refbraid.backends.capture_state.recording_graph`) and
+    there are more than :data:`POINTER_TABLE_ABOVE` arrays, one row assignment each instead:
+    CuPy's one-kernel stack reads a table of the arrays' addresses it copies from the host,
+    which a replay would read from freed host memory. (In a graph the extra launches cost
+    the host nothing: they are replayed by one launch.)"""
+    arrays = list(arrays)
+    xp = namespace(arrays[0])
+    if not (is_recording_graph() and len(arrays) > POINTER_TABLE_ABOVE):
+        out = xp.stack(arrays)
+        return out if dtype is None or out.dtype == dtype else xp.astype(out, dtype)
+    first = arrays[0]
+    out = empty_on(first, (len(arrays), *first.shape), first.dtype if dtype is None else dtype)
+    for n, a in enumerate(arrays):
+        out[n, ...] = a
+    return out
 
 
 def empty_on(like, shape, dtype=None):

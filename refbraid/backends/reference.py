@@ -117,13 +117,14 @@ def euler_act(y, z, h: float, act: str, out=None):
 
 # ----------------------------------------------------------------------------- dense
 def matmul(a, b):
-    """c = a @ b for 2-D a (M, K) and b (K, N)."""
-    return a @ b
+    """c = a @ b for 2-D a (M, K) and b (K, N) (``xp.matmul``: a CUDA graph recording
+    replaces CuPy's, refbraid.backends.cupy_blas; the ``@`` operator would bypass it)."""
+    return array_namespace(a).matmul(a, b)
 
 
 def linear(x, W, b):
     """z = x Wᵀ + b.  x: (B, K), W: (C, K), b: (C,) or None  ->  z: (B, C)."""
-    z = x @ W.T
+    z = array_namespace(x).matmul(x, W.T)
     if b is not None:
         z = z + b
     return z
@@ -131,7 +132,8 @@ def linear(x, W, b):
 
 def linear_adjoint(x, W, dz):
     """Adjoint of z = x Wᵀ + b:  dx = dz W,  dW = dzᵀ x,  db = Σ_B dz."""
-    return dz @ W, dz.T @ x, array_namespace(dz).sum(dz, axis=0)
+    xp = array_namespace(dz)
+    return xp.matmul(dz, W), xp.matmul(dz.T, x), xp.sum(dz, axis=0)
 
 
 # ----------------------------------------------------------------------------- conv
@@ -226,7 +228,7 @@ def softmax_cross_entropy_adjoint(probs, labels, dloss: float = 1.0):
 
 def bmm(a, b):
     """Batched matrix product c[g] = a[g] @ b[g].  a: (G, M, K), b: (G, K, N) -> c: (G, M, N)."""
-    return a @ b
+    return array_namespace(a).matmul(a, b)
 
 
 def split_heads(a, B: int, L: int, heads: int, parts: int = 1):
@@ -334,7 +336,7 @@ def embedding_adjoint(tokens, dout, n_rows: int):
     xp = array_namespace(dout)
     flat = xp.reshape(tokens, (-1,))
     onehot = xp.astype(flat[:, None] == arange_on(dout, n_rows)[None, :], dout.dtype)  # R,V
-    return onehot.T @ xp.reshape(dout, (flat.shape[0], -1))
+    return xp.matmul(onehot.T, xp.reshape(dout, (flat.shape[0], -1)))
 
 
 def _sigmoid(xp, a):

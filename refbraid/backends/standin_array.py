@@ -43,6 +43,12 @@ data, ``permute_dims``, slicing)
 ``asarray(host data)``                 a host→device copy
 ``float(x)``, ``x.get()``, ...         a device→host copy and a synchronisation
 =====================================  ============================================================
+
+Inside :func:`~refbraid.backends.host.recording_graph` (the contract of a CUDA graph
+capture) every copy between host and device raises :class:`CaptureViolation`, and so does a
+``stack``/``concat`` of more than 8 arrays of one dtype: CuPy copies a table of their
+addresses from the host for it (its single-kernel concatenation), which a capture would
+record pointing at host memory that is freed afterwards.
 """
 
 from __future__ import annotations
@@ -53,7 +59,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from .capture_state import is_recording_graph
 from .launch_model import current
+from .portable import POINTER_TABLE_ABOVE
 from .strict_device import HostConversionError
 
 IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. Please use `.get()` to "
@@ -146,11 +154,25 @@ def _storage(v) -> list[np.ndarray]:
     return []
 
 
+class CaptureViolation(RuntimeError):
+    """Host↔device traffic inside ``recording_graph`` (module docstring)."""
+
+
+def _capture_check(what: str) -> None:
+    if is_recording_graph():
+        raise CaptureViolation(f"{what} inside recording_graph() (a CUDA graph capture would "
+                               f"record it pointing at host memory, or fail).")
+
+
 def run(name: str, fn, args=(), kwargs=None):
     """``fn`` (NumPy's ``name``) on the storage of the stand-in arrays in ``args`` and
     ``kwargs``, its result as stand-in arrays; reported to the active tracker as the module
     docstring's table says (``out=``: a launch writing into it)."""
     kwargs = dict(kwargs or {})
+    if name in ("stack", "concat", "concatenate") and args and isinstance(args[0], (list, tuple)):
+        parts = [a for a in args[0] if isinstance(a, ndarray)]
+        if len(parts) > POINTER_TABLE_ABOVE and len({a.dtype for a in parts}) == 1:
+            _capture_check(f"{name} of {len(parts)} arrays (an address table from the host)")
     if "device" in kwargs and kwargs["device"] in (None, DEVICE):
         del kwargs["device"]  # CuPy's creation functions: the current device
     out = kwargs.get("out")
@@ -179,6 +201,7 @@ def run(name: str, fn, args=(), kwargs=None):
 
 def to_device(values, dtype=None) -> ndarray:
     """Host data copied to the device: a host→device copy."""
+    _capture_check("a host→device copy")
     a = np.array(values, dtype=dtype, copy=True)
     t = current()
     if t is not None:
@@ -202,6 +225,7 @@ def _index(index, reads: list):
             reads.append(i._a)
             i = i._a
         elif isinstance(i, (np.ndarray, list)):
+            _capture_check("a host index array copied over")
             i = np.asarray(i)
             t = current()
             if t is not None:
@@ -235,6 +259,7 @@ class ndarray:  # noqa: N801 - the name CuPy (and array-api-compat's detection) 
     # --- the host door (a copy and a synchronisation) and the doors CuPy keeps shut
     def get(self, stream=None, order="C", out=None) -> np.ndarray:
         """A host copy (``cupy.ndarray.get``)."""
+        _capture_check("a device→host copy")
         t = current()
         if t is not None:
             t.to_host(self._a)

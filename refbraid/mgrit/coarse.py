@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..backends.into import add_into
+from ..backends.portable import stack_rows
 from .arrays import namespace
 from .relax import StepFn, _write_row, copy, propagate_at, row_slice, set_rows, take_rows
 
@@ -44,8 +45,8 @@ def to_coarse_space(block, transfer, level: int, fine_indices):
     """``R`` applied to every row of a level-``level`` block (rows at ``fine_indices``)."""
     if transfer is None:
         return block
-    xp = namespace(block)
-    return xp.stack([transfer.restrict(block[j, ...], level, int(i))
+    namespace(block)
+    return stack_rows([transfer.restrict(block[j, ...], level, int(i))
                      for j, i in enumerate(fine_indices)])
 
 
@@ -53,8 +54,8 @@ def to_fine_space(block, transfer, level: int, fine_indices):
     """``P`` applied to every row of a level-``level + 1`` block (rows at ``fine_indices``)."""
     if transfer is None:
         return block
-    xp = namespace(block)
-    return xp.stack([transfer.interpolate(block[j, ...], level, int(i))
+    namespace(block)
+    return stack_rows([transfer.interpolate(block[j, ...], level, int(i))
                      for j, i in enumerate(fine_indices)])
 
 
@@ -141,4 +142,4 @@ def _substitute_rest(rows: list, g, p: list, step: StepFn, xp=None):
     for j in range(len(rows), len(p)):
         prev = step(prev, p[j - 1], p[j]) + g[j, ...]
         rows.append(prev)
-    return (xp or namespace(g)).stack(rows)
+    return stack_rows(rows)

@@ -41,12 +41,15 @@ class PendingNorms:
         was reduced); ``store(norm)`` runs in :meth:`resolve`."""
         self._items.append((local_sq, store))
 
-    def resolve(self, comm, finite=True) -> bool:
+    def resolve(self, comm, finite=True, keep: bool = False) -> bool:
         """Bring the kept sums and this rank's ``finite`` (a bool, or a 0-d boolean device
         array) to the host, the device ones in one transfer; reduce the sums and the count of
         ranks whose block is not finite in one collective (every rank calls it with as many
-        values); store the norms. Returns whether every rank's block is finite."""
-        items, self._items = self._items, []
+        values); store the norms. Returns whether every rank's block is finite. ``keep``:
+        keep the sums for another resolution (a captured solve's, after each replay)."""
+        items = self._items
+        if not keep:
+            self._items = []
         *mine, ok = _on_host([sq for sq, _ in items] + [finite])
         # the count of non-finite blocks (not of finite ones: the reduction group may be
         # larger than the solve's communicator, e.g. data-parallel groups)

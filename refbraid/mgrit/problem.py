@@ -42,9 +42,9 @@ from typing import Any
 import numpy as np
 
 from ..backends.dtypes import dtype_kind
-from ..backends.host import all_finite
+from ..backends.host import all_finite, host_reads_allowed
 from ..backends.into import takes_out
-from ..backends.portable import empty_on, zeros_on
+from ..backends.portable import empty_on, stack_rows, zeros_on
 from ..parallel.trace import active_recorder
 from .arrays import namespace
 from .coarse import forward_substitution
@@ -62,7 +62,8 @@ def _check_state_array(name: str, value, what: str) -> None:
         raise TypeError(f"`{name}` must be a floating (or complex) array, got dtype "
                         f"{value.dtype}: {what} in its dtype and integers would be truncated; "
                         f"pass e.g. {name}.astype(np.float64).")
-    if kind is not None and not all_finite(value):
+    # (inside host_reads_deferred the solve's own finiteness flag, read afterwards, covers it)
+    if kind is not None and host_reads_allowed() and not all_finite(value):
         raise ValueError(f"`{name}` must be finite, got NaN or infinite values.")
 
 
@@ -297,8 +298,8 @@ class CountingStep:
         """Rows ``Φ(U[j]; s_starts[j] → s_stops[j])`` (solver indices), shape ``(k, *S)``."""
         k = len(s_starts)
         if not self.batched:
-            xp = namespace(U)
-            return xp.stack([self(U[j, ...], s_starts[j], s_stops[j]) for j in range(k)])
+            namespace(U)
+            return stack_rows([self(U[j, ...], s_starts[j], s_stops[j]) for j in range(k)])
         flip = self._flip
         s_starts, s_stops = np.asarray(s_starts), np.asarray(s_stops)
         starts, stops = (s_starts, s_stops) if flip is None else (flip - s_starts, flip - s_stops)

@@ -68,7 +68,7 @@ class MGRITResult:
 
     solution: Any  # (n_owned, *S) in fine-index order; the whole grid with SerialComm
     fine_indices: np.ndarray  # fine index of each solution row
-    status: str  # 'converged' | 'max_iter' | 'diverged'
+    status: str  # 'converged' | 'max_iter' | 'diverged' ('pending' until settle())
     iterations: int  # cycles performed after the first measurement
     records: list[IterationRecord]
     hierarchy: Hierarchy
@@ -82,6 +82,27 @@ class MGRITResult:
     rank: int = 0
     n_ranks: int = 1
     message: str = ""
+
+    # -- a solve made inside host_reads_deferred (a captured gradient) ----------------------
+    def settle_later(self, settle) -> None:
+        """Keep ``settle()``, which reads the deferred norms and decides the status."""
+        self._settle = settle
+
+    def settle(self) -> MGRITResult:
+        """Decide the status of a solve made inside
+        :func:`~refbraid.backends.host.host_reads_deferred` (``status`` is ``'pending'`` until
+        then): its norms are read from the device, its status decided from all its records
+        (MGRITDiverged raised as the solve would have). After each replay of a captured solve
+        it reads the replay's values. A no-op for any other solve. Returns the result."""
+        settle = self.__dict__.get("_settle")
+        if settle is not None:
+            settle()
+        return self
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_settle", None)  # a closure over the device arrays: never pickled
+        return state
 
     # -- convenience views -----------------------------------------------------------------
     @property

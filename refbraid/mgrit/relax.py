@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.device_batching import index_on
+from ..backends.portable import stack_rows
 from ..indexing import even_slice
 from .arrays import namespace
 
@@ -103,7 +104,7 @@ def propagate_at(u, g, points, positions, step: StepFn, ghost=None, ghost_point=
         out.append(val + g[k, ...] if g is not None else val)
     if not out:
         return u[:0, ...]
-    return xp.stack(out)
+    return stack_rows(out)
 
 
 def _propagate_into_block(u, g, points, ks: list, step: StepFn, ghost, ghost_point):

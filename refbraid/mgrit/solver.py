@@ -39,7 +39,8 @@ from typing import Any
 import numpy as np
 
 from ..backends.host import all_finite as holds_only_finite
-from ..backends.portable import zeros_on
+from ..backends.host import host_reads_allowed
+from ..backends.portable import stack_rows, zeros_on
 from ..parallel.comm import SerialComm
 from ..parallel.layout import Layout, check_layout, partition
 from .arrays import namespace
@@ -179,7 +180,7 @@ def _initial_iterate(problem: Problem, u_init, g_block, rows: slice, overwritten
             u[0, ...] = g_block[0, ...]
         return u
     if u_init is None and problem.guess is not None:
-        u = xp.stack([problem.guess(problem.to_fine(s)) for s in range(rows.start, rows.stop)])
+        u = stack_rows([problem.guess(problem.to_fine(s)) for s in range(rows.start, rows.stop)])
         if workspace is not None:
             u = workspace.copy_into("u", 0, u)
         if rows.start == 0:
@@ -298,6 +299,12 @@ def solve(
     start = _start(cycler, len(hierarchy), settings, warm=u_init is not None)
     setup = time.perf_counter() - t0
 
+    # Inside host_reads_deferred (a CUDA graph capture) nothing is decided on the way: every
+    # cycle runs, every norm waits, and the status is decided by result.settle() afterwards.
+    deciding = host_reads_allowed()
+    if not deciding and comm.size != 1:
+        raise ValueError("a solve inside host_reads_deferred() (a captured gradient) runs on "
+                         f"one process; `comm` has {comm.size} ranks.")
     records: list[IterationRecord] = []
     first = status = message = None
     cycles = 0
@@ -308,7 +315,8 @@ def solve(
         last = cycles >= settings.max_iter or len(hierarchy) == 1
         cycler.watch_finite = last
         r, r_post, u_post = cycler.relax(0, snapshot=settings.keep_iterates)
-        deferred = last and not settings.final_fc_relax  # that relaxation needs the status
+        # that relaxation needs the status
+        deferred = not deciding or (last and not settings.final_fc_relax)
         norm = math.nan if deferred else cycler.norm(r)
         u0_block = states[0].u
         visit = LevelVisit(
@@ -330,12 +338,13 @@ def solve(
         t_prev = now
         records.append(rec)
         defer_norms(pending, cycler.local_sq, rec, r, r_post, deferred)
-        if deferred:
+        if deferred and last:
             break
-        first = norm if first is None else first
-        status, message = status_after(norm, first, settings, cycles, len(hierarchy))
-        if status is not None:
-            break
+        if deciding:
+            first = norm if first is None else first
+            status, message = status_after(norm, first, settings, cycles, len(hierarchy))
+            if status is not None:
+                break
         cycler.visits = rec.visits
         cycler.coarse_correction(0, r, settings.cycle)
         cycles += 1
@@ -344,21 +353,7 @@ def solve(
     if c_rewritten:
         u0_block = final_c_relax(u0_block, states[0].c_pos, r)
     xp = namespace(u0_block)
-    # every rank's block, and the norms kept for the end: one collective (and on a device,
-    # one transfer for the sums and the flag)
-    all_finite = pending.resolve(scomm, finite=_finite(cycler, u0_block, states[0].c_pos,
-                                                       c_rewritten))
-    if status is None:  # the last iteration's norm was one of them
-        first = records[-1].norm if first is None else first
-        status, message = status_after(records[-1].norm, first, settings, cycles,
-                                        len(hierarchy))
-    if status != "diverged" and not all_finite:
-        status, message = "diverged", "non-finite values in the solution"
-    level = None
-    if status == "diverged":
-        grew = math.isfinite(records[-1].norm) and all_finite
-        level = 0 if grew else _divergence_level(records, cycler)
-        message = f"{_where(level, len(hierarchy), cycles)}: {message}"
+    finite = _finite(cycler, u0_block, states[0].c_pos, c_rewritten)
     fine = np.array(states[0].points, dtype=np.int64)  # a writable copy (levels are read-only)
     fine = fine if problem.direction == "forward" else problem.n_steps - fine
     solution = u0_block
@@ -367,7 +362,7 @@ def solve(
     result = MGRITResult(
         solution=solution,
         fine_indices=fine,
-        status=status,
+        status="pending",
         iterations=cycles,
         records=records,
         hierarchy=hierarchy,
@@ -380,11 +375,42 @@ def solve(
         solve_seconds=time.perf_counter() - t0,
         rank=int(getattr(comm, "rank", 0)),
         n_ranks=int(comm.size),
-        message=message,
     )
-    if status == "diverged" and settings.on_divergence == "raise":
-        raise MGRITDiverged(f"MGRIT diverged at iteration {cycles} {message}", result,
-                            iteration=cycles, level=level)
+
+    def settle() -> None:
+        """Every rank's block, and the norms kept for the end: one collective (and on a
+        device, one transfer for the sums and the flag); then the status. Without decisions
+        on the way (``deciding`` false) it may run again after each replay of a captured
+        solve: the kept sums are read anew and the status is decided from all records."""
+        found, why, done = status, message, cycles
+        all_finite = pending.resolve(scomm, finite=finite, keep=not deciding)
+        if not deciding:  # the first record that says stop decides, as the loop would have
+            found = None
+            for done, rec in enumerate(records):
+                found, why = status_after(rec.norm, records[0].norm, settings, done,
+                                          len(hierarchy))
+                if found is not None:
+                    break
+        if found is None:  # the last iteration's norm was one of them
+            first_norm = records[0].norm if first is None else first
+            found, why = status_after(records[-1].norm, first_norm, settings, done,
+                                      len(hierarchy))
+        if found != "diverged" and not all_finite:
+            found, why = "diverged", "non-finite values in the solution"
+        level = None
+        if found == "diverged":
+            grew = math.isfinite(records[-1].norm) and all_finite
+            level = 0 if grew else _divergence_level(records, cycler)
+            why = f"{_where(level, len(hierarchy), done)}: {why}"
+        result.status, result.message = found, why
+        if found == "diverged" and settings.on_divergence == "raise":
+            raise MGRITDiverged(f"MGRIT diverged at iteration {done} {why}", result,
+                                iteration=done, level=level)
+
+    if deciding:
+        settle()
+    else:
+        result.settle_later(settle)
     return result
 
 

@@ -1,0 +1,208 @@
+"""Gradients replayed from CUDA graphs (refbraid.training.captured_gradient).
+
+Without a GPU the CuPy stand-in records by running the gradient again under the capture's
+contract: no device→host read, no host→device copy, no host-made address table — each of
+which it refuses — and the replayed gradient must equal the eager one on new inputs. What it
+cannot see (CuPy's kernels recording, the replayed addresses being sound) the ``gpu`` test
+at the end checks on a real GPU: replays with changing parameters and batches equal eager
+gradients.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from refbraid.backends import cupy_blas, cupy_standin, launch_count
+from refbraid.backends.capture_state import (
+    HostReadDeferred,
+    host_reads_deferred,
+    recording_graph,
+)
+from refbraid.backends.device_batching import sweeps_batched
+from refbraid.backends.graphs import record
+from refbraid.backends.host import host_float, to_host
+from refbraid.backends.portable import stack_rows
+from refbraid.layer_parallel import LayerParallelSettings
+from refbraid.mgrit import MGRITSettings, Problem, solve
+from refbraid.network import to_backend
+from refbraid.training.captured_gradient import captured_gradient
+from refbraid.training.gradients import mgrit_gradient, sequential_gradient
+
+MODES = ("serial", "lp-per-step", "lp-batched")
+
+
+def _compare(bk, model: str, mode: str, settings, n_layers: int = 16, calls: int = 3,
+             rtol: float = 0.0):
+    """Eager and captured gradients of ``model`` on ``calls`` different (params, batch)."""
+    net, params, x, labels = launch_count.build_model(model, n_layers, np.random.default_rng(0))
+    with sweeps_batched(mode == "lp-batched"):
+        eager = sequential_gradient(net, bk) if mode == "serial" else \
+            mgrit_gradient(net, settings, bk)
+        replayed = captured_gradient(net, bk, "serial" if mode == "serial" else settings)
+        for call in range(calls):
+            rng = np.random.default_rng(call)
+            p = to_backend({k: v * (1.0 + 0.1 * call) for k, v in params.items()}, bk)
+            xb = bk.asarray(x + 0.1 * rng.standard_normal(x.shape))
+            yb = bk.asarray(rng.permutation(labels))
+            loss, grads, stats = eager(p, xb, yb)
+            loss_r, grads_r, stats_r = replayed(p, xb, yb)
+            assert math.isclose(loss_r, loss, rel_tol=rtol, abs_tol=0.0)
+            for k in grads:
+                np.testing.assert_allclose(to_host(grads_r[k]), to_host(grads[k]), rtol=rtol,
+                                           atol=0.0, err_msg=f"{model} {mode} call {call} {k}")
+            assert stats_r.keys() == stats.keys()
+            for k in stats:
+                assert math.isclose(stats_r[k], stats[k], rel_tol=max(rtol, 1e-12)), k
+    assert len(replayed.recordings) == 1  # one shape: recorded once, replayed every call
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("model", ["dense", "conv"])
+def test_a_replayed_gradient_equals_the_eager_one_on_new_inputs(cupylike, model, mode):
+    _compare(cupylike, model, mode, LayerParallelSettings())
+
+
+def test_a_new_batch_shape_gets_its_own_recording(cupylike):
+    net, params, x, labels = launch_count.build_model("dense", 8, np.random.default_rng(0))
+    g = captured_gradient(net, cupylike, "serial")
+    p = to_backend(params, cupylike)
+    g(p, cupylike.asarray(x), cupylike.asarray(labels))
+    loss, _, _ = g(p, cupylike.asarray(x[:3]), cupylike.asarray(labels[:3]))
+    want, _, _ = sequential_gradient(net, cupylike)(p, cupylike.asarray(x[:3]),
+                                                    cupylike.asarray(labels[:3]))
+    assert len(g.recordings) == 2 and loss == want
+
+
+def test_inputs_are_checked_before_each_replay(cupylike):
+    net, params, x, labels = launch_count.build_model("dense", 16, np.random.default_rng(0))
+    g = captured_gradient(net, cupylike, None)
+    p = to_backend(params, cupylike)
+    g(p, cupylike.asarray(x), cupylike.asarray(labels))
+    bad = x.copy()
+    bad[0, 0] = np.nan
+    with pytest.raises(ValueError, match="`x` must be finite"):
+        g(p, cupylike.asarray(bad), cupylike.asarray(labels))
+    with pytest.raises(ValueError, match="`labels` must lie in"):
+        g(p, cupylike.asarray(x), cupylike.asarray(labels + 10))
+
+
+def test_what_a_capture_cannot_do_is_refused(cupylike):
+    a = cupylike.asarray(np.arange(4.0))
+    with pytest.raises(HostReadDeferred, match="host_reads_deferred"):
+        record(lambda: host_float(a.sum()), cupylike.xp)
+    with host_reads_deferred():  # a warm-up may copy over (filling caches); a recording not
+        cupylike.asarray(np.ones(2))
+    with recording_graph(), pytest.raises(cupy_standin.standin_array.CaptureViolation):
+        cupylike.asarray(np.ones(2))
+    rows = [a * k for k in range(9)]
+    with recording_graph():
+        with pytest.raises(cupy_standin.standin_array.CaptureViolation, match="address"):
+            cupylike.xp.stack(rows)
+        stacked = stack_rows(rows)  # one row assignment each while recording
+    np.testing.assert_array_equal(to_host(stacked), to_host(cupylike.xp.stack(rows)))
+
+
+def test_only_the_cupy_backend_records():
+    net, _, _, _ = launch_count.build_model("dense", 8, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="cupy"):
+        g = captured_gradient(net, "numpy", "serial")
+        params = {k: v for k, v in launch_count.build_model("dense", 8,
+                                                            np.random.default_rng(0))[1].items()}
+        x = np.zeros((4, 2))
+        g(params, x, np.zeros(4, dtype=np.int64))
+
+
+def test_networks_a_graph_cannot_hold_are_refused_by_name():
+    net, _, _, _ = launch_count.build_model("gru", 4, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="`net` must be a refbraid Network"):
+        captured_gradient(net, "numpy")
+
+
+def _heat(n_steps=16):
+    """u[i] = a·u[i-1]: a scalar decay, the smallest MGRIT problem."""
+    return Problem(step=lambda u, s, t: 0.9 * u, u0=np.ones(3), n_steps=n_steps)
+
+
+def test_a_deferred_solve_decides_its_status_when_settled():
+    settings = MGRITSettings(levels=2, cfactor=4, max_iter=3, abs_tol=None, rel_tol=None)
+    eager = solve(_heat(), settings)
+    with host_reads_deferred():
+        pending = solve(_heat(), settings)
+    assert pending.status == "pending" and all(math.isnan(n) for n in pending.norms)
+    assert pending.settle() is pending
+    assert pending.status == eager.status == "max_iter"
+    np.testing.assert_array_equal(pending.norms, eager.norms)
+    np.testing.assert_array_equal(pending.solution, eager.solution)
+
+
+def test_a_deferred_solve_runs_every_cycle_and_reports_where_it_converged():
+    settings = MGRITSettings(levels=2, cfactor=4, max_iter=6, abs_tol=1e-8, rel_tol=None)
+    eager = solve(_heat(), settings)
+    assert eager.status == "converged" and eager.iterations < 6
+    with host_reads_deferred():
+        deferred = solve(_heat(), settings)
+    deferred.settle()
+    assert deferred.status == "converged" and deferred.iterations == 6
+    np.testing.assert_array_equal(deferred.norms[: len(eager.norms)], eager.norms)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("model", ["dense", "conv"])
+def test_a_cuda_graph_replays_the_eager_gradient_on_a_gpu(model, mode):
+    from conftest import backend_or_skip
+
+    bk = backend_or_skip("cupy")
+    # a graph replays the recorded kernels with their arguments: cuBLAS may pick another
+    # algorithm under capture, hence the round-off tolerance (float64)
+    _compare(bk, model, mode, LayerParallelSettings(), n_layers=32, calls=3, rtol=1e-10)
+
+
+def _emulate(x, operand, rows: int, cols: int, count: int):
+    """The (count, rows, cols) matrices cuBLAS reads from ``x``'s memory for ``operand``
+    (column-major, leading dimension ``ld``, op N or T), as NumPy arrays."""
+    isz = x.itemsize
+    stored = (cols, rows) if operand.op == cupy_blas.OP_T else (rows, cols)
+    view = np.lib.stride_tricks.as_strided(
+        x, shape=(count, *stored), strides=(operand.batch_stride * isz, isz, operand.ld * isz))
+    return np.swapaxes(view, 1, 2) if operand.op == cupy_blas.OP_T else view
+
+
+@pytest.mark.parametrize("case", [
+    "2d", "a transposed", "b transposed", "both transposed", "batched by 2d",
+    "batched by batched", "batched transposed", "row slices", "broadcast batch", "vector rows"])
+def test_the_recordable_gemm_reads_every_layout_as_numpy_multiplies(case):
+    rng = np.random.default_rng(0)
+
+    def r(*shape):
+        return rng.standard_normal(shape)
+
+    a, b = {
+        "2d": (r(5, 3), r(3, 4)),
+        "a transposed": (r(3, 5).T, r(3, 4)),
+        "b transposed": (r(5, 3), r(4, 3).T),
+        "both transposed": (r(3, 5).T, r(4, 3).T),
+        "batched by 2d": (r(2, 6, 5, 3), r(3, 4)),
+        "batched by batched": (r(6, 5, 3), r(6, 3, 4)),
+        "batched transposed": (np.swapaxes(r(6, 3, 5), 1, 2), r(4, 3).T),
+        "row slices": (r(10, 7)[::2, 2:5], r(3, 8)[:, ::2]),
+        "broadcast batch": (r(1, 5, 3), r(6, 3, 4)),
+        "vector rows": (r(1, 3), r(3, 1)),
+    }[case]
+    want = np.matmul(a, b)
+    batch, M, N, K, pa, pb = cupy_blas.gemm_plan(a.shape, a.strides, b.shape, b.strides,
+                                                 a.itemsize)
+    if pa.copy:
+        a = np.ascontiguousarray(np.broadcast_to(a, (*batch, M, K)))
+        pa = cupy_blas.gemm_plan(a.shape, a.strides, b.shape, b.strides, a.itemsize)[4]
+    if pb.copy:
+        b = np.ascontiguousarray(np.broadcast_to(b, (*batch, K, N)))
+        pb = cupy_blas.gemm_plan(a.shape, a.strides, b.shape, b.strides, b.itemsize)[5]
+    count = int(np.prod(batch))
+    # cuBLAS: C_cm (N x M) = op(B-slot) (N x K) . op(A-slot) (K x M); C row-major = C_cm
+    got_cm = _emulate(b, pb, N, K, count) @ _emulate(a, pa, K, M, count)
+    got = np.swapaxes(got_cm, 1, 2).reshape(*batch, M, N)
+    np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-14)
