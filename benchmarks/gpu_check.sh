@@ -165,6 +165,9 @@ for bk in numba cuda cupy; do
     fi
     if [ $bk = cupy ]; then
         step train-cupy run_cupy train "${train_args[@]}" --backend cupy --out "$out/run-cupy"
+        # the same training with every gradient replayed from a CUDA graph
+        step train-cupy-graphs run_cupy train "${train_args[@]}" --backend cupy --cuda-graphs \
+            --out "$out/run-cupy-graphs"
     else
         step "train-$bk" "$py" -m refbraid train "${train_args[@]}" --backend $bk \
             --out "$out/run-$bk"
@@ -172,14 +175,14 @@ for bk in numba cuda cupy; do
 done
 {
     echo "final lines (metrics before ' in '; times differ by design):"
-    for bk in numba cuda cupy; do
+    for bk in numba cuda cupy cupy-graphs; do
         [ -f "$out/train-$bk.txt" ] || continue
         line=$(grep '^finished' "$out/train-$bk.txt" | sed -n '$p')
-        printf '%-6s %s\n' "$bk" "${line%% in *}"
+        printf '%-12s %s\n' "$bk" "${line%% in *}"
     done
 } > "$out/train-compare.txt"
 cat "$out/train-compare.txt"
-finals=$(tail -n +2 "$out/train-compare.txt" | cut -c8-)
+finals=$(tail -n +2 "$out/train-compare.txt" | cut -c14-)
 if [ "$(grep -c '^finished' <<< "$finals")" -ge 2 ] && [ "$(sort -u <<< "$finals" | wc -l)" -eq 1 ]
 then
     note "train-compare: the final lines agree"

@@ -168,7 +168,8 @@ def test_the_gpu_check_script_runs_every_step_on_the_simulator(tmp_path):
     host-time profile of a gradient written per backend; its
     ``tiny gpu`` benchmark covers every backend (the simulator and the strict and CuPy-like
     stand-ins), each layer agreeing with NumPy and batched gradients with per-step, with the
-    launch counts in the table; numba, cuda and cupy train to the same final line."""
+    launch counts in the table; numba, cuda and cupy (eager and replayed from CUDA graphs)
+    train to the same final line."""
     out = tmp_path / "gpu-check"
     env = {**os.environ, "PYTHON": sys.executable,
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -179,7 +180,7 @@ def test_the_gpu_check_script_runs_every_step_on_the_simulator(tmp_path):
     assert proc.returncode == 0 and "FAILED" not in summary, summary + proc.stderr
     steps = {line.split(":")[0]: line for line in summary.splitlines() if ":" in line}
     for step in ("env", "bench", "profile", "pytest", "train-numba", "train-cuda",
-                 "train-cupy"):
+                 "train-cupy", "train-cupy-graphs"):
         assert ": ok (" in steps.get(step, ""), summary
     profile = (out / "profile-cuda-lp-batched.txt").read_text()
     assert "per gradient" in profile and "cumulative" in profile, profile[:2000]

@@ -206,3 +206,42 @@ def test_the_recordable_gemm_reads_every_layout_as_numpy_multiplies(case):
     got_cm = _emulate(b, pb, N, K, count) @ _emulate(a, pa, K, M, count)
     got = np.swapaxes(got_cm, 1, 2).reshape(*batch, M, N)
     np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize("serial", [False, True])
+def test_training_with_cuda_graphs_equals_eager_training(cupylike, tmp_path, serial):
+    """``--cuda-graphs``: two epochs of Adam (a partial last batch: a second recording) end
+    on the eager run's parameters and losses."""
+    from refbraid.training import TrainConfig, select_gradient
+    from refbraid.training.run import setup
+    from refbraid.training.trainer import fit
+
+    results = {}
+    for graphs in (False, True):
+        cfg = TrainConfig(data="peaks", samples=46, layers=4, width=4, epochs=2, batch_size=8,
+                          levels=2, cfactor=2, quiet=True, serial=serial, cuda_graphs=graphs)
+        net, data, state, _ = setup(cfg)
+        state.params = to_backend(state.params, cupylike)
+        name, gradient = select_gradient(cfg, net, cupylike)
+        assert name.endswith("cuda-graph") == graphs
+        results[graphs] = fit(net, state, data, gradient, epochs=2, batch_size=8, bk=cupylike,
+                              out_dir=tmp_path / str(graphs), quiet=True).state
+        if graphs:
+            assert len(gradient.recordings) == 2  # the full batches and the last one
+    for k, v in results[False].params.items():
+        np.testing.assert_array_equal(to_host(results[True].params[k]), to_host(v), err_msg=k)
+    assert results[True].history[-1]["train_loss"] == results[False].history[-1]["train_loss"]
+
+
+def test_cuda_graphs_name_what_they_cannot_be_combined_with():
+    from refbraid.backends import get_backend
+    from refbraid.training import TrainConfig, select_gradient
+    from refbraid.training.run import setup
+
+    with pytest.raises(ValueError, match="--bias-control, --check-gradient-every"):
+        TrainConfig(cuda_graphs=True, bias_control="measure", check_gradient_every=2)
+    cfg = TrainConfig(data="peaks", samples=40, layers=4, width=4, levels=2, cfactor=2,
+                      cuda_graphs=True)
+    net, _, _, _ = setup(cfg)
+    with pytest.raises(ValueError, match="`--cuda-graphs` needs `--backend cupy`"):
+        select_gradient(cfg, net, get_backend("numpy"))

@@ -108,6 +108,9 @@ def add_config_arguments(p: argparse.ArgumentParser) -> None:
     _add(g, "dtype", str, f"floating point type: {' | '.join(DTYPES)}", metavar="NAME")
     g.add_argument("--serial", dest="serial", action="store_true",
                    help="sequential backprop (layer by layer) instead of layer-parallel MGRIT")
+    g.add_argument("--cuda-graphs", dest="cuda_graphs", action="store_true",
+                   help="cupy: record each gradient once as a CUDA graph and replay it (one "
+                   "launch per step; MGRIT always runs its --fwd-iters/--bwd-iters cycles)")
     _add(g, "data_parallel", int, "under mpiexec -n P: D data-parallel groups of P/D "
          "layer-parallel ranks (D must divide P)", metavar="D")
     _add(g, "dp_groups", int, "DASO: the data-parallel ranks form G nodes that sum gradients "

@@ -116,6 +116,22 @@ def _folder(config, name: str, what: str) -> None:
     _store(config, name, path)
 
 
+def _check_cuda_graphs(config) -> None:
+    """``--cuda-graphs`` replays one recorded gradient: ValueError naming each flag that would
+    change the gradient from step to step or run it on several processes."""
+    if not config.cuda_graphs:
+        return
+    clash = [flag for flag, on in (
+        ("--bias-control", config.bias_control != "off"),
+        ("--check-gradient-every", config.check_gradient_every > 0),
+        ("--mgopt-levels", config.mgopt_levels > 0), ("--nested-init", config.nested_init > 0),
+        ("--data-parallel", config.data_parallel > 1),
+        ("--space-parallel", config.space_parallel > 1), ("--trace", config.trace)) if on]
+    if clash:
+        raise ValueError(f"`--cuda-graphs` replays one recorded gradient on one GPU; it cannot "
+                         f"be combined with {', '.join(clash)}.")
+
+
 def _choice(name: str, value, choices) -> None:
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"`{flag(name)}` must be one of {tuple(choices)}, got {value!r}.")
@@ -165,6 +181,7 @@ class TrainConfig:
     trace: bool = False  # record one training step's execution trace (trace.json, timeline.png)
     quiet: bool = False
     serial: bool = False  # sequential backprop instead of layer-parallel MGRIT
+    cuda_graphs: bool = False  # cupy: each gradient replayed from a CUDA graph (one launch)
     # layer-parallel MGRIT (TorchBraid's example defaults, docs/references.md §6)
     levels: int = 3
     cfactor: int | None = None
@@ -214,6 +231,7 @@ class TrainConfig:
             raise ValueError(f"`--bias-control {self.bias_control}` controls the bias of the "
                              f"layer-parallel gradient; with `--serial` the gradient is exact "
                              f"backprop, so it would do nothing: drop one of the two.")
+        _check_cuda_graphs(self)
         if self.bias_signal == "residual" and self.bias_control not in ("iterations", "serial"):
             raise ValueError("`--bias-signal residual` needs `--bias-control iterations` or "
                              f"`serial`, got `--bias-control {self.bias_control}`.")

@@ -145,6 +145,8 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend, multilevel: 
         settings = LayerParallelSettings.exact() if config.serial else \
             layer_parallel_settings(config)
         return mpi_gradient(config, net, settings, bk)
+    if config.cuda_graphs:
+        return graphed_gradient(config, net, bk)
     if config.serial:
         return "sequential", sequential_gradient(net, bk)
     settings = layer_parallel_settings(config)
@@ -152,6 +154,24 @@ def select_gradient(config: TrainConfig, net: Network, bk: Backend, multilevel: 
     if config.bias_control != "off":
         return "layer-parallel-bias-control", controlled_gradient(net, settings, bk, config)
     return "layer-parallel", mgrit_gradient(net, settings, bk, config.check_gradient_every)
+
+
+def graphed_gradient(config: TrainConfig, net: Network, bk: Backend) -> tuple[str, GradientFn]:
+    """``--cuda-graphs``: the serial or layer-parallel gradient replayed from CUDA graphs
+    (:mod:`refbraid.training.captured_gradient`), with the eager MGRIT forward pass for
+    accuracy. ValueError unless the backend is ``cupy``."""
+    from .captured_gradient import captured_gradient
+
+    if bk.name != "cupy":
+        raise ValueError(f"`--cuda-graphs` needs `--backend cupy` (CUDA graphs are recorded "
+                         f"from CuPy's stream), got `--backend {bk.name}`.")
+    if config.serial:
+        return "sequential-cuda-graph", captured_gradient(net, bk, "serial")
+    settings = layer_parallel_settings(config)
+    check_levels_fit(config, net)
+    gradient = captured_gradient(net, bk, settings)
+    gradient.logits = mgrit_gradient(net, settings, bk).logits
+    return "layer-parallel-cuda-graph", gradient
 
 
 def check_levels_fit(config: TrainConfig, net) -> None:
