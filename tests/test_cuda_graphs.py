@@ -245,3 +245,17 @@ def test_cuda_graphs_name_what_they_cannot_be_combined_with():
     net, _, _, _ = setup(cfg)
     with pytest.raises(ValueError, match="`--cuda-graphs` needs `--backend cupy`"):
         select_gradient(cfg, net, get_backend("numpy"))
+
+
+def test_a_recording_that_fails_says_so_and_names_the_eager_way(cupylike, monkeypatch):
+    from refbraid.training import captured_gradient as module
+
+    def refuse(fn, xp, warmups=1):
+        raise NotImplementedError("calling cuBLAS API during stream capture is unsupported")
+
+    monkeypatch.setattr(module, "record", refuse)
+    net, params, x, labels = launch_count.build_model("dense", 8, np.random.default_rng(0))
+    g = captured_gradient(net, cupylike, "serial")
+    with pytest.raises(RuntimeError, match="as a CUDA graph failed .*NotImplementedError.*"
+                                           "without --cuda-graphs"):
+        g(to_backend(params, cupylike), cupylike.asarray(x), cupylike.asarray(labels))

@@ -86,7 +86,16 @@ class CapturedGradient:
             static = {k: xp.array(v, copy=True) for k, v in params.items()}
             sx, sy = xp.array(x, copy=True), xp.array(labels, copy=True)
             body = self._body()
-            found = (record(lambda: body(static, sx, sy), xp), static, sx, sy)
+            try:
+                recording = record(lambda: body(static, sx, sy), xp)
+            except ValueError:
+                raise
+            except Exception as err:  # what a capture refused: say which gradient and why
+                raise RuntimeError(
+                    f"recording the gradient as a CUDA graph failed ({type(err).__name__}: "
+                    f"{err}); the eager gradient (without --cuda-graphs) computes the same "
+                    f"numbers.") from err
+            found = (recording, static, sx, sy)
             self.recordings[key] = found
         return found
 
