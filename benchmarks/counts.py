@@ -12,11 +12,15 @@ Cases ``{backend}[ unfused] {model} N={n} {gradient}``
 :mod:`refbraid.backends.launch_model`): one gradient of the dense, conv, transformer and GRU
 networks (CI-sized: width 4, batch 4; counts do not depend on widths), MGRIT at TorchBraid's
 settings (refbraid's defaults), by serial backprop (``serial``), layer-parallel with one launch
-set per interval (``lp-per-step``) and per sweep (``lp-batched``). ``cupy``: the cupy backend's
-operations on a counting CuPy-like device (NumPy underneath), its fused kernels on unless
-``fused=False``; ``cuda``: Numba's CUDA simulator with the glue on the same device (slow: one
-Python thread per CUDA thread). Values: launches, critical path (the longest chain of dependent
-launches), copies h→d and d→h, syncs, and launches and critical path ÷ serial's.
+set per interval (``lp-per-step``) and per sweep (``lp-batched``); for ``cupy``, dense and
+conv, also serial and batched layer-parallel replayed from a CUDA graph (``serial, graph``,
+``lp-batched, graph``: what the host issues per call once recorded — the replay is one
+launch, the rest are the call's checks and copies; ``launch_count.graph_counts``).
+``cupy``: the cupy backend's operations on a counting CuPy-like device (NumPy underneath),
+its fused kernels on unless ``fused=False``; ``cuda``: Numba's CUDA simulator with the glue
+on the same device (slow: one Python thread per CUDA thread). Values: launches, critical path
+(the longest chain of dependent launches), copies h→d and d→h, syncs, and launches and
+critical path ÷ serial's.
 
 Cases ``cupy[ unfused] layer {name}`` (``layers``, cupy only): per layer of the GPU suite's
 per-layer table (benchmarks/gpu.py: dense and conv ODE steps, layer norm, MLP, attention,
@@ -76,6 +80,12 @@ def launch_records(backend: str, models, sizes, fused: bool = True) -> list[dict
                     t = launch_count.gradient_counts(backend, model, n, mode)
                     out.append({"backend": backend, "model": model, "N": n, "mode": mode,
                                 "fused": fused, **t.row()})
+                if backend != "cupy" or model not in ("dense", "conv"):
+                    continue
+                for mode in launch_count.GRAPH_MODES:  # what the host issues per replay
+                    t = launch_count.graph_counts(model, n, mode)
+                    out.append({"backend": backend, "model": model, "N": n,
+                                "mode": f"{mode}, graph", "fused": fused, **t.row()})
     return out
 
 

@@ -86,9 +86,11 @@ def test_counts_suite_prints_what_launch_count_counts():
             "layers": False, "transfers": False, "ranks": 0}
     notes: list[str] = []
     rows = {r.params["mode"]: r.values for r in run("tiny", opts, notes)}
-    assert list(rows) == list(launch_count.MODES) and notes
+    graphs = [f"{m}, graph" for m in launch_count.GRAPH_MODES]
+    assert list(rows) == [*launch_count.MODES, *graphs] and notes
     for mode, values in rows.items():
-        t = launch_count.gradient_counts("cupy", "dense", 16, mode)
+        t = launch_count.graph_counts("dense", 16, mode.split(",")[0]) if mode in graphs else \
+            launch_count.gradient_counts("cupy", "dense", 16, mode)
         assert (values["launches"], values["critical path"], values["copies h→d"],
                 values["copies d→h"], values["syncs"]) == (t.launches, t.critical_path, t.h2d,
                                                            t.d2h, t.syncs), mode

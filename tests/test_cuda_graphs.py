@@ -259,3 +259,13 @@ def test_a_recording_that_fails_says_so_and_names_the_eager_way(cupylike, monkey
     with pytest.raises(RuntimeError, match="as a CUDA graph failed .*NotImplementedError.*"
                                            "without --cuda-graphs"):
         g(to_backend(params, cupylike), cupylike.asarray(x), cupylike.asarray(labels))
+
+
+@pytest.mark.parametrize("mode", launch_count.GRAPH_MODES)
+def test_a_replayed_gradient_issues_a_fixed_few_launches_whatever_the_depth(mode):
+    """Counted on the stand-in: the replay is one launch; the call's checks and copies do not
+    grow with N, while the eager gradient's launches do."""
+    few = [launch_count.graph_counts("dense", n, mode) for n in (16, 32)]
+    assert few[0].row() == few[1].row()
+    eager = launch_count.gradient_counts("cupy", "dense", 32, mode)
+    assert few[1].launches < eager.launches / 4 and few[1].h2d == 0

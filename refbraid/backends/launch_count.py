@@ -189,6 +189,30 @@ def gradient_counts(name: str, model: str, n_layers: int, mode: str, settings=No
             return count(lambda: grad(p, xb, yb))
 
 
+#: The gradients :func:`graph_counts` counts replayed from a CUDA graph.
+GRAPH_MODES = ("serial", "lp-batched")
+
+
+def graph_counts(model: str, n_layers: int, mode: str, settings=None) -> Tally:
+    """The host's events of one gradient of ``model`` replayed from a CUDA graph on ``cupy``
+    (:func:`refbraid.training.captured_gradient.captured_gradient`; ``mode`` one of
+    :data:`GRAPH_MODES`), recorded by a first call that is not counted: the replay is one
+    launch, the rest is the call's input checks, input copies and result copies."""
+    from ..network import to_backend
+    from ..training.captured_gradient import captured_gradient
+    from .device_batching import sweeps_batched
+
+    if mode not in GRAPH_MODES:
+        raise ValueError(f"`mode` must be one of {GRAPH_MODES}, got {mode!r}.")
+    net, params, x, labels = build_model(model, n_layers, np.random.default_rng(0))
+    with counting("cupy") as bk, sweeps_batched(mode == "lp-batched"):
+        p, xb, yb = to_backend(params, bk), bk.asarray(x), bk.asarray(labels)
+        grad = captured_gradient(net, bk, "serial" if mode == "serial" else
+                                 settings or default_settings())
+        grad(p, xb, yb)  # the recording
+        return count(lambda: grad(p, xb, yb))
+
+
 def table(names=("cupy",), models=MODELS, sizes=(64, 256), settings=None) -> list[dict]:
     """One row per (backend, model, N, mode): :meth:`Tally.row` plus the keys."""
     rows = []

@@ -34,7 +34,8 @@ strided views (they may depend on rows between their elements).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -158,6 +159,17 @@ _active: list[Tracker] = []
 def current() -> Tracker | None:
     """The tracker counting now (innermost :func:`tracking`), or None."""
     return _active[-1] if _active else None
+
+
+@contextmanager
+def paused() -> Iterator[None]:
+    """Nothing is counted inside (a CUDA graph's replay: its launches are the device's, the
+    host issues one; :class:`~refbraid.backends.graphs.StandinRecording`)."""
+    _active.append(None)
+    try:
+        yield
+    finally:
+        _active.pop()
 
 
 class tracking:
