@@ -37,16 +37,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .backends import Backend, get_backend
+from .backends.capture_state import host_reads_allowed
 from .backends.device_batching import gathered_once, index_on
 from .backends.dtypes import dtype_kind
-from .backends.host import (
-    all_finite,
-    first_non_finite,
-    host_float,
-    host_range,
-    host_reads_allowed,
-    loss_value,
-)
+from .backends.host import all_finite, first_non_finite, host_float, host_range, loss_value
 from .backends.portable import indexes_with_integer_arrays, stack_rows
 from .layers.init import NonFiniteError, check_positive_int
 

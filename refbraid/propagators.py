@@ -107,8 +107,8 @@ class AdjointPropagator:
         hc = (starts - stops) * self.net.h
         Y = stacked_rows(self.states, stops, self.bk)  # k,*S
         if tuple(L.shape[1:]) != tuple(Y.shape[1:]):  # coarse in space: R y per step
-            return stack_rows([self.step(L[j], a, b) for j, (a, b) in
-                                     enumerate(zip(starts.tolist(), stops.tolist(), strict=True))])
+            pairs = zip(starts.tolist(), stops.tolist(), strict=True)
+            return stack_rows([self.step(L[j], a, b) for j, (a, b) in enumerate(pairs)])
         _, Z = self.net.step.forward_batched(theta, Y, hc, self.bk)
         L_prev, _ = self.net.step.adjoint_batched(theta, Y, Z, L, hc, self.bk, grads=False)
         return L_prev

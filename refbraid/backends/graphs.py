@@ -34,7 +34,7 @@ replayed addresses are sound (the ``gpu`` tests compare replays with eager gradi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from .capture_state import host_reads_deferred, recording_graph
@@ -102,24 +102,14 @@ class StandinRecording(Recording):
         """Run the function again; a counting tracker sees one launch (the graph's), which
         writes the outputs' arrays."""
         from .launch_model import current, paused
+        from .standin_array import storage_of
 
         tracker = current()
         with paused(), recording_graph():
             self.outputs = self._fn()
         if tracker is not None:
-            tracker.launch([], list(_storages(self.outputs)), "graph")
+            tracker.launch([], storage_of(self.outputs), "graph")
         return self.outputs
-
-
-def _storages(tree) -> Iterator:
-    """The NumPy storage of every stand-in array in nested tuples, lists and dicts."""
-    if isinstance(tree, dict):
-        tree = list(tree.values())
-    if isinstance(tree, (list, tuple)):
-        for item in tree:
-            yield from _storages(item)
-    elif hasattr(tree, "_a") and type(tree).__module__ == "cupy":  # the stand-in's ndarray
-        yield tree._a
 
 
 def record(fn: Callable[[], Any], xp, warmups: int = 1) -> Recording:

@@ -22,30 +22,22 @@ from typing import Any
 
 import numpy as np
 
-from .capture_state import (
-    HostReadDeferred,
-    host_reads_allowed,
-    host_reads_deferred,
-    is_recording_graph,
-    recording_graph,
-)
+from .capture_state import HostReadDeferred, host_reads_allowed
 from .portable import namespace
-
-__all__ = ["COUNTS", "HostReadDeferred", "all_finite", "first_non_finite", "host_float",
-           "host_range", "host_reads_allowed", "host_reads_deferred", "is_recording_graph",
-           "loss_value", "recording_graph", "to_host", "tree_to_host"]
 
 #: Copies made by :func:`to_host` since the start (``COUNTS["to_host"]``); tests read it.
 COUNTS: Counter = Counter()
 
 _HOST_TYPES = (np.ndarray, np.generic, int, float, complex, bool)
 
+
 def to_host(a: Any) -> Any:
     """``a`` as host data: a NumPy array for any device array (CuPy ``.get()``, Numba
     ``copy_to_host()``, array-api-strict ``to_device`` the CPU), host values unchanged.
 
     This is the documented conversion; everything else keeps arrays where they live. Inside
-    :func:`host_reads_deferred` a device array raises :class:`HostReadDeferred`."""
+    :func:`~refbraid.backends.capture_state.host_reads_deferred` a device array raises
+    :class:`~refbraid.backends.capture_state.HostReadDeferred`."""
     if a is None or isinstance(a, _HOST_TYPES):
         return a
     if not host_reads_allowed():
@@ -75,7 +67,8 @@ def host_float(a: Any) -> float:
 
 def loss_value(a: Any) -> Any:
     """The loss a gradient returns: :func:`host_float` of ``a``, or inside
-    :func:`host_reads_deferred` the 0-d device array itself (read after the replay)."""
+    :func:`~refbraid.backends.capture_state.host_reads_deferred` the 0-d device array itself
+    (read after the replay)."""
     return host_float(a) if host_reads_allowed() else a
 
 

@@ -44,7 +44,7 @@ data, ``permute_dims``, slicing)
 ``float(x)``, ``x.get()``, ...         a device→host copy and a synchronisation
 =====================================  ============================================================
 
-Inside :func:`~refbraid.backends.host.recording_graph` (the contract of a CUDA graph
+Inside :func:`~refbraid.backends.capture_state.recording_graph` (the contract of a CUDA graph
 capture) every copy between host and device raises :class:`CaptureViolation`, and so does a
 ``stack``/``concat`` of more than 8 arrays of one dtype: CuPy copies a table of their
 addresses from the host for it (its single-kernel concatenation), which a capture would
@@ -145,12 +145,15 @@ def _wrap(r, on_device: bool = True):
     return r
 
 
-def _storage(v) -> list[np.ndarray]:
-    """The storage of the stand-in arrays in ``v`` (an array, a list or tuple of them)."""
+def storage_of(v) -> list[np.ndarray]:
+    """The storage of the stand-in arrays in ``v`` (an array, or lists, tuples and dicts of
+    them)."""
     if isinstance(v, ndarray):
         return [v._a]
+    if isinstance(v, dict):
+        v = list(v.values())
     if isinstance(v, (list, tuple)):
-        return [a for x in v for a in _storage(x)]
+        return [a for x in v for a in storage_of(x)]
     return []
 
 
@@ -176,7 +179,7 @@ def run(name: str, fn, args=(), kwargs=None):
     if "device" in kwargs and kwargs["device"] in (None, DEVICE):
         del kwargs["device"]  # CuPy's creation functions: the current device
     out = kwargs.get("out")
-    writes = _storage(out)
+    writes = storage_of(out)
     reads: list[np.ndarray] = []
     args, kwargs = _unwrap(args, reads), _unwrap(kwargs, reads)
     reads = [a for a in reads if not any(a is w for w in writes)]
@@ -189,7 +192,7 @@ def run(name: str, fn, args=(), kwargs=None):
     if out is not None:
         t.launch(reads, writes, name)
         return wrapped
-    made = _storage(wrapped)
+    made = storage_of(wrapped)
     if name in VIEWS and (not made or any(np.shares_memory(m, r) for m in made for r in reads)):
         return wrapped
     for a in made:

@@ -32,7 +32,6 @@ import numpy as np
 
 from ..backends.into import add_into
 from ..backends.portable import stack_rows
-from .arrays import namespace
 from .relax import StepFn, _write_row, copy, propagate_at, row_slice, set_rows, take_rows
 
 
@@ -45,18 +44,16 @@ def to_coarse_space(block, transfer, level: int, fine_indices):
     """``R`` applied to every row of a level-``level`` block (rows at ``fine_indices``)."""
     if transfer is None:
         return block
-    namespace(block)
     return stack_rows([transfer.restrict(block[j, ...], level, int(i))
-                     for j, i in enumerate(fine_indices)])
+                       for j, i in enumerate(fine_indices)])
 
 
 def to_fine_space(block, transfer, level: int, fine_indices):
     """``P`` applied to every row of a level-``level + 1`` block (rows at ``fine_indices``)."""
     if transfer is None:
         return block
-    namespace(block)
     return stack_rows([transfer.interpolate(block[j, ...], level, int(i))
-                     for j, i in enumerate(fine_indices)])
+                       for j, i in enumerate(fine_indices)])
 
 
 def apply_operator(v, points, step: StepFn, ghost=None, ghost_point=None,
@@ -116,7 +113,6 @@ def forward_substitution(g, points, step: StepFn, ghost=None, ghost_point=None, 
     (one pass, the same sum). The same numbers as a list of rows and a stack. A step that
     changes dtype or shape sends the rest down the list path (as
     :func:`~refbraid.mgrit.relax.propagate_at`); other arrays take the list path."""
-    xp = namespace(g)
     first = propagate_at(g, g, points, [0], step, ghost, ghost_point)[0, ...]
     p = [int(s) for s in points]
     if isinstance(g, np.ndarray) and isinstance(first, np.ndarray) and first.dtype == g.dtype:
@@ -133,10 +129,10 @@ def forward_substitution(g, points, step: StepFn, ghost=None, ghost_point=None, 
                 return _substitute_rest(rows, g, p, step)
             _write_row(row, val, None if adds else g_row)  # nothing where the step wrote it
         return block
-    return _substitute_rest([first], g, p, step, xp)
+    return _substitute_rest([first], g, p, step)
 
 
-def _substitute_rest(rows: list, g, p: list, step: StepFn, xp=None):
+def _substitute_rest(rows: list, g, p: list, step: StepFn):
     """:func:`forward_substitution`'s list path from row ``len(rows)`` on; the rows stacked."""
     prev = rows[-1]
     for j in range(len(rows), len(p)):

@@ -41,8 +41,9 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.capture_state import host_reads_allowed
 from ..backends.dtypes import dtype_kind
-from ..backends.host import all_finite, host_reads_allowed
+from ..backends.host import all_finite
 from ..backends.into import takes_out
 from ..backends.portable import empty_on, stack_rows, zeros_on
 from ..parallel.trace import active_recorder
@@ -298,7 +299,6 @@ class CountingStep:
         """Rows ``Φ(U[j]; s_starts[j] → s_stops[j])`` (solver indices), shape ``(k, *S)``."""
         k = len(s_starts)
         if not self.batched:
-            namespace(U)
             return stack_rows([self(U[j, ...], s_starts[j], s_stops[j]) for j in range(k)])
         flip = self._flip
         s_starts, s_stops = np.asarray(s_starts), np.asarray(s_stops)

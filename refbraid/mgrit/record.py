@@ -90,10 +90,11 @@ class MGRITResult:
 
     def settle(self) -> MGRITResult:
         """Decide the status of a solve made inside
-        :func:`~refbraid.backends.host.host_reads_deferred` (``status`` is ``'pending'`` until
-        then): its norms are read from the device, its status decided from all its records
-        (MGRITDiverged raised as the solve would have). After each replay of a captured solve
-        it reads the replay's values. A no-op for any other solve. Returns the result."""
+        :func:`~refbraid.backends.capture_state.host_reads_deferred` (``status`` is
+        ``'pending'`` until then): its norms are read from the device, its status decided
+        from all its records (MGRITDiverged raised as the solve would have). After each
+        replay of a captured solve it reads the replay's values. A no-op for any other solve.
+        Returns the result."""
         settle = self.__dict__.get("_settle")
         if settle is not None:
             settle()

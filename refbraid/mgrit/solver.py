@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.capture_state import host_reads_allowed
 from ..backends.host import all_finite as holds_only_finite
-from ..backends.host import host_reads_allowed
 from ..backends.portable import stack_rows, zeros_on
 from ..parallel.comm import SerialComm
 from ..parallel.layout import Layout, check_layout, partition
@@ -315,7 +315,8 @@ def solve(
         last = cycles >= settings.max_iter or len(hierarchy) == 1
         cycler.watch_finite = last
         r, r_post, u_post = cycler.relax(0, snapshot=settings.keep_iterates)
-        # that relaxation needs the status
+        # without decisions every norm waits; else the last one may, unless the final FC
+        # relaxation needs the status
         deferred = not deciding or (last and not settings.final_fc_relax)
         norm = math.nan if deferred else cycler.norm(r)
         u0_block = states[0].u

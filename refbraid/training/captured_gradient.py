@@ -1,10 +1,11 @@
 """A gradient replayed from a CUDA graph: one launch per gradient on the ``cupy`` backend.
 
-:func:`captured_gradient` wraps serial backprop (``settings=None``) or the layer-parallel
-gradient (MGRIT forward and adjoint solves) of a :class:`~refbraid.network.Network`. The
-first call with a given set of shapes and dtypes records the gradient into a CUDA graph
-(:func:`refbraid.backends.graphs.record`) that reads fixed input arrays; each call copies
-its parameters, batch and labels into those, replays the graph and reads the results:
+:func:`captured_gradient` wraps serial backprop (``settings="serial"``) or the
+layer-parallel gradient (MGRIT forward and adjoint solves; ``settings`` None: TorchBraid's)
+of a :class:`~refbraid.network.Network`. The first call with a given set of shapes and
+dtypes records the gradient into a CUDA graph (:func:`refbraid.backends.graphs.record`) that
+reads fixed input arrays; each call copies its parameters, batch and labels into those,
+replays the graph and reads the results:
 
     check_inputs(params, x, labels)             eager: shapes, dtypes, finite values, labels
     static ← params, x, labels                  one copy each (skipped for the same array)
