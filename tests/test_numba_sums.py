@@ -25,6 +25,18 @@ def test_the_sum_has_numpys_bits(dtype):
             assert _bits(sum_of_squares(r)) == _bits(np.sum(r * r)), (shape, scale)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rows_that_start_anywhere_in_memory(dtype):
+    """The vector lanes load rows of eight values from any element boundary (a view that
+    starts one element into its buffer: no 32-byte alignment)."""
+    rng = np.random.default_rng(2)
+    for n in (8, 129, 4097):
+        buf = rng.standard_normal(n + 3).astype(dtype)
+        for start in (1, 2, 3):
+            r = buf[start:start + n]
+            assert _bits(sum_of_squares(r)) == _bits(np.sum(r * r)), (n, start)
+
+
 def test_what_it_does_not_take_is_numpys_own_sum():
     rng = np.random.default_rng(1)
     r = rng.standard_normal((6, 10))
