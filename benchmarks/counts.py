@@ -15,7 +15,9 @@ settings (refbraid's defaults), by serial backprop (``serial``), layer-parallel 
 set per interval (``lp-per-step``) and per sweep (``lp-batched``); for ``cupy``, dense and
 conv, also serial and batched layer-parallel replayed from a CUDA graph (``serial, graph``,
 ``lp-batched, graph``: what the host issues per call once recorded — the replay is one
-launch, the rest are the call's checks and copies; ``launch_count.graph_counts``).
+launch, the rest are the call's checks and copies; ``launch_count.graph_counts``; and
+``graph nodes``, the kernels the graph holds, which the device works through at each replay:
+``launch_count.graph_nodes``).
 ``cupy``: the cupy backend's operations on a counting CuPy-like device (NumPy underneath),
 its fused kernels on unless ``fused=False``; ``cuda``: Numba's CUDA simulator with the glue
 on the same device (slow: one Python thread per CUDA thread). Values: launches, critical path
@@ -85,7 +87,8 @@ def launch_records(backend: str, models, sizes, fused: bool = True) -> list[dict
                 for mode in launch_count.GRAPH_MODES:  # what the host issues per replay
                     t = launch_count.graph_counts(model, n, mode)
                     out.append({"backend": backend, "model": model, "N": n,
-                                "mode": f"{mode}, graph", "fused": fused, **t.row()})
+                                "mode": f"{mode}, graph", "fused": fused, **t.row(),
+                                "nodes": launch_count.graph_nodes(model, n, mode)})
     return out
 
 
@@ -105,6 +108,8 @@ def launch_results(recs: list[dict], suite: str = "counts") -> list[Result]:
                    .add("syncs", r["syncs"])
                    .add("launches ÷ serial", r["launches"] / s["launches"])
                    .add("critical path ÷ serial", r["critical_path"] / s["critical_path"]))
+        if "nodes" in r:  # the device's share of a replay: the graph's kernel nodes
+            out[-1].add("graph nodes", r["nodes"])
     return out
 
 

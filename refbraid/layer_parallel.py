@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .backends import Backend, get_backend
+from .backends.capture_state import is_recording_graph
 from .backends.host import loss_value
 from .mgrit import GradientWorkspace, MGRITResult, MGRITSettings, Problem, solve
 from .mgrit.transfer import SpatialCoarsening
@@ -153,9 +154,56 @@ def captured_gradient(adjoint: CapturingAdjoint, steps: dict[str, Any], layers) 
         raise RuntimeError(f"no captured gradient for layers {missing[:8]}.")
     dsteps = {k: adjoint.bk.xp.zeros_like(v) for k, v in steps.items()}
     rows = [int(a) for a in layers]
+    if is_recording_graph():  # a row assignment each would be one graph node per row
+        rows = place_batched_runs(dsteps, rows, adjoint.grad_batches)
     for k, v in dsteps.items():
         set_rows_from(v, rows, [adjoint.grads[a][k] for a in rows])
     return dsteps
+
+
+def strided_runs(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """``(j, a)`` pairs sorted by ``j`` cut into maximal runs along which ``j`` steps by 1 and
+    ``a`` by one constant nonzero stride: each run is ``d[j0 : j1 + 1]`` ↔ ``a0, a0 + s, …``."""
+    runs: list[list[tuple[int, int]]] = []
+    for j, a in pairs:
+        run = runs[-1] if runs else None
+        if run and j == run[-1][0] + 1 and a != run[-1][1] and \
+                (len(run) == 1 or a - run[-1][1] == run[1][1] - run[0][1]):
+            run.append((j, a))
+        else:
+            runs.append([(j, a)])
+    return runs
+
+
+def place_batched_runs(dsteps: dict[str, Any], rows: list[int], batches: dict) -> list[int]:
+    """Write the gradient rows of ``rows`` that batched adjoint calls made, one strided block
+    per run of a batch (:func:`strided_runs`): ``dsteps[k][a0 : a1 + 1 : s] = d[k][j0 : j1 +
+    1]`` (reversed when ``s < 0``), one launch per run and parameter instead of one per row.
+    ``batches``: layer a → (the batch's gradient dict d, row j), for the rows whose latest
+    gradient came from a batched call (:class:`CapturingAdjoint`). Returns the rows left
+    (per-step gradients, runs of one), to be placed row by row."""
+    by_batch: dict[int, tuple[dict, list[tuple[int, int]]]] = {}
+    rest = []
+    for a in rows:
+        if a in batches:
+            d, j = batches[a]
+            by_batch.setdefault(id(d), (d, []))[1].append((j, a))
+        else:
+            rest.append(a)
+    for d, pairs in by_batch.values():
+        for run in strided_runs(sorted(pairs)):
+            if len(run) < 2:
+                rest.extend(a for _, a in run)
+                continue
+            (j0, a0), (j1, a1) = run[0], run[-1]
+            s = run[1][1] - a0
+            if s > 0:
+                target, source = slice(a0, a1 + 1, s), slice(j0, j1 + 1)
+            else:  # a falls as j rises: the same rows, both read backwards
+                target, source = slice(a1, a0 + 1, -s), slice(j1, j0 - 1 if j0 else None, -1)
+            for k, v in dsteps.items():
+                v[target, ...] = d[k][source, ...]
+    return rest
 
 
 def mgrit_forward(net: Network, params: Params, x, settings: MGRITSettings,

@@ -168,6 +168,9 @@ class CapturingAdjoint(AdjointPropagator):
         object.__setattr__(self, "caches", caches)
         object.__setattr__(self, "origins", {} if origins is None else origins)
         object.__setattr__(self, "grads", {})
+        #: layer a -> (the batched gradient dict, row j) where ``grads[a]`` are rows of one
+        #: batched call's arrays (batched sweeps), so they can be placed as one strided block
+        object.__setattr__(self, "grad_batches", {})
         object.__setattr__(self, "counts", {"cache_hits": 0, "recomputed": 0,
                                             "coarse_cache_hits": 0})
 
@@ -189,6 +192,7 @@ class CapturingAdjoint(AdjointPropagator):
         lam_prev, dtheta = adjoint_into(self.net.step, theta, cache, lam, self.net.h, self.bk,
                                         True, out, add)
         self.grads[stop] = dtheta
+        self.grad_batches.pop(stop, None)
         return lam_prev
 
     def _reusable_cache(self, a: int, lam_shape):
@@ -224,5 +228,6 @@ class CapturingAdjoint(AdjointPropagator):
         L_prev, d = self.net.step.adjoint_batched(theta, Y, Z, L, h, self.bk, grads=True)
         for j, a in enumerate(layers):
             self.grads[a] = {k: v[j] for k, v in d.items()}
+            self.grad_batches[a] = (d, j)
         self.counts["cache_hits"] += len(layers)
         return L_prev

@@ -25,7 +25,7 @@ from refbraid.backends.device_batching import sweeps_batched
 from refbraid.backends.graphs import record
 from refbraid.backends.host import host_float, to_host
 from refbraid.backends.portable import stack_rows
-from refbraid.layer_parallel import LayerParallelSettings
+from refbraid.layer_parallel import LayerParallelSettings, place_batched_runs, strided_runs
 from refbraid.mgrit import MGRITSettings, Problem, solve
 from refbraid.network import to_backend
 from refbraid.training.captured_gradient import captured_gradient
@@ -269,3 +269,41 @@ def test_a_replayed_gradient_issues_a_fixed_few_launches_whatever_the_depth(mode
     assert few[0].row() == few[1].row()
     eager = launch_count.gradient_counts("cupy", "dense", 32, mode)
     assert few[1].launches < eager.launches / 4 and few[1].h2d == 0
+
+
+def test_strided_runs_cut_where_the_row_or_the_stride_breaks():
+    pairs = [(0, 12), (1, 8), (2, 4), (3, 0), (5, 1), (6, 5), (7, 9), (8, 10)]
+    assert strided_runs(pairs) == [[(0, 12), (1, 8), (2, 4), (3, 0)],
+                                   [(5, 1), (6, 5), (7, 9)], [(8, 10)]]
+    assert strided_runs([]) == []
+    assert strided_runs([(0, 3), (1, 3)]) == [[(0, 3)], [(1, 3)]]  # no zero stride
+
+
+@pytest.mark.parametrize("layers", [[1, 5, 9, 13], [13, 9, 5, 1], [0, 1, 2, 7], [6, 4, 2, 0]])
+def test_batched_gradient_rows_are_placed_as_strided_blocks(layers):
+    """place_batched_runs writes what the row-by-row placement writes, rows from a batch in
+    one block per run (either direction), the rest left to the caller."""
+    rng = np.random.default_rng(0)
+    d = {"W": rng.standard_normal((len(layers), 2, 3)), "b": rng.standard_normal((len(layers), 2))}
+    batches = {a: (d, j) for j, a in enumerate(layers)}
+    rows = [*layers, 15]  # layer 15: a per-step gradient
+    dsteps = {"W": np.zeros((16, 2, 3)), "b": np.zeros((16, 2))}
+    rest = place_batched_runs(dsteps, rows, batches)
+    want = {k: np.zeros_like(v) for k, v in dsteps.items()}
+    for j, a in enumerate(layers):
+        for k in want:
+            want[k][a] = d[k][j]
+    assert 15 in rest and all(a not in rest for a in layers[:3])
+    for k in want:
+        keep = [a for a in range(16) if a not in rest]
+        np.testing.assert_array_equal(dsteps[k][keep], want[k][keep])
+
+
+@pytest.mark.parametrize("model", ["dense", "conv"])
+def test_a_recorded_batched_gradient_holds_no_more_kernels_than_the_eager_one_launches(model):
+    """The graph's nodes (the recording's launches) stay at the eager gradient's count: the
+    gradient rows of batched adjoint steps are placed as strided blocks, not one row
+    assignment per layer and parameter (which doubled the nodes at N = 256)."""
+    nodes = launch_count.graph_nodes(model, 32, "lp-batched")
+    eager = launch_count.gradient_counts("cupy", model, 32, "lp-batched")
+    assert 0 < nodes <= eager.launches

@@ -91,12 +91,17 @@ class StandinRecording(Recording):
     """The stand-in's recording: ``fn`` runs again at each replay (module docstring)."""
 
     def __init__(self, fn: Callable[[], Any], warmups: int = 1):
+        from .launch_model import tracking
+
         self._fn = fn
         with host_reads_deferred():
             for _ in range(warmups):
                 fn()
-        with recording_graph():
+        with recording_graph(), tracking() as capture:
             self.outputs = fn()
+        #: the launches the capture made: the kernel nodes a CUDA graph of ``fn`` holds (what
+        #: the device, not the host, works through at each replay)
+        self.nodes = capture.tally.launches
 
     def replay(self) -> Any:
         """Run the function again; a counting tracker sees one launch (the graph's), which

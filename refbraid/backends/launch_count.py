@@ -193,11 +193,12 @@ def gradient_counts(name: str, model: str, n_layers: int, mode: str, settings=No
 GRAPH_MODES = ("serial", "lp-batched")
 
 
-def graph_counts(model: str, n_layers: int, mode: str, settings=None) -> Tally:
-    """The host's events of one gradient of ``model`` replayed from a CUDA graph on ``cupy``
+@contextmanager
+def _recorded(model: str, n_layers: int, mode: str, settings=None):
+    """A gradient of ``model`` captured on ``cupy``'s counting stand-in
     (:func:`refbraid.training.captured_gradient.captured_gradient`; ``mode`` one of
-    :data:`GRAPH_MODES`), recorded by a first call that is not counted: the replay is one
-    launch, the rest is the call's input checks, input copies and result copies."""
+    :data:`GRAPH_MODES`), recorded by a first call that is not counted; yields it and its
+    arguments."""
     from ..network import to_backend
     from ..training.captured_gradient import captured_gradient
     from .device_batching import sweeps_batched
@@ -206,11 +207,27 @@ def graph_counts(model: str, n_layers: int, mode: str, settings=None) -> Tally:
         raise ValueError(f"`mode` must be one of {GRAPH_MODES}, got {mode!r}.")
     net, params, x, labels = build_model(model, n_layers, np.random.default_rng(0))
     with counting("cupy") as bk, sweeps_batched(mode == "lp-batched"):
-        p, xb, yb = to_backend(params, bk), bk.asarray(x), bk.asarray(labels)
+        args = to_backend(params, bk), bk.asarray(x), bk.asarray(labels)
         grad = captured_gradient(net, bk, "serial" if mode == "serial" else
                                  settings or default_settings())
-        grad(p, xb, yb)  # the recording
-        return count(lambda: grad(p, xb, yb))
+        grad(*args)  # the recording
+        yield grad, args
+
+
+def graph_counts(model: str, n_layers: int, mode: str, settings=None) -> Tally:
+    """The host's events of one gradient of ``model`` replayed from a CUDA graph on ``cupy``
+    (:func:`_recorded`): the replay is one launch, the rest is the call's input checks, input
+    copies and result copies."""
+    with _recorded(model, n_layers, mode, settings) as (grad, args):
+        return count(lambda: grad(*args))
+
+
+def graph_nodes(model: str, n_layers: int, mode: str, settings=None) -> int:
+    """The kernel nodes of the CUDA graph :func:`graph_counts` replays: the launches its
+    recording made (the device works through them at each replay; the host issues one)."""
+    with _recorded(model, n_layers, mode, settings) as (grad, _):
+        (recording, *_), = grad.recordings.values()
+        return int(recording.nodes)
 
 
 def table(names=("cupy",), models=MODELS, sizes=(64, 256), settings=None) -> list[dict]:
