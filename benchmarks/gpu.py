@@ -272,6 +272,13 @@ def _torch_serial(model, n_layers, width, batch, side, dtype, warmup, repeats):
     return median_ms(step, "torch", warmup, repeats)
 
 
+def largest_relative_difference(got, want) -> float:
+    """``max_k max|got[k] − want[k]| / max|want[k]|`` over the gradients' arrays (the rows'
+    ``check``)."""
+    return max(float(np.max(np.abs(to_host(got[k]) - to_host(want[k]))))
+               / max(float(np.max(np.abs(to_host(want[k])))), 1e-300) for k in want)
+
+
 def gradient_rows(backends, dtype, tiny, warmup, repeats):
     """One whole gradient of the dense ResNet and of the conv ODE-net (:data:`GRADIENT_CASES`;
     TorchBraid's MGRIT settings): refbraid layer-parallel with per-step and with batched sweeps
@@ -305,8 +312,7 @@ def gradient_rows(backends, dtype, tiny, warmup, repeats):
                         found[on] = (median_ms(lambda lp=lp, p=p, xb=xb, yb=yb: lp(p, xb, yb),
                                                bname, warmup, repeats), lp(p, xb, yb)[1])
                 (per, g_p), (bat, g_b) = found[False], found[True]
-                diff = max(float(np.max(np.abs(to_host(g_b[k]) - to_host(g_p[k]))))
-                           / max(float(np.max(np.abs(to_host(g_p[k])))), 1e-300) for k in g_p)
+                diff = largest_relative_difference(g_b, g_p)
             except Exception as err:  # reported as the row; the run goes on
                 yield failed_row("LP batched", size, dtype, bname, err)
                 continue
@@ -332,10 +338,6 @@ def graphed_rows(net, settings, bk, args, g_per_step, size, dt, ser, warmup, rep
     from refbraid.training.captured_gradient import captured_gradient
     from refbraid.training.gradients import sequential_gradient
 
-    def rel(got, want):
-        return max(float(np.max(np.abs(to_host(got[k]) - to_host(want[k]))))
-                   / max(float(np.max(np.abs(to_host(want[k])))), 1e-300) for k in want)
-
     for case, graph_settings in (("LP batched, CUDA graph", settings),
                                  ("refbraid serial, CUDA graph", "serial")):
         try:
@@ -344,7 +346,7 @@ def graphed_rows(net, settings, bk, args, g_per_step, size, dt, ser, warmup, rep
                 ms = median_ms(lambda g=g: g(*args), bk.name, warmup, repeats)
                 want = g_per_step if graph_settings != "serial" else \
                     sequential_gradient(net, bk)(*args)[1]
-                diff = rel(g(*args)[1], want)
+                diff = largest_relative_difference(g(*args)[1], want)
         except Exception as err:  # reported as the row; the run goes on
             yield failed_row(case, size, np.dtype(dt), bk.name, err)
             continue
