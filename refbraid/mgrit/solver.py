@@ -39,16 +39,15 @@ from typing import Any
 import numpy as np
 
 from ..backends.capture_state import host_reads_allowed
-from ..backends.host import all_finite as holds_only_finite
 from ..backends.portable import stack_rows, zeros_on
 from ..parallel.comm import SerialComm
 from ..parallel.layout import Layout, check_layout, partition
 from .arrays import namespace
 from .cycle import Cycler, build_states
-from .fused import FiniteWatch
 from .fused_cycle import FusedCycler
 from .grid import build_hierarchy
 from .norms import PendingNorms, defer_norms, status_after
+from .outcome import MGRITDiverged, divergence_level, solution_finite, where
 from .problem import Problem, as_problem, from_fine_order, rhs_solver_order, stacked
 from .record import IterationRecord, LevelVisit, MGRITResult
 from .relax import copy, rows_view, set_rows, take_rows
@@ -56,85 +55,6 @@ from .settings import MGRITSettings
 from .workspace import Workspace
 
 _COMM_METHODS = ("send_next", "recv_prev", "allreduce_sum", "gather", "reverted")
-
-
-class MGRITDiverged(RuntimeError):
-    """The residual became NaN/inf or grew beyond ``max_growth``; ``result`` has the record,
-    ``iteration`` and ``level`` say where (module docstring)."""
-
-    def __init__(self, message: str, result: MGRITResult, iteration: int | None = None,
-                 level: int | None = None):
-        super().__init__(message)
-        self.result = result
-        self.iteration = iteration
-        self.level = level
-
-
-def _holds_nonfinite(u, comm) -> bool:
-    """True when any rank's block ``u`` holds NaN/inf (a collective: every rank calls it)."""
-    bad = 0.0
-    if u is not None and u.shape[0]:
-        bad = 0.0 if holds_only_finite(u) else 1.0
-    return comm.allreduce_sum(bad) > 0
-
-
-def _block_finite(cycler: Cycler, u, c_pos, c_rows_rewritten: bool = False) -> bool:
-    """Whether this rank's solution block ``u`` holds only finite values: every F-row when
-    the last fine F-sweep checked them as it wrote them (the fused cycle's
-    ``f_rows_finite``), then the C-rows; else the whole block.
-
-    A ``carried`` watch (the problem's ``carries_nonfinite``) read the last F-row of each
-    interval, made from its C-row's final value: a non-finite C-row made it non-finite, so
-    only the C-rows no F-row of the block follows are read — unless something rewrote the
-    C-rows after that sweep (``c_rows_rewritten``: the final FC relaxation)."""
-    if not u.shape[0]:
-        return True
-    seen = getattr(cycler, "f_rows_finite", None)
-    if seen is None or seen[1] != u.shape[0] - len(c_pos):
-        return holds_only_finite(u)
-    if not seen[0]:
-        return False
-    rows = np.asarray(c_pos).tolist()
-    if seen[2] and not c_rows_rewritten:
-        c_set = set(rows)
-        rows = [k for k in rows if k + 1 == u.shape[0] or k + 1 in c_set]
-    watch = FiniteWatch()  # those C-rows, as the sweep checked the F-rows
-    for k in rows:
-        watch.see(u[k, ...])
-    return watch.ok
-
-
-def _finite(cycler: Cycler, u, c_pos, c_rows_rewritten: bool = False):
-    """Whether this rank's solution block holds only finite values (:func:`_block_finite`);
-    for a device block the 0-d boolean device array of that answer, left where it was
-    reduced (copied with the deferred sums)."""
-    if isinstance(u, np.ndarray) or not u.shape[0]:
-        return _block_finite(cycler, u, c_pos, c_rows_rewritten)
-    xp = namespace(u)
-    return xp.all(xp.isfinite(u))
-
-
-def _divergence_level(records: list[IterationRecord], cycler: Cycler) -> int:
-    """The level where a NaN/inf arose (module docstring): the first non-finite coarse
-    residual of the last cycle, else the coarsest level holding NaN/inf, else 0."""
-    if len(records) >= 2:
-        for visit in records[-2].visits[1:]:  # chronological; visits[0] is level 0 itself
-            if not math.isfinite(visit.norm):
-                return visit.level
-    for ell in range(len(cycler.states) - 1, 0, -1):
-        if _holds_nonfinite(cycler.states[ell].u, cycler.comm):
-            return ell
-    return 0
-
-
-def _where(level: int, n_levels: int, iteration: int) -> str:
-    """'on level ℓ (...)' for a divergence message."""
-    if level == 0:
-        return "on level 0 (the fine grid)"
-    kind = "the coarsest, solved exactly" if level == n_levels - 1 else "a coarse level"
-    when = f"the cycle after iteration {iteration - 1}" if iteration else "the initial guess"
-    return (f"on level {level} ({kind}; the NaN/inf arose there in {when} and reached the "
-            f"fine grid)")
 
 
 def _check_comm(comm) -> None:
@@ -354,7 +274,7 @@ def solve(
     if c_rewritten:
         u0_block = final_c_relax(u0_block, states[0].c_pos, r)
     xp = namespace(u0_block)
-    finite = _finite(cycler, u0_block, states[0].c_pos, c_rewritten)
+    finite = solution_finite(cycler, u0_block, states[0].c_pos, c_rewritten)
     fine = np.array(states[0].points, dtype=np.int64)  # a writable copy (levels are read-only)
     fine = fine if problem.direction == "forward" else problem.n_steps - fine
     solution = u0_block
@@ -401,8 +321,8 @@ def solve(
         level = None
         if found == "diverged":
             grew = math.isfinite(records[-1].norm) and all_finite
-            level = 0 if grew else _divergence_level(records, cycler)
-            why = f"{_where(level, len(hierarchy), done)}: {why}"
+            level = 0 if grew else divergence_level(records, cycler)
+            why = f"{where(level, len(hierarchy), done)}: {why}"
         result.status, result.message = found, why
         if found == "diverged" and settings.on_divergence == "raise":
             raise MGRITDiverged(f"MGRIT diverged at iteration {done} {why}", result,

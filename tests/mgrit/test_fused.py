@@ -298,28 +298,28 @@ def test_a_carried_check_reads_only_the_c_rows_no_f_row_follows(monkeypatch):
     read — all of them when the final FC relaxation rewrote the C-rows after the sweep."""
     from types import SimpleNamespace
 
-    import refbraid.mgrit.solver as solver_module
+    import refbraid.mgrit.outcome as outcome_module
 
     u = np.ones((10, 3))
     c_pos = [0, 4, 8, 9]  # intervals 1-3 and 5-7; 8 is followed by the C-row 9, 9 ends
     read = []
-    real = solver_module.FiniteWatch.see
-    monkeypatch.setattr(solver_module.FiniteWatch, "see",
+    real = outcome_module.FiniteWatch.see
+    monkeypatch.setattr(outcome_module.FiniteWatch, "see",
                         lambda self, row, last=True: read.append(row[0]) or real(self, row))
     u[:, 0] = np.arange(10)
     cycler = SimpleNamespace(f_rows_finite=(True, 10 - len(c_pos), True))
-    assert solver_module._block_finite(cycler, u, c_pos)
+    assert outcome_module.block_finite(cycler, u, c_pos)
     assert read == [8, 9]
     read.clear()
-    assert solver_module._block_finite(cycler, u, c_pos, c_rows_rewritten=True)
+    assert outcome_module.block_finite(cycler, u, c_pos, c_rows_rewritten=True)
     assert read == [0, 4, 8, 9]
     read.clear()
     u[9, 1] = np.nan  # the block's last C-row: no F-row carries it
-    assert not solver_module._block_finite(cycler, u, c_pos)
+    assert not outcome_module.block_finite(cycler, u, c_pos)
     read.clear()
     cycler.f_rows_finite = (True, 10 - len(c_pos), False)  # not carried: every C-row
     u[9, 1] = 1.0
-    assert solver_module._block_finite(cycler, u, c_pos) and read == [0, 4, 8, 9]
+    assert outcome_module.block_finite(cycler, u, c_pos) and read == [0, 4, 8, 9]
 
 
 def test_carries_nonfinite_must_be_a_bool_and_defaults_to_the_steps_own():
@@ -366,7 +366,7 @@ def _nan_in_the_last_f_row(n=41):
 def test_a_nan_only_in_the_solution_is_found_as_by_the_textbook(settings, out, rows_watched,
                                                                  monkeypatch):
     import refbraid.mgrit.fused_cycle as fused_cycle_module
-    import refbraid.mgrit.solver as solver_module
+    import refbraid.mgrit.outcome as outcome_module
 
     if rows_watched:  # these states have 3 values: watch them as if they were large
         monkeypatch.setattr(fused_cycle_module, "WATCH_MIN_ROW", 1)
@@ -376,8 +376,8 @@ def test_a_nan_only_in_the_solution_is_found_as_by_the_textbook(settings, out, r
     clean = _with_out(clean) if out else _per_point(clean)
     want = solve(problem, textbook(settings))
     checked = []  # rows of every block the solver's whole-array check reads
-    inner = solver_module.holds_only_finite
-    monkeypatch.setattr(solver_module, "holds_only_finite",
+    inner = outcome_module.holds_only_finite
+    monkeypatch.setattr(outcome_module, "holds_only_finite",
                         lambda a: checked.append(a.shape[0]) or inner(a))
     got = solve(problem, settings)
     assert got.status == "diverged" and "non-finite values in the solution" in got.message
