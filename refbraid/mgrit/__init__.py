@@ -26,10 +26,11 @@ problems.py     model problems: Dahlquist, 1-D heat equation, a nonlinear ODE
 """
 
 from .grid import Hierarchy, Level, build_hierarchy, max_levels
+from .outcome import MGRITDiverged
 from .problem import Problem, as_problem, sequential_solve
 from .record import IterationRecord, LevelVisit, MGRITResult
 from .settings import MGRITSettings
-from .solver import MGRITDiverged, gather_solution, solve
+from .solver import gather_solution, solve
 from .workspace import GradientWorkspace, Workspace
 
 __all__ = [
