@@ -7,13 +7,16 @@
 #
 #     rank 0: opening, layers [0, b1)    rank 1: layers [b1, b2)   …   rank P-1: … , closing
 #
-# * the forward MGRIT solve: rank q computes y[i] for i in its block; relaxation is local, the
-#   state at the previous block's last point arrives as a **ghost** message;
-# * coarse steps use the weights of their first layer (t_a → t_{a+m} uses θ_a), so a rank also
-#   needs a few **ghost weights** from rank q-1;
+# * the forward MGRIT solve: rank q computes y[i] for i in its block; relaxation is local, and
+#   the step from the previous block's last point into this block's first arrives as a
+#   **ghost** message: rank q-1 makes that step (it owns the layer: t_a → t_{a+m} uses θ_a,
+#   on every level) and sends its result;
 # * the adjoint solve runs on the reversed grid: rank q owns λ[i] for i in (b_q, b_{q+1}], one
-#   point later than its states, so it fetches one state y[b_{q+1}] from rank q+1 — and the
-#   gradient of that boundary layer is sent home afterwards;
+#   point later than its states, so its adjoint steps (into λ[a], with θ_a and y[a]) are its
+#   own layers too, and the step into λ[b_q] is sent to rank q-1;
+# * so a rank applies only its own layers and computes only their gradients: no weights,
+#   states or gradients travel, only the ghosts (XBraid, and TorchBraid on it, step a ghost
+#   on the receiving rank, which then needs the sender's boundary layer);
 # * every exchange is a linear operator whose adjoint is the reversed exchange
 #   (docs/references.md §5): `tests/mpi/test_ops.py` proves each with the distributed dot-product
 #   test ⟨A x, y⟩ = ⟨x, Aᵀ y⟩.
@@ -188,8 +191,9 @@ for q in range(P_SHOW):
              label="layers θ, states y" if q == 0 else None)
     ax1.barh(q - 0.18, lam[-1] - lam[0] + 1, left=lam[0], height=0.32, color=f"C{q}",
              alpha=0.45, hatch="//", label="adjoints λ" if q == 0 else None)
-    ghosts = sorted(set(plan.weight_rows(q)) - set(own))
-    ax1.plot(ghosts, [q + 0.18] * len(ghosts), "kx", label="ghost θ" if q == 0 else None)
+    ghosts = sorted(set(plan.weight_rows(q)) - set(own))  # none when the blocks mirror
+    if ghosts:
+        ax1.plot(ghosts, [q + 0.18] * len(ghosts), "kx", label=f"ghost θ (rank {q})")
 ax1.set_yticks(range(P_SHOW))
 ax1.set_ylabel("rank")
 ax1.set_xlabel("layer")

@@ -174,44 +174,49 @@ def test_toy_schedule_matches_the_hand_computed_critical_path():
     """N = 8, cfactor 2, 2 levels, F-relaxation, 1 iteration, P = 2, every step costs 1.
 
     Blocks (balanced over the 4 coarse intervals): rank 0 owns fine points 0..3 (coarse 0, 2),
-    rank 1 owns 4..8 (coarse 4, 6, 8). Steps per phase (rank 0 | rank 1):
+    rank 1 owns 4..8 (coarse 4, 6, 8). Each step is made by the owner of its start point;
+    a step across the boundary is sent on. Steps per phase (rank 0 | rank 1):
 
-        iteration 0   F-relax (into F-points)          2 | 2   (1, 3 | 5, 7)
-                      C-points, residual               1 | 3   (2 | 4 from the ghost 3, 6, 8)
-                      FAS rhs A_Δ(v) on level 1        1 | 3   (0→2 | 2→4, 4→6, 6→8)
-                      coarsest solve (pipeline)        1 | 3   (rank 1 after rank 0's 0→2)
-        iteration 1   F-relax                          2 | 2
-                      C-points, residual               1 | 3   → stop (max_iter = 1)
-        total                                          8 | 16
+        iteration 0   F-relax (into F-points)          2 | 2   (0→1, 2→3 | 4→5, 6→7)
+                      boundary step, sent              1 | 0   (3→4)
+                      C-points, residual               1 | 2   (1→2 | 5→6, 7→8; 4 arrived)
+                      FAS rhs A_Δ(v) on level 1        2 | 2   (2→4 sent, 0→2 | 4→6, 6→8)
+                      coarsest solve (pipeline)        2 | 2   (0→2, 2→4 sent | 4→6, 6→8)
+        iteration 1   F-relax, boundary, C-points      4 | 4   → stop (max_iter = 1)
+        total                                         12 | 12
 
-    α = β = 0: rank 1 never waits (each message leaves rank 0 before rank 1 needs it), so the
-    critical path is rank 1's 16 steps: wall time 16.
+    α = β = 0: rank 0 sends 3→4 at 3, rank 1 needs it at 2 (after its F-sweep) and then makes
+    its 2 C-steps (5); the norm's allreduce (5); rank 0's FAS boundary step (6), its 0→2 (7);
+    rank 1's two FAS steps (6–8); rank 0's coarsest 0→2 (8) and boundary 2→4, sent at 9;
+    rank 1's coarsest steps (9–11), F-relax (13), C-steps (15): wall time 15 (the XBraid
+    convention, where rank 1 makes the boundary steps, took 16 with 8 | 16 steps).
 
-    α = 1 (β = 0; a collective of 2 ranks costs ⌈log₂ 2⌉·α = 1): rank 1 waits for the first
-    ghost (rank 0 sends at 2, it arrives at 3), then 3 C-steps (6), the norm's allreduce (7),
-    waits for the FAS ghost (sent at 7, arrives 8), 3 FAS steps (11), the pipeline message
-    (sent by rank 0 at 9, arrived at 10: no wait), 3 coarse steps (14), F-relax (16), 3
-    C-steps (19), and one allreduce (20) for the last iteration's norm and the solver's final
-    finiteness flag together (the loop ends after that iteration whatever its norm is).
-    Path: rank 0's 2 F-steps, 1 latency, rank 1's 3 C-steps, allreduce, 1 latency, 3 + 3 + 2
-    + 3 steps, 1 allreduce: 16 steps + 2 latencies + 2 collectives = 20.
+    α = 1 (β = 0; a collective of 2 ranks costs ⌈log₂ 2⌉·α = 1): rank 0's first ghost leaves
+    at 3 and arrives at 4, rank 1's 2 C-steps (6), the allreduce (7), rank 0's FAS boundary
+    step (8), its A_Δ step and coarsest 0→2 (10), the coarsest boundary step sent at 11 and
+    arriving at 12, rank 1's 2 coarsest steps (14), F-relax (16), 2 C-steps (18; the last
+    ghost, sent at 14, arrived at 15), and one allreduce (19) for the last iteration's norm
+    and the solver's final finiteness flag together. Path: 3 + 2 steps, 1 latency, 1
+    allreduce, 1 + 3 + 6 steps, 1 latency, 1 allreduce: 15 steps + 2 latencies + 2
+    collectives = 19.
     """
     problem = nonlinear_ode(8, T=1.0, dim=2)
     run = simulate_solve(problem, TOY, 2, costs=1.0)
     steps = run.trace.step_counts()
-    assert steps[(0, 0)] + steps[(0, 1)] == 8
-    assert steps[(1, 0)] + steps[(1, 1)] == 16
-    assert run.wall_time == 16.0
-    assert {e.rank for e in run.critical_path if e.kind == STEP} == {1}
-    assert sum(e.kind == STEP for e in run.critical_path) == 16
+    assert steps[(0, 0)] + steps[(0, 1)] == 12
+    assert steps[(1, 0)] + steps[(1, 1)] == 12
+    assert run.wall_time == 15.0
+    assert {e.rank for e in run.critical_path if e.kind == STEP} == {0, 1}
+    assert sum(e.kind == STEP for e in run.critical_path) == 15
 
     run = simulate_solve(problem, TOY, 2, costs=1.0, alpha=1.0)
-    assert run.wall_time == 20.0
-    assert run.breakdown() == {"allreduce": 2.0, "messages": 2.0, "step L0 forward": 10.0,
+    assert run.wall_time == 19.0
+    assert run.breakdown() == {"allreduce": 2.0, "messages": 2.0, "step L0 forward": 9.0,
                                "step L1 forward": 6.0}
     path_steps = [(e.rank, e.start, e.stop) for e in run.critical_path if e.kind == STEP]
-    assert path_steps[:2] == [(0, 0, 1), (0, 2, 3)]  # rank 0's F-sweep starts the path
-    assert all(r == 1 for r, _, _ in path_steps[2:])
+    assert path_steps[:3] == [(0, 0, 1), (0, 2, 3), (0, 3, 4)]  # rank 0's sweep and the
+    assert path_steps[-6:] == [(1, 4, 6), (1, 6, 8), (1, 4, 5), (1, 6, 7), (1, 5, 6),
+                               (1, 7, 8)]  # boundary step start the path; rank 1 ends it
     assert path_breakdown(run.critical_path) == run.breakdown()
 
 

@@ -9,7 +9,7 @@ communicator change. This module writes them once, for every model family::
               out = close(y[N]), L, λ[N] = close'ᵀ ∂L/∂out          on the last layer rank
     adjoint   λ[N] broadcast;  MGRIT adjoint solve on the reversed grid
     gradient  ∂L/∂θ_a = (∂Φ_a/∂θ_a)ᵀ λ[a+1] at y[a]: the fine adjoint step a+1 → a, taken
-              by the owner of λ[a] in the solve's last relaxation; rows go home
+              by the owner of λ[a+1] in the solve's last relaxation; rows go home
               ∂L/∂θ_open = open'ᵀ λ[0]  on layer rank 0
 
 Ownership (:class:`~refbraid.distributed.ownership.BlockPlan`, no MPI there). Rank q owns the
@@ -17,14 +17,16 @@ steps (weights θ_n, states y[n]) of its forward block [b_q, b_{q+1}); blocks st
 coarsest-grid points. What it needs from others travels through
 :class:`refbraid.parallel.ops.RowExchange` (linear operators with adjoints):
 
-* ghost weights: a coarse step from t_a to t_{a+m} uses θ_a, and the step into a block's
-  first point starts on the previous block (always rank q−1);
-* adjoint ownership is shifted: the adjoint step a+m → a runs on the owner of λ[a] and needs
-  θ_a and y[a]. The backward blocks mirror the forward ones when the grids allow it (rank q
-  then owns λ[i] for i in (b_q, b_{q+1}]) and only θ and y at b_{q+1} come from rank q+1;
-* rows going home: the gradient row of the boundary step b_{q+1} is computed on rank q and
-  sent to its owner q+1 by the ADJOINT of the RowExchange that fetched the ghosts (DistDL:
-  the adjoint of a halo fetch adds the halos back into their owners).
+* every step is made by the rank that owns its start point (:mod:`refbraid.parallel.layout`;
+  a step across a block boundary sends its result on): a forward step from t_a uses θ_a, an
+  adjoint step a+m → a uses θ_a and y[a]. The backward blocks mirror the forward ones when
+  the grids allow it (rank q then owns λ[i] for i in (b_q, b_{q+1}]), and then every rank
+  applies its own layers only, both ways: no ghost weight, no state and no gradient row
+  crosses ranks;
+* otherwise (backward grids that cannot mirror the forward blocks) ghost weights and states
+  come in, and the gradient rows of layers computed elsewhere go home by the ADJOINT of the
+  RowExchange that fetched them (DistDL: the adjoint of a halo fetch adds the halos back
+  into their owners).
 
 Data parallelism (:func:`refbraid.parallel.mpi.split_world`): D groups of Q = P/D layer ranks;
 group g takes the contiguous shard of B_g samples of every batch, and its loss and λ[N] are

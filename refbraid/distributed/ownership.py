@@ -92,27 +92,31 @@ class BlockPlan:
         return pts[pts < self.n_layers]
 
     def forward_weight_rows(self, rank: int) -> np.ndarray:
-        """Layers a whose weights the forward solve uses on rank: starts of its steps a → b."""
+        """Layers a whose weights the forward solve uses on rank: starts of its steps a → b,
+        which start at its points on every level (the step across a block boundary is made
+        by the block where it starts)."""
         rows: set[int] = set()
         for lvl in self.forward_hierarchy:
             sl = self.forward_layout.positions(lvl.points, self._check_rank(rank))
-            rows.update(int(lvl.points[k - 1]) for k in range(max(sl.start, 1), sl.stop))
+            rows.update(int(lvl.points[k]) for k in _step_starts(sl, len(lvl.points)))
         return np.array(sorted(rows), dtype=np.int64)
 
     def backward_rows(self, rank: int) -> np.ndarray:
-        """Layers a whose θ_a and y[a] the adjoint solve uses on rank: stops of its steps."""
+        """Layers a whose θ_a and y[a] the adjoint solve uses on rank: stops a = N − s' of
+        its steps s → s' (solver indices), which start at its points on every level."""
         pos = self.n_ranks - 1 - self._check_rank(rank)
         N, rows = self.n_layers, set()
         for lvl in self.backward_hierarchy:
             sl = self.backward_layout.positions(lvl.points, pos)
-            rows.update(N - int(lvl.points[k]) for k in range(max(sl.start, 1), sl.stop))
+            rows.update(N - int(lvl.points[k + 1]) for k in _step_starts(sl, len(lvl.points)))
         return np.array(sorted(rows), dtype=np.int64)
 
     def gradient_rows(self, rank: int) -> np.ndarray:
         """Layers a whose gradient rank computes: the fine adjoint steps a+1 → a it makes,
-        i.e. its adjoint points below N (returned to the owners by a RowExchange adjoint)."""
+        one from each of its adjoint points above 0 (returned to the owners by a RowExchange
+        adjoint; with mirrored blocks they are its own layers)."""
         pts = self.backward_points(rank)
-        return pts[pts < self.n_layers]
+        return pts[pts > 0] - 1
 
     def weight_rows(self, rank: int) -> np.ndarray:
         """Every layer whose weights rank uses: owned, forward ghosts, adjoint rows."""
@@ -133,6 +137,12 @@ class BlockPlan:
             lines.append(f"{q:>4}  {_span(own):>12}  {_span(self.backward_points(q)):>12}  "
                          f"{ghosts:>7}  {y_in:>5}  {g_out:>6}")
         return "\n".join(lines)
+
+
+def _step_starts(block: slice, n_points: int) -> range:
+    """Positions on a level whose step to the next point a block makes: its own, but the
+    level's last point (where no step starts)."""
+    return range(block.start, min(block.stop, n_points - 1))
 
 
 def _span(a: np.ndarray) -> str:

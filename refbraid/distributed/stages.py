@@ -9,8 +9,9 @@ states, stage-wise cold start). What is the staged network's own:
   solves every point is a packed row of its level (:mod:`refbraid.stages.packing`); the
   states fetched for the adjoint travel at the shape the state has at their point
   (``(B, *S_i)``) and are packed again on arrival;
-* the fine adjoint step a+1 → a reads the FORWARD CACHE of fine step a, fetched from the
-  owner of y[a+1] when that is another rank (the step into a block's first point);
+* the fine adjoint step a+1 → a reads the FORWARD CACHE of fine step a, made by the owner of
+  y[a] (every step is made where it starts): on the same rank when the backward blocks
+  mirror the forward ones, else fetched from it;
 * batch norm: the running statistics are updated once per step from the final fine sweep
   (:mod:`refbraid.stages.batchnorm`); each rank reads the statistics of the fine steps it
   made, the lists are gathered over the layer ranks, and every rank folds the same list into
@@ -150,8 +151,9 @@ class StagedDistributedGradient(Replicated, LayerRanks):
         self.sync_bn = self.batch_norm and topology.n_groups > 1
         self.step_bk = synchronised_backend(self.bk, topology.data) if self.sync_bn \
             else self.bk
-        #: fine steps a → a+1 this rank makes in the forward solve: a+1 in its block
-        self.made = [i - 1 for i in self.y_owned if i > 0]
+        #: fine steps a → a+1 this rank makes in the forward solve: a in its block (each
+        #: step is made by the owner of its start point)
+        self.made = [i for i in self.y_owned if i < self.plan.n_layers]
         #: the plan of the forward caches' exchange (caches are tuples of arrays and
         #: layers: they travel by ``alltoall`` on this plan, not through RowExchange's copies)
         self.caches_plan = RowExchange(topology.layer, self.made,
@@ -189,7 +191,8 @@ class StagedDistributedGradient(Replicated, LayerRanks):
 
     def fetch_caches(self, made: dict[int, Any]) -> dict[int, Any]:
         """The forward caches of the fine steps whose adjoint this rank makes but another
-        rank made the forward of (the step into a block's first point): owner → user."""
+        rank made the forward of (only where the backward blocks do not mirror the forward
+        ones): maker → user."""
         plan, layer = self.caches_plan, self.topo.layer
         got = layer.alltoall([{a: made[a] for a in rows} if q != self.q else {}
                               for q, rows in enumerate(plan.send_to)])

@@ -39,7 +39,7 @@ import numpy as np
 from array_api_compat import is_cupy_array, is_numpy_array
 
 from .arrays import namespace
-from .relax import copy, row_slice, rows_view
+from .relax import Stepped, copy, row_slice, rows_view
 
 
 def f_sweeps(f_pos) -> list[np.ndarray]:
@@ -129,6 +129,10 @@ def propagate_at(u, g, points, positions, step, ghost=None, ghost_point=None):
     if first and not initial:  # the block's first point: Φ of the previous block's last point
         if ghost is None:
             raise ValueError(f"block starting at s={int(points[0])} needs a `ghost` value.")
+        if isinstance(ghost, Stepped):  # Φ of the ghost made by its owner
+            head = xp.asarray(ghost.value)[None, ...]
+            out = xp.concat([head, step.many(x, s0, s1)], axis=0) if len(s0) else head
+            return out + rows_view(g, pos) if g is not None else out
         x = xp.concat([xp.asarray(ghost)[None, ...], x], axis=0)
         s0 = np.concatenate([[int(ghost_point)], s0])
         s1 = np.concatenate([[int(points[0])], s1])

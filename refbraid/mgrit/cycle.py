@@ -2,7 +2,9 @@
 
 One rank holds, per level ℓ, the block of points it owns (``LevelState``): iterate ``u``,
 right-hand side ``g`` and the counting step. Neighbour values come only from the
-communicator (``exchange_ghost``, ``pipeline``); with one rank that is the whole grid.
+communicator (``exchange_stepped``, ``pipeline``); with one rank that is the whole grid. A
+step that crosses a block boundary is made by the block where it starts and its result sent
+on, so each rank applies only the steps from its own points (its own layers).
 
 ::
 
@@ -50,8 +52,8 @@ from typing import Any
 import numpy as np
 
 from ..backends.host import host_float
-from ..backends.portable import indexes_with_integer_arrays
-from ..parallel.comm import Comm, exchange_ghost, pipeline
+from ..backends.portable import copy_of, indexes_with_integer_arrays
+from ..parallel.comm import Comm, pipeline
 from ..parallel.layout import Layout
 from . import batched
 from .arrays import namespace
@@ -66,7 +68,7 @@ from .coarse import (
 from .grid import Hierarchy, Level
 from .problem import CountingStep, Problem
 from .record import LevelVisit
-from .relax import c_relax, copy, f_relax, propagate_at, rows_view
+from .relax import Stepped, c_relax, copy, f_relax, propagate_at, rows_view
 from .settings import MGRITSettings
 from .workspace import Workspace
 
@@ -80,6 +82,7 @@ class LevelState:
     c_pos: np.ndarray  # local positions of C-points (the points of level ℓ+1)
     f_pos: np.ndarray  # local positions of F-points
     ghost_point: int | None  # solver index of the previous block's last point on this level
+    next_point: int | None  # solver index of the next block's first point on this level
     step: CountingStep
     coarsest: bool
     u: Any = None  # (n, *S)
@@ -108,11 +111,38 @@ def build_states(
                 c_pos=np.flatnonzero(is_c),
                 f_pos=np.flatnonzero(~is_c),
                 ghost_point=int(lvl.points[sl.start - 1]) if sl.start > 0 else None,
+                next_point=int(lvl.points[sl.stop]) if sl.stop < len(lvl.points) else None,
                 step=CountingStep(problem, lvl.index, shapes[lvl.index]),
                 coarsest=lvl is hierarchy.coarsest,
             )
         )
     return states
+
+
+def stepped_across(s: LevelState, last):
+    """``Φ(last; p_last → next block's first point)`` on ``s``'s level, made by this block
+    (the owner of the step's start point: its layer, its weights, its forward cache), or
+    None for the last block. An array of its own: it travels while this block's rows change
+    (a step may return its input, or a view of it; device arrays are copied as before)."""
+    if s.next_point is None:
+        return None
+    value = s.step(last, int(s.points[-1]), s.next_point)
+    if isinstance(value, np.ndarray) and not np.may_share_memory(value, last):
+        return value
+    return copy_of(value)
+
+
+def exchange_stepped(comm: Comm, s: LevelState, last):
+    """The ghost exchange across block boundaries on ``s``'s level: this block's ``last``
+    point stepped to the next block's first point is sent on, and the previous block's
+    returned as a :class:`~refbraid.mgrit.relax.Stepped` ghost (None for the first block).
+    Each boundary step is made once, by the rank that owns its start point, so every rank
+    applies the steps of its own layers only (XBraid makes it where it ends)."""
+    if comm.size == 1:
+        return None
+    comm.send_next(stepped_across(s, last))
+    ghost = comm.recv_prev()
+    return None if ghost is None else Stepped(ghost)
 
 
 class Cycler:
@@ -189,7 +219,7 @@ class Cycler:
         return self._level_copy(ell, c_rows)
 
     def _propagate_c(self, s: LevelState):
-        ghost = exchange_ghost(self.comm, s.u[-1, ...])
+        ghost = exchange_stepped(self.comm, s, s.u[-1, ...])
         return self._propagate(s.u, s.g, s.points, s.c_pos, s.step, ghost, s.ghost_point)
 
     def relax(self, ell: int, snapshot: bool = False):
@@ -222,11 +252,13 @@ class Cycler:
         # with a workspace the block is its kept array, overwritten by the next coarsest
         # solve: the value sent on is then a copy (a message may still be in flight)
         out = None if ws is None else ws.empty("u", c.level.index, c.g, c.g.shape)
+        # the value sent on is the last point stepped across the boundary: a new array
         c.u = pipeline(
             self.comm,
-            lambda ghost: forward_substitution(c.g, c.points, c.step, ghost, c.ghost_point,
-                                               out=out),
-            last=(lambda u: u[-1, ...]) if out is None else (lambda u: copy(u[-1, ...])),
+            lambda ghost: forward_substitution(c.g, c.points, c.step,
+                                               None if ghost is None else Stepped(ghost),
+                                               c.ghost_point, out=out),
+            last=lambda u: stepped_across(c, u[-1, ...]),
         )
 
     # -- space: R and P between level ℓ and ℓ+1 (identity without a transfer) ------------
@@ -257,7 +289,7 @@ class Cycler:
         # coarse cycle works on level ℓ+1's own arrays, c.u is a copy, the ghost travels as
         # a copy), and `correct` forms w - v before it adds to u_ℓ[C].
         v = self.to_coarse(ell, rows_view(s.u, s.c_pos))
-        ghost_v = exchange_ghost(self.comm, v[-1, ...])
+        ghost_v = exchange_stepped(self.comm, c, v[-1, ...])
         g_out = (None if self.workspace is None
                  else self.workspace.empty("g", ell + 1, v, v.shape))
         c.g = fas_rhs(self.to_coarse(ell, r), v, c.points, c.step, ghost_v, c.ghost_point,

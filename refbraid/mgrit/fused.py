@@ -50,7 +50,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .relax import StepFn, _write_row
+from .relax import StepFn, _write_row, ghost_step
 
 
 class Correction(NamedTuple):
@@ -165,7 +165,7 @@ def _first_pu(g, points, step: StepFn, ghost, ghost_point, out_row):
         return out_row
     if ghost is None:
         raise ValueError(f"block starting at s={p0} needs a `ghost` value.")
-    _write_row(out_row, step(ghost, int(ghost_point), p0), g_row)
+    _write_row(out_row, ghost_step(step, ghost, ghost_point, p0), g_row)
     return out_row
 
 

@@ -33,9 +33,8 @@ import numpy as np
 
 from ..backends.into import add_into
 from ..backends.portable import empty_on
-from ..parallel.comm import exchange_ghost
 from .coarse import correct
-from .cycle import Cycler, LevelState
+from .cycle import Cycler, LevelState, exchange_stepped
 from .fused import (
     WATCH_MIN_ROW,
     Correction,
@@ -100,7 +99,7 @@ class FusedCycler(Cycler):
             return None
         if ell == 0:
             self.f_rows_finite = None if watch is None else (watch.ok, watch.rows, watch.carried)
-        ghost = exchange_ghost(self.comm, s.u[-1, ...])
+        ghost = exchange_stepped(self.comm, s, s.u[-1, ...])
         return first_residual_row(r, s.u, s.g, s.points, s.step, ghost, s.ghost_point)
 
     def _f_relax(self, s: LevelState) -> None:
@@ -119,7 +118,7 @@ class FusedCycler(Cycler):
         r = r_first = None
         for i in range(sweeps):
             want = first and i == 0
-            ghost = exchange_ghost(self.comm, s.u[-1, ...])
+            ghost = exchange_stepped(self.comm, s, s.u[-1, ...])
             if not self._rows:
                 pu = self._propagate(s.u, s.g, s.points, s.c_pos, s.step, ghost, s.ghost_point)
                 if want:
@@ -167,7 +166,7 @@ class FusedCycler(Cycler):
         the correction of level ℓ waits for its next F-sweep (module docstring)."""
         s, c = self.states[ell], self.states[ell + 1]
         v = self.to_coarse(ell, rows_view(s.u, s.c_pos))  # a view of u_ℓ[C] without R
-        ghost_v = exchange_ghost(self.comm, v[-1, ...])
+        ghost_v = exchange_stepped(self.comm, c, v[-1, ...])
         c.u, c.g = self._fas(ell, r, v, ghost_v)
         self.cycle(ell + 1, kind)
         if kind == "F" and not c.coarsest:

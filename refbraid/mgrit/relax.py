@@ -15,7 +15,9 @@ an F-sweep the residual vanishes at F-points; at C-points it is what XBraid repo
 Every function works on a *block*: the contiguous points one rank owns (a block starts with a
 C-point, so F-sweeps need no neighbour). The C-update of the block's first point needs the
 previous block's last point on this level: ``ghost`` at solver index ``ghost_point`` (``None``
-when the block starts at the initial point ``s = 0``). The step is called ``step(u, s0, s1)``
+when the block starts at the initial point ``s = 0``), or that point already stepped across
+the boundary, a :class:`Stepped` ghost (how the cycle exchanges it: the rank that owns a
+step's start point, and so its layer, makes the step). The step is called ``step(u, s0, s1)``
 in solver indices. Functions return new arrays and never modify their inputs, unless asked
 with ``inplace=True`` (the cycle does, on the level arrays it owns, to save a copy of the whole
 level per sweep; the math is the same).
@@ -26,6 +28,7 @@ Shape legend: n points in the block, c of them C-points, S the state shape; u, g
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,6 +39,23 @@ from ..indexing import even_slice
 from .arrays import namespace
 
 StepFn = Callable[[Any, int, int], Any]
+
+
+@dataclass(frozen=True, eq=False)
+class Stepped:
+    """A ghost that crossed the block boundary already stepped: ``value = Φ(ghost; ghost_point →
+    p_0)``, made by the previous block's owner (the owner of the step's start point) and sent
+    instead of the ghost itself. The same float as the step made here."""
+
+    value: Any
+
+
+def ghost_step(step: StepFn, ghost, ghost_point, p0: int):
+    """``Φ(ghost; ghost_point → p0)``: what a :class:`Stepped` ghost carries, else the step
+    of a plain ghost made here."""
+    if isinstance(ghost, Stepped):
+        return ghost.value
+    return step(ghost, int(ghost_point), int(p0))
 
 
 def copy(u):
@@ -100,7 +120,7 @@ def propagate_at(u, g, points, positions, step: StepFn, ghost=None, ghost_point=
         else:
             if ghost is None:
                 raise ValueError(f"block starting at s={int(points[0])} needs a `ghost` value.")
-            val = step(ghost, int(ghost_point), int(points[0]))
+            val = ghost_step(step, ghost, ghost_point, int(points[0]))
         out.append(val + g[k, ...] if g is not None else val)
     if not out:
         return u[:0, ...]
@@ -132,7 +152,7 @@ def _propagate_into_block(u, g, points, ks: list, step: StepFn, ghost, ghost_poi
         else:
             if ghost is None:
                 raise ValueError(f"block starting at s={p[0]} needs a `ghost` value.")
-            val = step(ghost, int(ghost_point), p[0])
+            val = ghost_step(step, ghost, ghost_point, p[0])
         same = (isinstance(val, np.ndarray) and val.dtype == block.dtype
                 and val.shape == block.shape[1:] and (g is None or g.dtype == block.dtype))
         if not same:

@@ -11,16 +11,20 @@ every finer level, so on every level each block starts with a C-point and holds 
 F-intervals (a C-point and the F-points after it). Consequences the solver relies on:
 
 * F-relaxation needs no communication;
-* C-relaxation, the residual and the FAS right-hand side need one ghost value: the last point
-  of the previous block on the same level (``refbraid.parallel.comm.exchange_ghost``);
+* C-relaxation, the residual and the FAS right-hand side need one value from the previous
+  block on the same level: its last point stepped across the boundary
+  (``refbraid.mgrit.cycle.exchange_stepped``);
 * the coarsest solve is a pipeline through the blocks in order.
 
 The partition balances the number of coarsest intervals per block (the first ``K mod P``
 blocks get one more); the last block also holds the trailing points after the last coarsest
 point. ``P`` larger than the number ``K`` of coarsest intervals is an error.
 
-A step from ``start`` to ``stop`` is computed by the owner of ``stop`` (XBraid's convention):
-that rank stores the result.
+A step from ``start`` to ``stop`` is computed by the owner of ``start`` (its layer's owner)
+and stored by the owner of ``stop``: across a block boundary the result is sent on. (XBraid
+computes it on the owner of ``stop`` from the sent ``start`` value; that gives the later block
+one step more per level and sweep, and the adjoint's boundary layer to a rank that does not
+own it.)
 
 Shape legend: N fine steps (N + 1 points), P blocks, K coarsest intervals.
 """

@@ -10,17 +10,19 @@ same forward and adjoint layouts), parameters replicated on every rank::
     λ[N] = closing'ᵀ ∂L/∂logits            last rank;  bcast to every rank
     state rows for the adjoint             point-to-point: rank q receives the y[a] its
                                            adjoint steps a+m → a linearise at and does not
-                                           hold (one row from rank q+1 when the blocks mirror)
+                                           hold (none when the blocks mirror: each step is
+                                           made where it starts, by its layer's owner)
     MGRIT adjoint solve (reversed grid)    rank q holds λ[i], i in its backward block; its fine
                                            adjoint steps a+1 → a yield ∂L/∂θ_a (captured)
     ∂L/∂θ_open = opening'ᵀ λ[0]            rank 0 (not charged)
 
 Not simulated: moving the gradient rows to where the optimizer needs them (one sum over the
-ranks in the replicated mode, one boundary row per rank in the sharded mode) and the
-optimizer step. :func:`assemble_gradient` puts the ranks' rows together outside the
-simulation; the result equals :func:`refbraid.layer_parallel.layer_parallel_gradient` bit for
-bit (the same steps on the same values; only the norms' summation order differs, and with
-a fixed number of cycles nothing depends on it).
+ranks in the replicated mode; in the sharded mode none when the blocks mirror, else the rows
+of layers computed on another rank) and the optimizer step. :func:`assemble_gradient` puts
+the ranks' rows together outside the simulation; the result equals
+:func:`refbraid.layer_parallel.layer_parallel_gradient` bit for bit (the same steps on the
+same values; only the norms' summation order differs, and with a fixed number of cycles
+nothing depends on it).
 
 Cost-only mode (:func:`simulate_gradient_schedule`) runs the same program with the stand-in
 problem of :mod:`refbraid.scaling.schedule` in both solves and 1-element states everywhere,
@@ -65,13 +67,17 @@ def _exchange_rows(comm: VirtualComm, plan: BlockPlan, states: dict[int, Any]) -
     """Send every rank the forward states its adjoint needs and does not hold; return the
     rows this rank receives. The plan tells every rank who needs what: no metadata moves.
 
-    A rank p can only want rows of its backward block, so rank q sends to the (few) ranks
-    whose backward blocks overlap its forward block [lo, hi).
+    A rank p's adjoint steps start in its backward block and end at most one coarsest
+    interval M past it, so p can only want rows of its backward block or the M rows below
+    it: rank q sends to the (few) ranks whose backward blocks, so extended, overlap its
+    forward block [lo, hi).
     """
     q, P, N = comm.rank, comm.size, plan.n_layers
     lo, hi = plan.forward_layout.bounds(q)
     back = plan.backward_layout  # solver order s = N - i; position pos lives on rank P-1-pos
-    first, last = back.owner(N - (hi - 1)), back.owner(N - lo)
+    coarsest = plan.backward_hierarchy.coarsest.points
+    M = int(np.max(np.diff(coarsest))) if len(coarsest) > 1 else N
+    first, last = back.owner(max(N - (hi - 1) - M, 0)), back.owner(N - lo)
     for p in sorted(P - 1 - pos for pos in range(first, last + 1)):  # sends do not block
         rows = sorted(a for a in _wanted(plan, p) if lo <= a < hi) if p != q else []
         if rows:

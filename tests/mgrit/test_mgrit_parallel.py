@@ -111,3 +111,76 @@ def test_more_ranks_than_coarsest_intervals_is_an_error():
 
     with pytest.raises(ValueError, match="exceed the 4 intervals of the coarsest"):
         run_ranks(5, lambda comm: solve(problem, s, comm=comm))
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_every_step_is_made_by_the_rank_that_owns_its_start_point(direction):
+    """Each rank steps only from its own points, on every level: a step across a block
+    boundary is made where it starts and its result sent on (the layer's owner applies the
+    layer). With blocks of equal length every rank makes as many steps per level as the
+    others (XBraid's convention gives each later block one more per level and sweep); the
+    solution stays the serial one, bit for bit."""
+    from refbraid.mgrit import Problem
+    from refbraid.mgrit.grid import build_hierarchy
+    from refbraid.parallel.layout import partition
+
+    N = 64
+    s = MGRITSettings.torchbraid()
+    made = {}
+
+    def phi(u, start, stop):  # a smooth step of either direction (fine indices)
+        return u + 0.01 * abs(stop - start) * np.sin(u + start)
+
+    def body(comm):
+        seen = []
+
+        def step(u, start, stop):
+            seen.append((start, stop))
+            return phi(u, start, stop)
+
+        problem = Problem(step, np.ones(2), N, direction=direction)
+        res = solve(problem, s, comm=comm)
+        made[comm.rank] = seen
+        return gather_solution(res, comm), res.step_counts
+
+    out = run_ranks(2, body)
+    serial = solve(Problem(phi, np.ones(2), N, direction=direction), s)
+    np.testing.assert_array_equal(out[0][0], serial.solution)
+    assert out[0][1] == out[1][1]  # the same number of steps on every level
+    layout = partition(build_hierarchy(N, s.cfactors, s.min_coarse).coarsest.points, N, 2)
+    for rank, steps in made.items():
+        position = rank if direction == "forward" else 1 - rank
+        starts = {a if direction == "forward" else N - a for a, _ in steps}
+        assert {layout.owner(p) for p in starts} == {position}
+
+
+def test_a_stepped_ghost_gives_the_floats_of_the_ghost_stepped_here():
+    """Every use of the previous block's last point (propagation, the FAS restriction, the
+    fused residual row, the coarsest solve) reads Φ(ghost) from a Stepped ghost as it would
+    have computed it."""
+    from refbraid.mgrit import batched
+    from refbraid.mgrit.coarse import forward_substitution
+    from refbraid.mgrit.fused import first_residual_row, restrict_fas
+    from refbraid.mgrit.problem import CountingStep
+    from refbraid.mgrit.relax import Stepped, propagate_at
+
+    problem = nonlinear_ode(12, T=1.0, dim=3)
+    step = CountingStep(problem)
+    rng = np.random.default_rng(4)
+    points = np.arange(4, 9)
+    u, g, r = (rng.standard_normal((5, 3)) for _ in range(3))
+    ghost = rng.standard_normal(3)
+    stepped = Stepped(step(ghost, 3, 4))
+    for plain, ready in [
+        (propagate_at(u, g, points, [0, 2], step, ghost, 3),
+         propagate_at(u, g, points, [0, 2], step, stepped, 3)),
+        (batched.propagate_at(u, g, points, [0, 2], step, ghost, 3),
+         batched.propagate_at(u, g, points, [0, 2], step, stepped, 3)),
+        (forward_substitution(g, points, step, ghost, 3),
+         forward_substitution(g, points, step, stepped, 3)),
+        (first_residual_row(r.copy(), u, g, points, step, ghost, 3),
+         first_residual_row(r.copy(), u, g, points, step, stepped, 3)),
+        (restrict_fas(u, r, points, step, ghost, 3)[1],
+         restrict_fas(u, r, points, step, stepped, 3)[1]),
+    ]:
+        np.testing.assert_array_equal(ready, plain)

@@ -32,7 +32,7 @@ def _steps_by_rank(n_layers, settings, layout, direction, n_ranks):
     solve(Problem(step, u0, n_layers, direction=direction), settings)
     out = {q: set() for q in range(n_ranks)}
     for start, stop in seen:
-        s = stop if direction == "forward" else n_layers - stop
+        s = start if direction == "forward" else n_layers - start  # made where it starts
         pos = layout.owner(s)
         out[pos if direction == "forward" else n_ranks - 1 - pos].add((start, stop))
     return out
@@ -56,7 +56,10 @@ def test_plan_rows_cover_every_step_the_solves_make(n_layers, settings, n_ranks)
     assert n_layers in plan.forward_points(n_ranks - 1)  # y[N] for the closing on the last
 
 
-def test_mirrored_layout_needs_one_row_from_the_next_rank():
+def test_mirrored_layout_needs_no_row_from_another_rank():
+    """Every step is made by the rank that owns its start point, so with mirrored blocks each
+    rank applies its own layers only, forward and adjoint: no ghost weight, no state fetched,
+    no gradient row sent home."""
     plan = BlockPlan.build(64, LayerParallelSettings(), 4)
     assert plan.mirrored
     for q in range(4):
@@ -64,10 +67,11 @@ def test_mirrored_layout_needs_one_row_from_the_next_rank():
         lam = plan.backward_points(q)
         expect = np.arange(b[0] + 1 if q else 0, b[-1] + 2 if q < 3 else 65)
         assert np.array_equal(lam, expect)  # λ owned on (b_q, b_{q+1}]
-        extra = set(plan.backward_rows(q)) - set(plan.owned_layers(q))
-        assert extra == ({int(b[-1]) + 1} if q < 3 else set())
-        ghosts = set(plan.forward_weight_rows(q)) - set(plan.owned_layers(q))
-        assert all(plan.forward_layout.owner(g) == q - 1 for g in ghosts)
+        own = set(plan.owned_layers(q))
+        assert set(plan.backward_rows(q)) == own
+        assert set(plan.forward_weight_rows(q)) == own
+        assert set(plan.gradient_rows(q)) == own
+    assert all(row.split()[-3:] == ["0", "0", "0"] for row in plan.table().splitlines()[1:])
     assert not BlockPlan.build(70, LayerParallelSettings(), 3).mirrored
 
 
