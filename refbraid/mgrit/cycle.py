@@ -250,9 +250,9 @@ class Cycler:
         c = self.states[-1]
         ws = self.workspace
         # with a workspace the block is its kept array, overwritten by the next coarsest
-        # solve: the value sent on is then a copy (a message may still be in flight)
+        # solve while a message may be in flight: what is sent on is the last point stepped
+        # across the boundary, an array of its own (stepped_across)
         out = None if ws is None else ws.empty("u", c.level.index, c.g, c.g.shape)
-        # the value sent on is the last point stepped across the boundary: a new array
         c.u = pipeline(
             self.comm,
             lambda ghost: forward_substitution(c.g, c.points, c.step,
