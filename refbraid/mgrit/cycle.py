@@ -248,11 +248,10 @@ class Cycler:
     def solve_coarsest(self) -> None:
         """Forward substitution on the coarsest level, block after block (pipeline)."""
         c = self.states[-1]
-        ws = self.workspace
         # with a workspace the block is its kept array, overwritten by the next coarsest
         # solve while a message may be in flight: what is sent on is the last point stepped
         # across the boundary, an array of its own (stepped_across)
-        out = None if ws is None else ws.empty("u", c.level.index, c.g, c.g.shape)
+        out = self._coarsest_out(c)
         c.u = pipeline(
             self.comm,
             lambda ghost: forward_substitution(c.g, c.points, c.step,
@@ -260,6 +259,18 @@ class Cycler:
                                                c.ghost_point, out=out),
             last=lambda u: stepped_across(c, u[-1, ...]),
         )
+
+    def _coarsest_out(self, c: LevelState):
+        """Where the coarsest solve writes its block: the workspace's kept array, or None (a
+        new one)."""
+        ws = self.workspace
+        return None if ws is None else ws.empty("u", c.level.index, c.g, c.g.shape)
+
+    def _inject_up(self, ell: int) -> None:
+        """Nested iteration's way up: ``u_ℓ[C] = u_{ℓ+1}`` (in place: the level arrays are the
+        cycle's own, no copy of the whole level)."""
+        st = self.states
+        st[ell].u = inject_up(st[ell].u, st[ell].c_pos, st[ell + 1].u, inplace=True)
 
     # -- space: R and P between level ℓ and ℓ+1 (identity without a transfer) ------------
     def _fine_indices(self, ell: int):
@@ -351,8 +362,7 @@ class Cycler:
                 st[ell].u = correct(st[ell].u, st[ell].c_pos, st[ell + 1].u, v,
                                     interpolate=lambda d, ell=ell: self.to_fine(ell, d))
             else:
-                # in place: the level arrays are the cycle's own (no copy of the whole level)
-                st[ell].u = inject_up(st[ell].u, st[ell].c_pos, st[ell + 1].u, inplace=True)
+                self._inject_up(ell)
             if ell > 0:
                 for _ in range(vcycles):
                     self.cycle(ell, "V")

@@ -21,8 +21,10 @@ arrays (CuPy, the ``cuda`` backend's) the textbook's block operations, one launc
 a row loop would launch per row: there the residual and the FAS right-hand side are formed in
 place where NumPy allows, and the correction is applied as a block before the first sweep.
 Either way FCF forms only the residuals someone reads and nested iteration skips the copies
-it never reads. When the solver knows a level-0 relaxation is its last (``watch_finite``), the
-row-by-row sweep also checks each (large) F-row it writes for NaN/inf (``f_rows_finite``), so
+it never reads; on NumPy rows, when the first down-cycle is skipped, it writes each coarse
+level straight into the C-rows of the level above (no injection: :meth:`nested_iteration`).
+When the solver knows a level-0 relaxation is its last (``watch_finite``), the row-by-row
+sweep also checks each (large) F-row it writes for NaN/inf (``f_rows_finite``), so
 the solver's finiteness check of the solution reads only the C-rows afterwards. Every value
 equals the textbook cycle's bit for bit (fused.py's docstring; tests/mgrit/test_fused.py).
 """
@@ -72,6 +74,10 @@ class FusedCycler(Cycler):
         #: the watch was ``carried``), or None when that sweep checked none (not watched, or
         #: not the row-by-row path)
         self.f_rows_finite: tuple[bool, int, bool] | None = None
+        #: nested iteration without V-cycles: level -> its iterate, a view of the C-rows of
+        #: the level above it (nested_iteration)
+        self._aliases: dict[int, np.ndarray] = {}
+        self._alias_down = False
 
     # -- sweeps ----------------------------------------------------------------------------
     def _sweep(self, s: LevelState, residual: bool):
@@ -131,14 +137,51 @@ class FusedCycler(Cycler):
             r = self._sweep(s, residual=i == sweeps - 1)
         return r, r_first, u_first
 
+    def nested_iteration(self, vcycles: int) -> None:
+        """:meth:`Cycler.nested_iteration`; without V-cycles on the way up (the skipped first
+        down-cycle), on NumPy rows, with F-relaxation on level 0 and no final FC relaxation,
+        each coarse level's iterate *is* the C-rows of the level above (a strided view): the
+        coarsest solve and the F-sweeps write their values where injection would copy them,
+        and injection has nothing left to do. The same values in the same rows, one pass over
+        every C-row less per level. Level 0's C-rows then change only after each coarse
+        level has its own iterate again (the first coarse correction gives it one), so a
+        coarse level's values stay its own."""
+        s = self.settings
+        self._alias_down = (vcycles == 0 and self._rows and s.sweeps_on(0) == 0
+                            and not s.final_fc_relax)
+        try:
+            super().nested_iteration(vcycles)
+        finally:
+            self._alias_down = False
+
     def _nested_start(self, ell: int, c_rows):
         """An array of the injected rows' shape, values unset: without a spatial transfer
         nested iteration overwrites every value of a coarse level before reading it (the
         coarsest solve; above it, injection into the C-points, then the F-sweep), so the
-        textbook's copy down is never read."""
+        textbook's copy down is never read. Where :meth:`nested_iteration` allows, the
+        C-rows themselves (a view of the level above: nothing to inject later)."""
+        above = self.states[ell - 1].u
+        if (self._alias_down and isinstance(c_rows, np.ndarray) and c_rows.base is not None
+                and np.may_share_memory(c_rows, above)):
+            self._aliases[ell] = c_rows
+            return c_rows
+        self._aliases.pop(ell, None)
         if self.workspace is not None:
             return self.workspace.empty("u", ell, c_rows, c_rows.shape)
         return empty_on(c_rows, c_rows.shape)
+
+    def _aliased(self, ell: int) -> bool:
+        """Whether level ``ell``'s iterate is still the view of the C-rows above it."""
+        return self._aliases.get(ell) is self.states[ell].u
+
+    def _coarsest_out(self, c: LevelState):
+        """The coarsest solve writes into the C-rows above it when its iterate is their view."""
+        return c.u if self._aliased(c.level.index) else super()._coarsest_out(c)
+
+    def _inject_up(self, ell: int) -> None:
+        """Nothing to copy where level ℓ+1's iterate is the view of level ℓ's C-rows."""
+        if not self._aliased(ell + 1):
+            super()._inject_up(ell)
 
     # -- the recursion ---------------------------------------------------------------------
     def _fas(self, ell: int, r, v, ghost_v):

@@ -485,3 +485,46 @@ def test_layer_parallel_gradient_fused_on_device_arrays(bk_name, model):
     with guard:  # strict: no implicit host conversion anywhere (to_host is the one door)
         fused = _gradient_bits(net, params, x, y, s, bk)
         assert fused == _gradient_bits(net, params, x, y, _unfused(s), bk)
+
+
+@pytest.mark.parametrize("case", ["skip", "skip-FCF-fine", "skip-final-FC", "fmg-V", "2 ranks"])
+def test_nested_iteration_writes_coarse_levels_into_the_c_rows_above(monkeypatch, case):
+    """Without V-cycles on the way up (the skipped first down-cycle), F-relaxation on level 0
+    and no final FC relaxation, each coarse iterate of the fused cycle is a view of the
+    C-rows above it: nothing is injected, and the solution and norms are the textbook's bit
+    for bit. Elsewhere the textbook's copies stay (a C-relaxation of level 0
+    would change a coarse level's values under it)."""
+    import refbraid.mgrit.cycle as cycle_module
+
+    base = MGRITSettings.torchbraid(max_iter=1, abs_tol=None)
+    settings, aliased = {
+        "skip": (base, True),
+        "skip-FCF-fine": (base.replace(relax="FCF"), False),
+        "skip-final-FC": (base.replace(final_fc_relax=True), False),
+        "fmg-V": (base.replace(skip_first_down=False, fmg=True), False),
+        "2 ranks": (base, True),
+    }[case]
+    ode = nonlinear_ode(64, T=1.0, dim=3)
+    problem = Problem(ode.step, ode.u0, ode.n_steps, t=ode.t)  # per-point sweeps (rows)
+    copies = []
+
+    def counting_inject_up(*args, **kwargs):
+        copies.append(1)
+        return inject_up(*args, **kwargs)
+
+    inject_up = cycle_module.inject_up
+    monkeypatch.setattr(cycle_module, "inject_up", counting_inject_up)
+    textbook = solve(problem, settings.replace(fused=False))
+    n_textbook = len(copies)
+    copies.clear()
+    if case == "2 ranks":
+        parts = run_ranks(2, lambda comm: solve(problem, settings, comm=comm))
+        solution = np.concatenate([p.solution for p in parts])
+        norms = parts[0].norms
+    else:
+        fused = solve(problem, settings)
+        solution, norms = fused.solution, fused.norms
+    assert n_textbook > 0
+    assert len(copies) == (0 if aliased else n_textbook * (2 if case == "2 ranks" else 1))
+    np.testing.assert_array_equal(solution, textbook.solution)
+    np.testing.assert_allclose(norms, textbook.norms, rtol=0 if case != "2 ranks" else 1e-13)
