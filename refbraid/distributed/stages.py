@@ -153,7 +153,7 @@ class StagedDistributedGradient(Replicated, LayerRanks):
             else self.bk
         #: fine steps a → a+1 this rank makes in the forward solve: a in its block (each
         #: step is made by the owner of its start point)
-        self.made = [i for i in self.y_owned if i < self.plan.n_layers]
+        self.made = [int(a) for a in self.plan.owned_layers(self.q)]
         #: the plan of the forward caches' exchange (caches are tuples of arrays and
         #: layers: they travel by ``alltoall`` on this plan, not through RowExchange's copies)
         self.caches_plan = RowExchange(topology.layer, self.made,

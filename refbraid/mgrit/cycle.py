@@ -53,7 +53,7 @@ import numpy as np
 
 from ..backends.host import host_float
 from ..backends.portable import copy_of, indexes_with_integer_arrays
-from ..parallel.comm import Comm, pipeline
+from ..parallel.comm import Comm, exchange_ghost, pipeline
 from ..parallel.layout import Layout
 from . import batched
 from .arrays import namespace
@@ -138,10 +138,7 @@ def exchange_stepped(comm: Comm, s: LevelState, last):
     returned as a :class:`~refbraid.mgrit.relax.Stepped` ghost (None for the first block).
     Each boundary step is made once, by the rank that owns its start point, so every rank
     applies the steps of its own layers only (XBraid makes it where it ends)."""
-    if comm.size == 1:
-        return None
-    comm.send_next(stepped_across(s, last))
-    ghost = comm.recv_prev()
+    ghost = exchange_ghost(comm, stepped_across(s, last), copy=False)  # an array of its own
     return None if ghost is None else Stepped(ghost)
 
 

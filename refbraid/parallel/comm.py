@@ -86,11 +86,13 @@ def sums_in_rank_order(rows) -> list[float]:
     return [float(sum(float(r[i]) for r in rows)) for i in range(len(rows[0]))]
 
 
-def exchange_ghost(comm: Comm, last: Any) -> Any | None:
+def exchange_ghost(comm: Comm, last: Any, copy: bool = True) -> Any | None:
     """Send ``last`` to the next block and return the previous block's last value (None first).
 
-    A copy travels: the sender relaxes its level arrays in place afterwards."""
-    if comm.size > 1:
+    With ``copy`` a copy travels (a row of a level array, which the sender relaxes in place
+    afterwards); without, ``last`` must be an array nobody changes while it travels (the
+    solver sends a step's new result: refbraid.mgrit.cycle.exchange_stepped)."""
+    if copy and comm.size > 1:
         last = copy_of(last) if hasattr(last, "shape") else last  # CuPy too (no
         # __array_namespace__): the copy is made where the array lives
     comm.send_next(last)
