@@ -24,6 +24,15 @@ on the same device (slow: one Python thread per CUDA thread). Values: launches, 
 (the longest chain of dependent launches), copies h→d and d→h, syncs, and launches and
 critical path ÷ serial's.
 
+Cases ``cupy traffic {case} {gradient}`` (``traffic``, cupy only): the GPU suite's
+whole-gradient cases at their own sizes (benchmarks/gpu_cases.py's ``GRADIENT_CASES``, float32;
+``tiny``: its tiny cases), serial backprop and batched layer-parallel, eager and recorded
+as a CUDA graph: launches (graph: the kernel nodes a replay works through) and the bytes
+they move (:mod:`refbraid.backends.launch_model`: every array a launch reads or writes, once),
+in MB and ÷ serial's; and the largest shares of the batched gradient's bytes by launch
+name. Once a graph takes the host's cost per launch away, these bytes are what is left for
+the device (slow: the stand-in's arithmetic runs at full size, about 2 minutes).
+
 Cases ``cupy[ unfused] layer {name}`` (``layers``, cupy only): per layer of the GPU suite's
 per-layer table (benchmarks/gpu.py: dense and conv ODE steps, layer norm, MLP, attention,
 encoder step, GRU cell; its unit is a forward then an adjoint), the launches of the forward
@@ -62,7 +71,7 @@ from benchmarks.harness import ROOT, Result, emit, fresh, launch, worker_main
 MODELS = ("dense", "conv", "transformer", "gru")
 #: ``sizes`` "" takes the size's default N
 OPTIONS = {"gpu_backend": "cupy", "models": ",".join(MODELS), "sizes": "", "fused": True,
-           "layers": True, "transfers": True, "ranks": 2}
+           "layers": True, "transfers": True, "ranks": 2, "traffic": True}
 SIZES = {"full": "64,256", "quick": "64,256", "tiny": "16"}
 SIMULATOR = {"NUMBA_ENABLE_CUDASIM": "1"}
 
@@ -142,6 +151,60 @@ def layer_records(fused: bool = True) -> list[dict]:
                 op.adjoint(p, cache, w, bk)
         out.append({"layer": name, "fused": fused, "forward": forward.tally.launches,
                     "adjoint": adjoint.tally.launches})
+    return out
+
+
+# ----------------------------------------------------------------------------- bytes moved
+#: the launch names whose shares of the batched gradient's bytes are listed
+TOP_NAMES = 4
+
+
+def traffic_records(tiny: bool) -> list[dict]:
+    """Per whole-gradient case of the GPU suite (float32, its sizes), one record per gradient:
+    serial and batched layer-parallel, eager (``launch_count.network_counts``) and recorded
+    as a CUDA graph (``launch_count.graph_work``): launches, bytes moved, bytes by name."""
+    import numpy as np
+
+    from benchmarks.gpu_cases import (
+        GRADIENT_CASES,
+        TINY_GRADIENT_CASES,
+        gradient_case,
+        gradient_settings,
+    )
+    from refbraid.backends import launch_count
+
+    settings, out = gradient_settings(tiny), []
+    for case in TINY_GRADIENT_CASES if tiny else GRADIENT_CASES:
+        net, params, x, labels, size = gradient_case(*case, np.float32)
+        built = (net, params, x, labels)
+        for mode in launch_count.GRAPH_MODES:
+            for graph in (False, True):
+                t = (launch_count.graph_work(*built, mode, settings) if graph
+                     else launch_count.network_counts("cupy", *built, mode, settings))
+                out.append({"case": size, "mode": f"{mode}{', graph' if graph else ''}",
+                            "launches": t.launches, "bytes": t.bytes_moved,
+                            "by_name": t.bytes_by_name})
+    return out
+
+
+def traffic_results(recs: list[dict]) -> list[Result]:
+    """:func:`traffic_records` as results: launches, MB moved, and both ÷ the serial record's
+    (eager or graph alike) of the same case; the batched records' largest bytes by name."""
+    serial = {(r["case"], r["mode"].replace("lp-batched", "serial")): r for r in recs
+              if r["mode"].startswith("serial")}
+    out = []
+    for r in recs:
+        s = serial[r["case"], r["mode"].replace("lp-batched", "serial")]
+        res = (Result("counts", f"cupy traffic {r['case']} {r['mode']}",
+                      {"case": r["case"], "mode": r["mode"]})
+               .add("launches", r["launches"]).add("MB moved", r["bytes"] / 1e6, "MB")
+               .add("launches ÷ serial", r["launches"] / s["launches"])
+               .add("MB moved ÷ serial", r["bytes"] / s["bytes"]))
+        if r["mode"].startswith("lp-batched"):
+            top = sorted(r["by_name"].items(), key=lambda kv: -kv[1])[:TOP_NAMES]
+            for name, b in top:
+                res.add(f"share {name}", b / r["bytes"])
+        out.append(res)
     return out
 
 
@@ -268,6 +331,9 @@ def worker(spec: dict) -> None:
     elif part == "layers":
         for rec in layer_records(spec["fused"]):
             emit(rec)
+    elif part == "traffic":
+        for rec in traffic_records(spec["tiny"]):
+            emit(rec)
     elif part in ("device", "host"):
         for model in spec["models"]:
             emit((device_step_record if part == "device" else host_step_record)(model))
@@ -276,8 +342,8 @@ def worker(spec: dict) -> None:
         if rec is not None:
             emit(rec)
     else:
-        raise ValueError(f"`part` must be launches, layers, device, host or sharded, got "
-                         f"{part!r}.")
+        raise ValueError(f"`part` must be launches, layers, traffic, device, host or sharded, "
+                         f"got {part!r}.")
 
 
 def run(size: str, opts: dict, notes: list[str]) -> list[Result]:
@@ -302,6 +368,11 @@ def run(size: str, opts: dict, notes: list[str]) -> list[Result]:
             out.append(Result("counts", name, {"layer": rec["layer"], "fused": rec["fused"]})
                        .add("forward launches", rec["forward"])
                        .add("adjoint launches", rec["adjoint"]))
+    if opts["traffic"] and backend == "cupy" and opts["fused"]:
+        notes.append("cupy traffic: the GPU suite's whole gradients at its sizes, float32; "
+                     "bytes each launch reads and writes, once (a count, not a time)")
+        out += traffic_results(fresh("benchmarks.counts", {"part": "traffic",
+                                                             "tiny": size == "tiny"}))
     if opts["transfers"]:
         notes.append("cuda step / cuda-host step: one layer-parallel training step on the "
                      "CUDA simulator, device-resident / host-array mode")

@@ -41,6 +41,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from benchmarks.gpu_cases import (
+    GRADIENT_CASES,
+    TINY_GRADIENT_CASES,
+    gradient_case,
+    gradient_settings,
+)
 from benchmarks.gpu_layers import H, layer_op, layers
 from benchmarks.harness import (
     Result,
@@ -53,7 +59,6 @@ from benchmarks.harness import (
 )
 from refbraid.backends import Backend, available_backends, get_backend
 from refbraid.backends.host import to_host
-from refbraid.layer_parallel import LayerParallelSettings
 from refbraid.models import build_network
 from refbraid.network import init_params, to_backend
 from refbraid.training.gradients import mgrit_gradient
@@ -128,13 +133,6 @@ def torch_layer(layer, x: np.ndarray, w: np.ndarray, dtype):
     return run
 
 
-def gradient_settings(tiny: bool) -> LayerParallelSettings:
-    """The MGRIT settings of the timed gradients: TorchBraid's; at tiny sizes one forward and
-    one adjoint iteration on 2 levels, cfactor 2 (N = 8 has no third level)."""
-    return LayerParallelSettings.with_iterations(1, 1, levels=2, cfactor=2) if tiny \
-        else LayerParallelSettings()
-
-
 def failed_row(case: str, size: str, dtype, bname: str, err: Exception) -> tuple:
     """The row of a case that raised: no time, ``check`` the error (the run goes on; the
     runner reports it and exits 1: :func:`run`)."""
@@ -202,28 +200,6 @@ def step_rows(backends, dtype, tiny, warmup, repeats):
         rows.append(("layer-parallel step", size, np.dtype(dtype).name, bname, ms, ms / base,
                      "-"))
     return rows
-
-
-#: Whole-gradient cases: (model, N, width C, batch B, image side); dense: C features; conv: C
-#: channels on side × side images (the ConvLift takes one input channel to C).
-GRADIENT_CASES = [("dense", 64, 256, 1024, 0), ("dense", 256, 256, 1024, 0),
-                  ("dense", 256, 32, 64, 0), ("dense", 1024, 32, 64, 0),
-                  ("conv", 64, 16, 64, 16), ("conv", 256, 16, 64, 16)]
-TINY_GRADIENT_CASES = [("dense", 8, 4, 4, 0), ("conv", 4, 2, 2, 4)]
-
-
-def gradient_case(model, n_layers, width, batch, side, dtype):
-    """(net, params, x, labels, size label) of one whole-gradient case."""
-    rng = np.random.default_rng(0)
-    if model == "dense":
-        net = build_network("resnet", (2,), 5, n_layers, width, 3.0)
-        x, size = rng.standard_normal((batch, 2)), f"dense N={n_layers} C={width} B={batch}"
-    else:
-        net = build_network("conv", (1, side, side), 5, n_layers, width, 3.0)
-        x = rng.standard_normal((batch, 1, side, side))
-        size = f"conv N={n_layers} C={width} B={batch} {side}x{side}"
-    return (net, init_params(net, 0, dtype), np.asarray(x, dtype=dtype),
-            rng.integers(0, 5, batch), size)
 
 
 def torch_ode_backprop(model, n_layers, width, batch, side, dtype, device="cuda"):

@@ -9,7 +9,7 @@ launch on an H200, many times what the GPU needs to run most of those kernels. T
 spent on the host, in refbraid's Python, in CuPy's or Numba's launch paths, or waiting at
 synchronisations; a profile says which. For each backend (``cupy``, ``cuda``) and each
 gradient (``serial`` backprop, layer-parallel ``lp-batched`` with TorchBraid's settings) of
-the first case of :data:`benchmarks.gpu.GRADIENT_CASES` (the dense ResNet, N = 64, C = 256,
+the first case of :data:`benchmarks.gpu_cases.GRADIENT_CASES` (the dense ResNet, N = 64, C = 256,
 B = 1024, float32), after two warm-up gradients, :data:`PROFILED` gradients run under cProfile
 with a device synchronisation after each; ``OUTDIR/profile-<backend>-<mode>.txt`` gets the
 time per gradient with and without the profiler, what the GPU itself ran in one gradient
@@ -67,7 +67,8 @@ def device_activity(one) -> str:
 
 def profile_one(bname: str, mode: str, case, dtype, simulator: bool = False) -> str:
     """The report of one backend and mode (see the module docstring)."""
-    from benchmarks.gpu import backend, gradient_case, gradient_settings, median_ms, synchronise
+    from benchmarks.gpu import backend, median_ms, synchronise
+    from benchmarks.gpu_cases import gradient_case, gradient_settings
     from refbraid.backends.device_batching import sweeps_batched
     from refbraid.network import to_backend
     from refbraid.training.gradients import mgrit_gradient, sequential_gradient
@@ -113,7 +114,8 @@ def main(argv: list[str]) -> int:
     out, simulator = Path(argv[0]), len(argv) == 2
     # before Numba is first imported (by refbraid): the simulator, or the real GPU
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1" if simulator else "0"
-    from benchmarks.gpu import GRADIENT_CASES, TINY_GRADIENT_CASES, gpu_backends
+    from benchmarks.gpu import gpu_backends
+    from benchmarks.gpu_cases import GRADIENT_CASES, TINY_GRADIENT_CASES
 
     out.mkdir(parents=True, exist_ok=True)
     backends = [b for b in gpu_backends(simulator) if b != "cuda-host"]

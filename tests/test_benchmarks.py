@@ -83,7 +83,7 @@ def test_counts_suite_prints_what_launch_count_counts():
     from refbraid.backends import launch_count
 
     opts = {"gpu_backend": "cupy", "models": "dense", "sizes": "16", "fused": True,
-            "layers": False, "transfers": False, "ranks": 0}
+            "layers": False, "transfers": False, "ranks": 0, "traffic": False}
     notes: list[str] = []
     rows = {r.params["mode"]: r.values for r in run("tiny", opts, notes)}
     graphs = [f"{m}, graph" for m in launch_count.GRAPH_MODES]
@@ -99,13 +99,40 @@ def test_counts_suite_prints_what_launch_count_counts():
         run("tiny", {**opts, "models": "mlp"}, [])
 
 
+def test_counts_suite_prints_the_bytes_each_gpu_suite_gradient_moves():
+    """Cases ``cupy traffic …``: the GPU suite's own whole-gradient cases (tiny here), eager
+    and recorded, with launch_count's launches and bytes moved, and ratios to serial's."""
+    import numpy as np
+
+    from benchmarks.counts import run
+    from benchmarks.gpu_cases import TINY_GRADIENT_CASES, gradient_case, gradient_settings
+    from refbraid.backends import launch_count
+
+    opts = {"gpu_backend": "cupy", "models": "dense", "sizes": "16", "fused": True,
+            "layers": False, "transfers": False, "ranks": 0, "traffic": True}
+    rows = {(r.params["case"], r.params["mode"]): r.values for r in run("tiny", opts, [])
+            if "case" in r.params}
+    net, params, x, y, size = gradient_case(*TINY_GRADIENT_CASES[1], np.float32)
+    assert size.startswith("conv") and len(rows) == 4 * len(TINY_GRADIENT_CASES)
+    settings = gradient_settings(True)
+    eager = launch_count.network_counts("cupy", net, params, x, y, "lp-batched", settings)
+    graph = launch_count.graph_work(net, params, x, y, "lp-batched", settings)
+    for t, mode in ((eager, "lp-batched"), (graph, "lp-batched, graph")):
+        values = rows[size, mode]
+        assert values["launches"] == t.launches and values["MB moved"] == t.bytes_moved / 1e6
+        serial = rows[size, mode.replace("lp-batched", "serial")]
+        assert values["MB moved ÷ serial"] == pytest.approx(values["MB moved"] / serial["MB moved"])
+        assert values["MB moved ÷ serial"] > 1
+        assert sum(v for k, v in values.items() if k.startswith("share ")) <= 1
+
+
 def test_counts_suite_counts_each_layer_with_and_without_the_hand_written_kernels():
     """Cases ``cupy layer …``: the launches of one forward and one adjoint per layer; the
     hand-written kernels take fewer than the reference operations (``fused=False``)."""
     from benchmarks.counts import run
 
     opts = {"gpu_backend": "cupy", "models": "dense", "sizes": "16", "layers": True,
-            "transfers": False, "ranks": 0}
+            "transfers": False, "ranks": 0, "traffic": False}
     rows = {}
     for fused in (True, False):
         for r in run("tiny", {**opts, "fused": fused}, []):

@@ -30,6 +30,26 @@ def test_a_chain_of_dependent_launches_is_as_deep_as_it_is_long():
     assert (t.tally.launches, t.tally.critical_path) == (5, 5)
 
 
+def test_each_launch_is_charged_the_bytes_of_what_it_reads_and_writes_once():
+    """``bytes_moved``: every array a launch reads or writes, once, at the smaller of its
+    elements' bytes and the span of memory it views — rows of a stack their own bytes, a
+    strided view of every other row its elements (not the rows between), an overlapping
+    window view (im2col's) its base's bytes once, a broadcast row its one row."""
+    t, u = Tracker(), np.zeros((4, 8))  # float64 rows of 64 bytes
+    t.launch([u[0]], [u[1]], "copy")
+    assert t.tally.bytes_moved == 2 * 64
+    t.launch([u[::2]], [np.zeros((2, 8))], "gather")
+    assert t.tally.bytes_moved == 128 + 2 * 128
+    x = np.zeros(10)
+    windows = np.lib.stride_tricks.as_strided(x, shape=(8, 3), strides=(8, 8))
+    t.launch([windows], [], "windows")
+    assert t.tally.bytes_moved == 384 + 80
+    t.launch([np.broadcast_to(u[0], (4, 8))], [], "broadcast")
+    assert t.tally.bytes_moved == 464 + 64
+    assert t.tally.bytes_by_name == {"copy": 128, "gather": 256, "windows": 80, "broadcast": 64}
+    assert t.tally.bytes_moved == 528
+
+
 def test_launches_on_disjoint_rows_are_independent_and_a_row_reader_waits_for_its_writer():
     t, u = Tracker(), np.zeros((4, 8))
     for i in range(4):  # four intervals, three steps each: rows never read each other
@@ -107,6 +127,36 @@ def test_matmul_counts_the_operand_copies_cupy_makes_before_its_gemm():
             got = xp.matmul(Yd, transposed_once(Wd))
     assert t.tally.by_name == {"ascontiguousarray": 1, "matmul": 3}
     np.testing.assert_array_equal(got.get(), Y @ np.transpose(W, (0, 2, 1)))
+
+
+def test_while_a_graph_is_recorded_matmul_copies_only_what_strides_cannot_describe():
+    """A recorded product is refbraid's strided-batched GEMM (cupy_blas.gemm_plan): a
+    transposed batch, evenly spaced rows of a stack and a 2-D weight broadcast over a batch
+    are read in place; an operand whose batch axes do not collapse to one stride is copied.
+    The values are NumPy's either way."""
+    from refbraid.backends.capture_state import recording_graph
+
+    rng = np.random.default_rng(1)
+    Y, W = rng.standard_normal((6, 4, 5)), rng.standard_normal((3, 6, 5))
+    V = rng.standard_normal((2, 2, 5, 3))
+    Yd, Wd, Vd = xp.asarray(Y), xp.asarray(W), xp.asarray(V)
+    cases = [  # (product, copies eager, copies recorded, NumPy's product)
+        (lambda: xp.matmul(Yd[::2], xp.permute_dims(Wd, (0, 2, 1))), 2, 0,
+         Y[::2] @ np.transpose(W, (0, 2, 1))),
+        (lambda: xp.matmul(Yd, Wd[0].T), 1, 0, Y @ W[0].T),
+        (lambda: xp.matmul(xp.reshape(Yd, (2, 3, 4, 5))[:, :2], Vd), 1, 1,
+         Y.reshape(2, 3, 4, 5)[:, :2] @ V),
+    ]
+    for product, eager, recorded, want in cases:
+        for recording, copies in ((False, eager), (True, recorded)):
+            with tracking() as t:
+                if recording:
+                    with recording_graph():
+                        got = product()
+                else:
+                    got = product()
+            assert t.tally.by_name.get("ascontiguousarray", 0) == copies, (recording, want.shape)
+            np.testing.assert_array_equal(got.get(), want)
 
 
 def test_the_standin_counts_only_under_a_tracker_and_names_a_foreign_device():

@@ -100,8 +100,10 @@ class StandinRecording(Recording):
         with recording_graph(), tracking() as capture:
             self.outputs = fn()
         #: the launches the capture made: the kernel nodes a CUDA graph of ``fn`` holds (what
-        #: the device, not the host, works through at each replay)
+        #: the device, not the host, works through at each replay), and their counts (the
+        #: bytes they move: :class:`~refbraid.backends.launch_model.Tally`)
         self.nodes = capture.tally.launches
+        self.work = capture.tally
 
     def replay(self) -> Any:
         """Run the function again; a counting tracker sees one launch (the graph's), which

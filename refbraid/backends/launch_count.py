@@ -170,15 +170,24 @@ def default_settings():
 
 def gradient_counts(name: str, model: str, n_layers: int, mode: str, settings=None) -> Tally:
     """The :class:`Tally` of one gradient of ``model`` with ``n_layers`` on backend ``name``
-    (``cupy`` or ``cuda``), ``mode`` one of :data:`MODES`. Inputs are moved to the device
-    before counting (their copies are not the gradient's)."""
+    (``cupy`` or ``cuda``), ``mode`` one of :data:`MODES` (:func:`network_counts` of the
+    CI-sized :func:`build_model`)."""
+    if mode not in MODES:
+        raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}.")
+    built = build_model(model, n_layers, np.random.default_rng(0))
+    return network_counts(name, *built, mode, settings)
+
+
+def network_counts(name: str, net, params, x, labels, mode: str, settings=None) -> Tally:
+    """The :class:`Tally` of one gradient of ``net`` at ``params`` on the batch (x, labels),
+    on backend ``name`` (``cupy`` or ``cuda``), ``mode`` one of :data:`MODES`. Inputs are
+    moved to the device before counting (their copies are not the gradient's)."""
     from ..network import to_backend
     from ..training.gradients import mgrit_gradient, sequential_gradient
     from .device_batching import sweeps_batched
 
     if mode not in MODES:
         raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}.")
-    net, params, x, labels = build_model(model, n_layers, np.random.default_rng(0))
     with counting(name) as bk:
         p, xb, yb = to_backend(params, bk), bk.asarray(x), bk.asarray(labels)
         if mode == "serial":
@@ -194,18 +203,18 @@ GRAPH_MODES = ("serial", "lp-batched")
 
 
 @contextmanager
-def _recorded(model: str, n_layers: int, mode: str, settings=None):
-    """A gradient of ``model`` captured on ``cupy``'s counting stand-in
-    (:func:`refbraid.training.captured_gradient.captured_gradient`; ``mode`` one of
-    :data:`GRAPH_MODES`), recorded by a first call that is not counted; yields it and its
-    arguments."""
+def _recorded(built, mode: str, settings=None):
+    """A gradient of the network ``built`` = (net, params, x, labels) captured on ``cupy``'s
+    counting stand-in (:func:`refbraid.training.captured_gradient.captured_gradient`;
+    ``mode`` one of :data:`GRAPH_MODES`), recorded by a first call that is not counted;
+    yields it and its arguments."""
     from ..network import to_backend
     from ..training.captured_gradient import captured_gradient
     from .device_batching import sweeps_batched
 
     if mode not in GRAPH_MODES:
         raise ValueError(f"`mode` must be one of {GRAPH_MODES}, got {mode!r}.")
-    net, params, x, labels = build_model(model, n_layers, np.random.default_rng(0))
+    net, params, x, labels = built
     with counting("cupy") as bk, sweeps_batched(mode == "lp-batched"):
         args = to_backend(params, bk), bk.asarray(x), bk.asarray(labels)
         grad = captured_gradient(net, bk, "serial" if mode == "serial" else
@@ -214,20 +223,31 @@ def _recorded(model: str, n_layers: int, mode: str, settings=None):
         yield grad, args
 
 
+def _model(model: str, n_layers: int):
+    return build_model(model, n_layers, np.random.default_rng(0))
+
+
 def graph_counts(model: str, n_layers: int, mode: str, settings=None) -> Tally:
     """The host's events of one gradient of ``model`` replayed from a CUDA graph on ``cupy``
     (:func:`_recorded`): the replay is one launch, the rest is the call's input checks, input
     copies and result copies."""
-    with _recorded(model, n_layers, mode, settings) as (grad, args):
+    with _recorded(_model(model, n_layers), mode, settings) as (grad, args):
         return count(lambda: grad(*args))
 
 
 def graph_nodes(model: str, n_layers: int, mode: str, settings=None) -> int:
     """The kernel nodes of the CUDA graph :func:`graph_counts` replays: the launches its
     recording made (the device works through them at each replay; the host issues one)."""
-    with _recorded(model, n_layers, mode, settings) as (grad, _):
+    return graph_work(*_model(model, n_layers), mode, settings).launches
+
+
+def graph_work(net, params, x, labels, mode: str, settings=None) -> Tally:
+    """What the device works through at each replay of a gradient of ``net`` recorded as a
+    CUDA graph on ``cupy`` (``mode`` one of :data:`GRAPH_MODES`): the recording's
+    :class:`Tally` — its launches are the graph's kernel nodes, its bytes those they move."""
+    with _recorded((net, params, x, labels), mode, settings) as (grad, _):
         (recording, *_), = grad.recordings.values()
-        return int(recording.nodes)
+        return recording.work
 
 
 def table(names=("cupy",), models=MODELS, sizes=(64, 256), settings=None) -> list[dict]:

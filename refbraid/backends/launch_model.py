@@ -30,6 +30,16 @@ the bound a batched (or multi-stream, or graph-captured) schedule can approach.
 Byte ranges are those of the NumPy memory behind each array (a strided view spans from its
 first to its last element): exact for rows and slabs of C-ordered stacks, conservative for
 strided views (they may depend on rows between their elements).
+
+**Bytes moved** (what the device's memory carries: the floor of a launch's time once the
+host's cost per launch is gone, as in a CUDA graph's replay). Each launch is charged the
+bytes of every array it reads and every array it writes, once each:
+``min(elements × itemsize, span)`` with ``span`` the byte range above — a window view that
+reads each element of its base nine times (im2col's) is charged its base's bytes once. That
+is the traffic of a kernel that reads what it needs once and keeps nothing between launches:
+a GPU's caches can make the real traffic smaller (an H200's 50 MB L2 holds a small
+network's state from one launch to the next) and a kernel that re-reads from memory larger.
+A count, never a time.
 """
 
 from __future__ import annotations
@@ -44,14 +54,17 @@ import numpy as np
 @dataclass
 class Tally:
     """Counts of one run: ``launches`` kernels, ``h2d`` / ``d2h`` copies, ``syncs`` host
-    synchronisations and the ``critical_path`` in launches (module docstring)."""
+    synchronisations, the ``critical_path`` in launches and the ``bytes_moved`` by the
+    launches (module docstring); per launch name, the launches and their bytes."""
 
     launches: int = 0
     h2d: int = 0
     d2h: int = 0
     syncs: int = 0
     critical_path: int = 0
+    bytes_moved: int = 0
     by_name: dict[str, int] = field(default_factory=dict)
+    bytes_by_name: dict[str, int] = field(default_factory=dict)
 
     @property
     def copies(self) -> int:
@@ -60,6 +73,12 @@ class Tally:
     def row(self) -> dict[str, int]:
         return {"launches": self.launches, "critical_path": self.critical_path,
                 "copies": self.copies, "h2d": self.h2d, "d2h": self.d2h, "syncs": self.syncs}
+
+
+def moved_bytes(a: np.ndarray) -> int:
+    """The bytes a launch reading or writing ``a`` is charged (module docstring)."""
+    _, lo, hi = _extent(a)
+    return min(a.nbytes, hi - lo)
 
 
 def _extent(a: np.ndarray) -> tuple[int, int, int]:
@@ -119,10 +138,13 @@ class Tracker:
             self._record(a, depth, False)
         for a in writes:
             self._record(a, depth, True)
+        moved = sum(moved_bytes(a) for a in (*reads, *writes))
         t = self.tally
         t.launches += 1
         t.critical_path = max(t.critical_path, depth)
+        t.bytes_moved += moved
         t.by_name[name] = t.by_name.get(name, 0) + 1
+        t.bytes_by_name[name] = t.bytes_by_name.get(name, 0) + moved
         return depth
 
     def fresh(self, a: np.ndarray) -> None:
