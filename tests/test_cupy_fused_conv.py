@@ -130,10 +130,10 @@ def _launches(fn) -> int:
 
 
 def test_launches_before_and_after():
-    """A step, one or k at once alike: forward 5 launches (pad: fill and copy, the window
-    copy, the GEMM, bias_act_euler), adjoint 7 without the weight gradient (scaled_act_adjoint,
-    the flipped kernel's copy, a padded convolution of 4, dy_next + dx) and 13 with it (dz's
-    transposed copy, the windows of y again: 3, the GEMM, the bias sum). The reference
+    """A step, one or k at once alike: forward 3 launches (the column matrix, the GEMM,
+    bias_act_euler), adjoint 5 without the weight gradient (scaled_act_adjoint, the flipped
+    kernel's copy, a convolution of 2, dy_next + dx) and 9 with it (dz's transposed copy, the
+    columns of y again, the GEMM, the bias sum). The reference
     composition they replace — per stencil offset a tensordot and an accumulation — takes
     24–56 launches per step at 3×3, 42–76 for k rows."""
     layer, params, Y, dY = _case(np.float64, 2)
@@ -146,11 +146,11 @@ def test_launches_before_and_after():
         before = _launches(lambda: EULER_ACT("tanh", y0, reference.conv2d(y0, p0["W"], p0["b"]),
                                              h))
         assert before == 23
-        assert _launches(lambda: bk.conv_step(y0, p0["W"], p0["b"], h, "tanh")) == 5
+        assert _launches(lambda: bk.conv_step(y0, p0["W"], p0["b"], h, "tanh")) == 3
         before = _launches(lambda: reference.conv2d_adjoint(
             y0, p0["W"], h * ACT_ADJOINT_KERNEL("tanh", z, dy0))[0] + dy0)
         assert before == 54
-        for grads, want in ((True, 13), (False, 7)):
+        for grads, want in ((True, 9), (False, 5)):
             assert _launches(lambda g=grads: bk.conv_step_adjoint(y0, z, dy0, p0["W"], h,
                                                                   "tanh", g)) == want
         hs = values_on(Yd, STEPS, Yd.dtype)[:, None, None, None, None]  # copied once here
@@ -161,11 +161,11 @@ def test_launches_before_and_after():
 
         _, Z = composed_forward()
         assert _launches(composed_forward) == 43
-        assert _launches(lambda: layer.forward_batched(p, Yd, STEPS, bk)) == 5
-        # with the weight gradient, 14: k batched GEMMs read the transposed column matrices,
+        assert _launches(lambda: layer.forward_batched(p, Yd, STEPS, bk)) == 3
+        # with the weight gradient, 10: k batched GEMMs read the transposed column matrices,
         # which CuPy's batched matmul copies first (one launch; one step's 2-D GEMM reads
         # them transposed in place)
-        for grads, was, want in ((True, 74, 14), (False, 42, 7)):
+        for grads, was, want in ((True, 74, 10), (False, 42, 5)):
             before = _launches(lambda g=grads: reference_batched.conv2d_adjoint_batched(
                 Yd, p["W"], hs * ACT_ADJOINT_KERNEL("tanh", Z, dYd), g)[0] + dYd)
             after = _launches(lambda g=grads: layer.adjoint_batched(p, Yd, Z, dYd, STEPS, bk, g))

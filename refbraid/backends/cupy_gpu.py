@@ -8,8 +8,9 @@ tested reference code on another array type, except for the element-wise chains 
 step: ``OVERRIDES`` are the fused kernels of :mod:`refbraid.backends.cupy_fused` (a dense
 step, one or k at once, is its GEMMs plus one fused kernel for bias, activation and Euler
 update; its adjoint the GEMMs, ``h σ'(z) ⊙ dy`` in one kernel and ``dy_next + s W`` with the
-bias gradient's column sums in another), and every 2-D convolution is one strided copy and
-one GEMM (:mod:`refbraid.backends.cupy_conv`, im2col: equal to the reference to round-off)
+bias gradient's column sums in another), and every 2-D convolution is one column-matrix
+kernel and one GEMM (:mod:`refbraid.backends.cupy_conv`, im2col: equal to the reference to
+round-off)
 where the reference sums the stencil offsets one launch set each; layer norm is one kernel
 forward and three launches for its adjoint (:mod:`refbraid.backends.cupy_layernorm`, equal to
 the reference to round-off: sums in double) where the reference makes ten and thirteen, and
@@ -182,7 +183,7 @@ def dense_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True
 
 # ----------------------------------------------------------------------------- convolutions
 # The catalogue's 2-D convolutions (reference.conv2d, conv2d_adjoint and their k-row forms in
-# reference_batched) as im2col GEMMs (cupy_conv): 4 launches forward (+1 for the bias), 11
+# reference_batched) as im2col GEMMs (cupy_conv): 2 launches forward (+1 for the bias), 7
 # for the adjoint, instead of ≈ 3 and 5 per stencil offset.
 def _gemm_conv(x, W, b, reference_conv):
     """``W * x + b`` by cupy_conv.conv2d (one step, or k rows with their own W and b: the bias

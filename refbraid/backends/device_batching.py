@@ -10,16 +10,15 @@ benchmarks quick counts [-o gpu_backend=cuda]``), launches with per-step → bat
 ===========  =======================  =======================  =======================
 step         cupy, N = 64             cupy, N = 256            cuda, N = 64
 ===========  =======================  =======================  =======================
-dense        1,225 → 349 (0.28×)      4,501 → 493 (0.11×)      1,223 → 375 (0.31×)
-conv         10,097 → 2,377 (0.24×)   39,785 → 3,889 (0.10×)   1,399 → 434 (0.31×)
-transformer  16,038 → 4,125 (0.26×)   63,606 → 10,389 (0.16×)  6,513 → 2,319 (0.36×)
-GRU          12,680 → 1,855 (0.15×)   50,348 → 3,835 (0.08×)   2,531 → 746 (0.29×)
+dense        1,164 → 328 (0.28×)      4,296 → 436 (0.10×)      1,165 → 324 (0.28×)
+conv         1,749 → 367 (0.21×)      6,621 → 535 (0.081×)     953 → 268 (0.28×)
+transformer  7,804 → 1,606 (0.21×)    30,700 → 2,698 (0.088×)  6,503 → 2,358 (0.36×)
+GRU          3,235 → 770 (0.24×)      12,595 → 1,790 (0.14×)   2,522 → 745 (0.30×)
 ===========  =======================  =======================  =======================
 
-The dependency depth (critical path) is the same either way (within ±13 %: the batched
-gathers): batching does not shorten the chain, it issues the independent intervals' launches
-together (the conv step on ``cuda`` is the exception, 305 against 246 at N = 64: its batched
-forward's ``Y + h σ(Z)`` is three launches where the per-step step fuses it into one).
+The dependency depth (critical path) is about the same either way (within 16 %: the batched
+gathers; the transformer on ``cuda`` the farthest, 929 against 798): batching does not
+shorten the chain, it issues the independent intervals' launches together.
 Batched sweeps are on where they cut launches (:data:`BATCHED_ON_DEVICE`), and one
 sweep is one launch set: the CPU's cache-sized chunks of the transformer and GRU batched calls
 do not apply on a device (:func:`chunk_rows`). On ``cuda`` the batched convolution is one

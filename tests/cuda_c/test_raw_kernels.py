@@ -1,15 +1,15 @@
 """The ``cupy`` backend's hand-written CUDA C kernels, run on the CPU by the emulator.
 
-Each kernel's own source (layer norm, softmax, attention heads, GRU cell:
-refbraid.backends.cupy_layernorm, cupy_softmax, cupy_heads, cupy_gru), launched by the
-backend's GPU branch — its grid, its argument order — on NumPy arrays
-(tests/cuda_c/emulator.py), against the NumPy reference: float64 to 1e-12 and float32 to 1e-5
-of the largest entry (the kernels sum in double and in another order; glibc's exp and tanh
-stand in for CUDA's; the head kernels move data: bit for bit). Blocks of 32 threads and chunks
-of 8 rows (the kernels' sizes are parameters; one host thread per GPU thread makes the full
-sizes slow) let small cases cross the kernels' edges: rows wider than a block, more rows than
-a chunk of the weight-gradient sums, γ per group of rows, fully masked softmax rows, classic
-and implicit GRU steps.
+Each kernel's own source (layer norm, softmax, attention heads, GRU cell, the convolutions'
+column matrix: refbraid.backends.cupy_layernorm, cupy_softmax, cupy_heads, cupy_gru,
+cupy_conv), launched by the backend's GPU branch — its grid, its argument order — on NumPy
+arrays (tests/cuda_c/emulator.py), against the NumPy reference: float64 to 1e-12 and float32
+to 1e-5 of the largest entry (the kernels sum in double and in another order; glibc's exp and
+tanh stand in for CUDA's; the head and column kernels move data: bit for bit). Blocks of 32
+threads and chunks of 8 rows (the kernels' sizes are parameters; one host thread per GPU
+thread makes the full sizes slow) let small cases cross the kernels' edges: rows wider than a
+block, more rows than a chunk of the weight-gradient sums, γ per group of rows, fully masked
+softmax rows, classic and implicit GRU steps, images wider than a block of the column kernel.
 """
 
 from __future__ import annotations
@@ -17,7 +17,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from refbraid.backends import cupy_gru, cupy_heads, cupy_layernorm, cupy_softmax, reference
+from refbraid.backends import (
+    cupy_conv,
+    cupy_gru,
+    cupy_heads,
+    cupy_layernorm,
+    cupy_softmax,
+    reference,
+)
 
 from .emulator import available, fake_cupy
 
@@ -27,7 +34,7 @@ TOL = {np.float64: 1e-12, np.float32: 1e-5}
 
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch):
-    for module in (cupy_layernorm, cupy_softmax, cupy_gru, cupy_heads):
+    for module in (cupy_layernorm, cupy_softmax, cupy_gru, cupy_heads, cupy_conv):
         monkeypatch.setattr(module, "THREADS", 32)
     monkeypatch.setattr(cupy_layernorm, "CHUNK", 8)
 
@@ -138,6 +145,41 @@ def test_the_gru_kernels_match_the_reference(dtype, implicit):
     for name, g, w in zip(("h_new", "gates", "dgx", "dgh", "dh"), (*got, *got_adj),
                           (*want, *want_adj), strict=True):
         _close(g, w, dtype, name)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape, s, rows", [
+    ((2, 3, 4, 5), 3, None),  # one step: no lead axis
+    ((7, 2, 3, 6, 7), 3, slice(1, None, 2)),  # every 2nd state of a level: a strided view
+    ((3, 2, 2, 1, 9, 5), 5, None),  # two lead axes, a 5x5 kernel, images wider than a block
+    ((5, 2, 2, 3, 3), 1, slice(0, None, 3)),  # a 1x1 kernel: no padding
+    ((4, 3, 2, 2, 3, 4), 3, (slice(None), slice(1, None))),  # lead axes that do not collapse
+])
+def test_the_column_kernel_copies_the_padded_windows(dtype, shape, s, rows):
+    """cupy_conv's im2col kernel, launched by cupy_conv.columns' GPU branch, equals the
+    strided windows of the zero-padded input bit for bit: reading rows of a strided view
+    in place, or a contiguous copy of a view whose rows are not evenly spaced; and the
+    images transposed (not rows of C-ordered images: a copy first)."""
+    u = np.random.default_rng(1).standard_normal(shape).astype(dtype)
+    for x in (u if rows is None else u[rows], np.swapaxes(u, -1, -2)):
+        want = cupy_conv.strided_columns(x, s)
+        with fake_cupy():
+            got = cupy_conv.columns(x, s)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+def test_the_column_kernel_reads_strided_rows_in_place():
+    """Evenly spaced rows of a C-contiguous array are read where they lie (offset and stride
+    into the base array); rows that are not (or transposed images) are not."""
+    u = np.zeros((9, 2, 3, 4, 5))
+    base, offset, stride = cupy_conv._row_layout(u[2::3])
+    assert base is u and offset == 2 * u[0].size and stride == 3 * u[0].size
+    assert cupy_conv._row_layout(u[:, :, :, :2]) is None
+    assert cupy_conv._row_layout(np.swapaxes(u, -1, -2)) is None
+    v = np.zeros((4, 3, 2, 3, 4, 5))
+    assert cupy_conv._row_layout(v[:, 1:]) is None  # lead axes with a gap between them
+    assert cupy_conv._row_layout(v[1:3])[1:] == (v[0].size, v[0, 0].size)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
