@@ -7,82 +7,42 @@ although cuBLAS itself records into graphs. While :func:`recordable_gemms` is in
 ``cublas{S,D}gemmStridedBatched`` (ctypes), on the current stream; the fused dense adjoint's
 ``out += a @ b`` (β = 1) takes the same road (:func:`active`).
 
-Row-major ``C = A·B`` (shapes ``(..., M, K)`` and ``(..., K, N)``) is the column-major
-product ``Cᵀ = Bᵀ·Aᵀ``: a row-major operand's memory *is* its transpose in column-major order
-(``op = N``, leading dimension its row stride), a transposed view's memory is the matrix
-itself (``op = T``, leading dimension its column stride); a batch is one stride over the
-broadcast batch axes (0 for a 2-D operand). An operand that fits neither is copied
-C-contiguous first (a launch, recorded like any other). :func:`gemm_plan` is that
-bookkeeping, on shapes and strides alone (tested against NumPy without a GPU).
+How each operand is read — its operation flag, leading dimension and batch stride, or a
+C-contiguous copy first (a launch, recorded like any other) when no strides describe it — is
+:func:`~.gemm_layout.gemm_plan`'s bookkeeping, on shapes and strides alone.
+
+Outside a recording the cupy backend's batched products take the same road
+(:func:`product`): CuPy's batched ``matmul`` copies every operand that is not C-contiguous
+before its GEMM (MGRIT's strided rows of states, the weight gradient's transposed operands),
+where the strided-batched GEMM reads them in place. ``REFBRAID_CUPY_GEMM=cupy`` sends them
+back to CuPy's ``matmul``. Off a GPU the CUDA C emulator of the tests
+(tests/cuda_c/emulator.py) stands in for libcublas behind this module's ctypes call, with
+cuBLAS's column-major semantics, so the call itself — operation flags, leading dimensions,
+batch strides, β — is checked against NumPy's product without a GPU.
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import NamedTuple
 
 import numpy as np
 
-OP_N, OP_T = 0, 1
+from .cupy_raw import address
+from .gemm_layout import OP_N, OP_T, Operand, gemm_plan, layout
 
-
-class Operand(NamedTuple):
-    """How cuBLAS reads one operand: ``op`` (OP_N / OP_T), leading dimension ``ld`` and
-    ``batch_stride`` in elements; ``copy``: make it C-contiguous (broadcast) first."""
-
-    op: int
-    ld: int
-    batch_stride: int
-    copy: bool
-
-
-def _layout(shape, strides, itemsize: int, batch: tuple[int, ...]) -> Operand:
-    """:class:`Operand` of one array (module docstring)."""
-    r, c = shape[-2:]
-    st = [s // itemsize for s in strides]
-    if any(s < 0 for s in st) or any(s % itemsize for s in strides):
-        return Operand(OP_N, max(c, 1), r * c, True)
-    own = tuple(shape[:-2])
-    if not own:
-        bstride = 0
-    elif own != batch:
-        return Operand(OP_N, max(c, 1), r * c, True)
-    else:
-        axes = [(n, s) for n, s in zip(own, st[:-2], strict=True) if n != 1]
-        bstride = axes[-1][1] if axes else r * c
-        for (_, outer), (n_in, inner) in zip(axes, axes[1:], strict=False):
-            if outer != inner * n_in:
-                return Operand(OP_N, max(c, 1), r * c, True)
-    row, col = st[-2], st[-1]
-    if (col == 1 or c == 1) and (r == 1 or row >= max(c, 1)):
-        return Operand(OP_N, row if r > 1 else max(c, 1), bstride, False)
-    if (row == 1 or r == 1) and (c == 1 or col >= max(r, 1)):
-        return Operand(OP_T, col if c > 1 else max(r, 1), bstride, False)
-    return Operand(OP_N, max(c, 1), r * c, True)
-
-
-def gemm_plan(a_shape, a_strides, b_shape, b_strides, itemsize: int):
-    """(batch shape, M, N, K, the A operand, the B operand) of ``matmul(a, b)`` for 2-D or
-    batched operands (module docstring); ValueError on mismatched inner sizes."""
-    if len(a_shape) < 2 or len(b_shape) < 2:
-        raise ValueError("recordable matmul needs operands of at least 2 dimensions.")
-    (M, K), (K2, N) = a_shape[-2:], b_shape[-2:]
-    if K != K2:
-        raise ValueError(f"matmul: inner sizes differ ({K} and {K2}).")
-    batch = tuple(np.broadcast_shapes(tuple(a_shape[:-2]), tuple(b_shape[:-2])))
-    return (batch, M, N, K, _layout(a_shape, a_strides, itemsize, batch),
-            _layout(b_shape, b_strides, itemsize, batch))
-
+__all__ = ["OP_N", "OP_T", "Operand", "gemm_plan", "matmul", "product", "recordable_gemms"]
 
 class _Cublas:
-    """libcublas through ctypes, one handle (created on first use)."""
+    """libcublas through ctypes, one handle (created on first use); ``lib``: a loaded library
+    or a stand-in with its functions (the tests' emulator), else libcublas 13 or 12."""
 
-    def __init__(self):
-        lib = None
-        for name in ("libcublas.so.13", "libcublas.so.12", "libcublas.so"):
+    def __init__(self, lib=None):
+        for name in () if lib is not None else ("libcublas.so.13", "libcublas.so.12",
+                                                  "libcublas.so"):
             try:
                 lib = ctypes.CDLL(name)
                 break
@@ -136,15 +96,15 @@ def matmul(a, b, out=None, beta: float = 0.0):
 
     global _CUBLAS
     if a.dtype != b.dtype or a.dtype not in (np.float32, np.float64):
-        raise NotImplementedError(f"a recorded matmul takes two float32 or float64 operands, "
-                                  f"got {a.dtype} and {b.dtype}.")
+        raise NotImplementedError(f"refbraid's strided-batched GEMM takes two float32 or float64 "
+                                  f"operands, got {a.dtype} and {b.dtype}.")
     batch, M, N, K, pa, pb = gemm_plan(a.shape, a.strides, b.shape, b.strides, a.itemsize)
     if pa.copy:
         a = cupy.ascontiguousarray(cupy.broadcast_to(a, (*batch, M, K)))
-        pa = _layout(a.shape, a.strides, a.itemsize, batch)
+        pa = layout(a.shape, a.strides, a.itemsize, batch)
     if pb.copy:
         b = cupy.ascontiguousarray(cupy.broadcast_to(b, (*batch, K, N)))
-        pb = _layout(b.shape, b.strides, b.itemsize, batch)
+        pb = layout(b.shape, b.strides, b.itemsize, batch)
     if out is None:
         out = cupy.empty((*batch, M, N), dtype=a.dtype)
     elif out.shape != (*batch, M, N) or out.dtype != a.dtype or not out.flags.c_contiguous:
@@ -159,9 +119,43 @@ def matmul(a, b, out=None, beta: float = 0.0):
     if _CUBLAS is None:
         _CUBLAS = _Cublas()
     stream = cupy.cuda.get_current_stream().ptr
-    _CUBLAS.gemm(a.dtype, stream, pb.op, pa.op, N, M, K, b.data.ptr, pb.ld, pb.batch_stride,
-                 a.data.ptr, pa.ld, pa.batch_stride, out.data.ptr, N, M * N, count, beta)
+    _CUBLAS.gemm(a.dtype, stream, pb.op, pa.op, N, M, K, address(b), pb.ld, pb.batch_stride,
+                 address(a), pa.ld, pa.batch_stride, address(out), N, M * N, count, beta)
     return out
+
+
+#: ``REFBRAID_CUPY_GEMM=cupy``: the cupy backend's batched products through CuPy's ``matmul``
+#: (:func:`product`), as before they went through :func:`matmul`
+GEMM_ENV = "REFBRAID_CUPY_GEMM"
+
+
+def routes_batched(a, b) -> bool:
+    """Whether :func:`product` takes ``a @ b`` through :func:`matmul`: a batched product
+    (either operand over 2-D) of two float32 or two float64 arrays, unless
+    ``REFBRAID_CUPY_GEMM=cupy``."""
+    return (max(a.ndim, b.ndim) > 2 and a.dtype == b.dtype
+            and a.dtype in (np.float32, np.float64)
+            and os.environ.get(GEMM_ENV, "cublas") != "cupy")
+
+
+def product(a, b):
+    """``a @ b`` as the cupy backend's own kernels take it. A batched float product goes
+    through :func:`matmul` (:func:`routes_batched`): its operands are read by strides — MGRIT's
+    every m-th state, a transposed weight or column matrix, a 2-D weight broadcast over the
+    batch — where CuPy's batched ``matmul`` first copies every operand that is not
+    C-contiguous (a launch and a pass over the operand each); on the CuPy stand-in it is
+    counted so. A 2-D product is the arrays' own ``matmul`` (CuPy reads C- and F-ordered
+    operands in place; inside a recording that is :func:`matmul` as well)."""
+    from .cupy_raw import real_cupy
+    from .reference import array_namespace
+    from .standin_array import matmul as standin_matmul
+    from .standin_array import ndarray as DeviceArray
+
+    if real_cupy(a) and real_cupy(b) and routes_batched(a, b):
+        return matmul(a, b)
+    if isinstance(a, DeviceArray) and isinstance(b, DeviceArray):
+        return standin_matmul(a, b, strided_gemm=routes_batched(a, b))
+    return array_namespace(a).matmul(a, b)
 
 
 @contextmanager

@@ -56,7 +56,8 @@ import math
 
 import numpy as np
 
-from .cupy_raw import compiled, on_host, real_cupy
+from .cupy_blas import product
+from .cupy_raw import address, compiled, on_host, real_cupy
 from .portable import contiguous, namespace, zeros_on
 
 #: the largest column matrix (bytes) the cupy backend builds; larger inputs take the reference
@@ -148,13 +149,6 @@ def columns(x, s: int):
     return cols
 
 
-def _address(a) -> int:
-    """The address of ``a``'s first element (a CuPy array's ``data.ptr``, a NumPy array's
-    interface pointer: the emulator's device arrays)."""
-    ptr = getattr(getattr(a, "data", None), "ptr", None)
-    return int(ptr) if ptr is not None else int(a.__array_interface__["data"][0])
-
-
 def _row_layout(x):
     """``(base, offset, row_stride)`` when x (..., B, C, H, W) is rows of C-ordered images
     evenly spaced in a C-contiguous array ``base`` (MGRIT's every m-th state of a level:
@@ -178,7 +172,7 @@ def _row_layout(x):
     base = x
     while getattr(base, "base", None) is not None and isinstance(base.base, type(x)):
         base = base.base
-    offset = _address(x) - _address(base)
+    offset = address(x) - address(base)
     if (not base.flags.c_contiguous or base.dtype != x.dtype or row_stride < 0
             or row_stride % item or offset < 0 or offset % item):
         return None
@@ -206,7 +200,7 @@ def conv2d(x, W):
     *lead, B, C, H, Wd = x.shape
     O, s = W.shape[-4], W.shape[-1]
     W2 = xp.reshape(contiguous(W), (*lead, O, C * s * s))
-    Z = xp.reshape(xp.matmul(W2, columns(x, s)), (*lead, O, B, H, Wd))
+    Z = xp.reshape(product(W2, columns(x, s)), (*lead, O, B, H, Wd))
     n = len(lead)
     return xp.permute_dims(Z, (*range(n), n + 1, n, n + 2, n + 3))
 
@@ -225,5 +219,5 @@ def conv2d_adjoint(x, W, dz, grads: bool = True):
         return dx, None, None
     dz2 = xp.reshape(contiguous(xp.permute_dims(dz, swap)), (*lead, O, B * H * Wd))
     cols = columns(x, s)  # (..., C·s², B·H·W)
-    dW = xp.reshape(xp.matmul(dz2, xp.permute_dims(cols, (*range(n), n + 1, n))), W.shape)
+    dW = xp.reshape(product(dz2, xp.permute_dims(cols, (*range(n), n + 1, n))), W.shape)
     return dx, dW, xp.sum(dz2, axis=-1)

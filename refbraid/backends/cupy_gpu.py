@@ -34,6 +34,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from .cupy_blas import product
 from .cupy_fused import fusable, one_float_dtype
 from .device_batching import transposed_once
 
@@ -142,13 +143,13 @@ def _products(S, Y, dY_next, W, grads: bool):
     from .reference import array_namespace
 
     xp = array_namespace(S)
-    P = xp.matmul(S, W)
+    P = product(S, W)
     if not grads:
         P += dY_next  # dY_next + S W (addition commutes exactly: the same bits)
         return P, None, None
     dY, db = ADD_COLUMN_SUMS(P, dY_next, S)
     St = xp.permute_dims(S, (*range(S.ndim - 2), S.ndim - 1, S.ndim - 2))  # Sᵀ per row
-    return dY, xp.matmul(St, Y), db
+    return dY, product(St, Y), db
 
 
 def dense_step_batched(Y, W, b, h, act: str):
@@ -156,13 +157,12 @@ def dense_step_batched(Y, W, b, h, act: str):
     Euler update of every row in one fused launch (cupy_fused.BIAS_ACT_EULER)."""
     from . import reference_batched
     from .cupy_fused import BIAS_ACT_EULER
-    from .reference import array_namespace, check_activation
+    from .reference import check_activation
 
     check_activation(act)
     if not fusable(Y, W, b):
         return reference_batched.dense_step_batched(Y, W, b, h, act)
-    xp = array_namespace(Y)
-    P = xp.matmul(Y, transposed_once(W))  # k,B,C: Wᵀ copied once per gradient
+    P = product(Y, transposed_once(W))  # k,B,C; Wᵀ copied once per gradient (for CuPy's)
     Z, Y_next = BIAS_ACT_EULER(act, P, b[:, None, :], Y, _step_sizes(Y, h))
     return Y_next, Z
 

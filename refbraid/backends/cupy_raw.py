@@ -58,6 +58,14 @@ def real_cupy(a) -> bool:
             and isinstance(a, getattr(cupy, "ndarray", ())))
 
 
+def address(a) -> int:
+    """The device address of ``a``'s first element, as a kernel or cuBLAS receives it: a CuPy
+    array's ``data.ptr``; a NumPy array's data pointer (the CUDA C emulator's device arrays,
+    tests/cuda_c)."""
+    ptr = getattr(getattr(a, "data", None), "ptr", None)
+    return int(ptr) if ptr is not None else int(a.__array_interface__["data"][0])
+
+
 def compiled(source, name: str, dtype, cache: dict = {}):  # noqa: B006 - one per process
     """The CuPy ``RawKernel`` ``name`` of ``source(name, T)`` for ``dtype`` (built once)."""
     import cupy

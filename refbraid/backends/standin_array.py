@@ -394,22 +394,24 @@ def _binary(op: str):
     return method
 
 
-def matmul(a, b):
+def matmul(a, b, strided_gemm: bool = False):
     """``a @ b`` as CuPy runs it: one launch (a GEMM), after CuPy's own copy of each operand
     its GEMM cannot read in place (an ``ascontiguousarray`` launch each): of a batched
     product (either side over 2-D) an operand that is not C-contiguous, of a 2-D product one
-    neither C- nor F-contiguous (cuBLAS reads either order, transposed or not). While a CUDA
-    graph is recorded (:func:`~refbraid.backends.capture_state.recording_graph`) a float
-    product is refbraid's own strided-batched GEMM
-    (:func:`refbraid.backends.cupy_blas.matmul`), which copies only what
-    :func:`~refbraid.backends.cupy_blas.gemm_plan` cannot describe by strides."""
+    neither C- nor F-contiguous (cuBLAS reads either order, transposed or not). With
+    ``strided_gemm`` (:func:`refbraid.backends.cupy_blas.product`), and for a float product
+    while a CUDA graph is recorded (:func:`~refbraid.backends.capture_state.recording_graph`),
+    it is refbraid's own strided-batched GEMM (:func:`refbraid.backends.cupy_blas.matmul`),
+    which copies only what :func:`~refbraid.backends.cupy_blas.gemm_plan` cannot describe by
+    strides."""
     from .capture_state import is_recording_graph
-    from .cupy_blas import gemm_plan
+    from .gemm_layout import gemm_plan
 
     batched = max(getattr(a, "ndim", 0), getattr(b, "ndim", 0)) > 2
     plan = None
-    if (is_recording_graph() and isinstance(a, ndarray) and isinstance(b, ndarray)
-            and a.dtype == b.dtype and a.dtype in (np.float32, np.float64)):
+    if ((strided_gemm or is_recording_graph()) and isinstance(a, ndarray)
+            and isinstance(b, ndarray) and a.dtype == b.dtype
+            and a.dtype in (np.float32, np.float64)):
         plan = gemm_plan(a.shape, a._a.strides, b.shape, b._a.strides, a.dtype.itemsize)
         copies = {id(a): plan[4].copy, id(b): plan[5].copy}
 

@@ -9,6 +9,9 @@ after another), ``__shared__`` memory one static
 array per kernel (blocks run one at a time). :func:`fake_cupy` then puts a ``cupy`` module
 into ``sys.modules`` whose arrays are NumPy's and whose ``RawKernel`` is this emulator, so
 the backend's GPU branch — array preparation, grid, argument order, kernel — runs end to end.
+:class:`FakeCublasLibrary` likewise stands behind :mod:`refbraid.backends.cupy_blas`'s ctypes
+call into libcublas: ``cublas{S,D}gemmStridedBatched`` with cuBLAS's column-major semantics
+and argument checks, on host memory.
 
 What it shares with a GPU: the kernel's arithmetic, indexing, block reductions and barriers,
 and the Python that launches it. What it cannot see: warps and their scheduling, memory
@@ -33,6 +36,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+
+from refbraid.backends import cupy_blas
 
 _PRELUDE = r"""
 #include <cmath>
@@ -266,6 +271,71 @@ class ElementwiseKernel:
         return tuple(outs) if len(outs) > 1 else outs[0]
 
 
+# ----------------------------------------------------------------------------- cuBLAS
+_INVALID_VALUE = 7  # CUBLAS_STATUS_INVALID_VALUE
+
+
+def _column_major(ptr: int, dtype, rows: int, cols: int, ld: int, stride: int, count: int):
+    """The ``count`` column-major ``rows × cols`` matrices at address ``ptr`` (leading
+    dimension ``ld``, ``stride`` elements apart) as a writable NumPy view of that memory."""
+    dtype = np.dtype(dtype)
+    if count == 0 or rows == 0 or cols == 0:
+        return np.zeros((count, rows, cols), dtype=dtype)
+    extent = (count - 1) * stride + (rows - 1) + (cols - 1) * ld + 1
+    ctype = ctypes.c_float if dtype == np.float32 else ctypes.c_double
+    flat = np.ctypeslib.as_array((ctype * extent).from_address(ptr))
+    return np.lib.stride_tricks.as_strided(
+        flat, shape=(count, rows, cols), strides=(stride * dtype.itemsize, dtype.itemsize,
+                                                  ld * dtype.itemsize))
+
+
+def _gemm_strided_batched(dtype):
+    """``cublas{S,D}gemmStridedBatched`` on host memory, with cuBLAS's semantics:
+    ``C_i = α op(A_i) op(B_i) + β C_i`` (column-major; op N or T; ``C_i`` not read when
+    β = 0), and its argument checks (CUBLAS_STATUS_INVALID_VALUE for a leading dimension
+    below the rows it must span, or a negative size)."""
+
+    def gemm(handle, transa, transb, m, n, k, alpha, A, lda, stride_a, B, ldb, stride_b,
+             beta, C, ldc, stride_c, count):
+        alpha, beta = (float(getattr(v, "_obj", v).value) for v in (alpha, beta))
+        rows_a, rows_b = (m if transa == 0 else k), (k if transb == 0 else n)
+        if (min(m, n, k, count) < 0 or lda < max(1, rows_a) or ldb < max(1, rows_b)
+                or ldc < max(1, m) or transa not in (0, 1) or transb not in (0, 1)):
+            return _INVALID_VALUE
+        a = _column_major(A, dtype, rows_a, k if transa == 0 else m, lda, stride_a, count)
+        b = _column_major(B, dtype, rows_b, n if transb == 0 else k, ldb, stride_b, count)
+        c = _column_major(C, dtype, m, n, ldc, stride_c, count)
+        op_a = a if transa == 0 else np.swapaxes(a, 1, 2)
+        op_b = b if transb == 0 else np.swapaxes(b, 1, 2)
+        product = alpha * np.matmul(op_a, op_b)
+        c[...] = product if beta == 0 else product + beta * c
+        return 0
+
+    return gemm
+
+
+class FakeCublasLibrary:
+    """What :class:`refbraid.backends.cupy_blas._Cublas` calls in libcublas — a handle, a
+    stream, the strided-batched GEMMs — on host memory: the module's ctypes call (operation
+    flags, leading dimensions, batch strides, α and β by reference) checked by cuBLAS's
+    rules and computed by NumPy."""
+
+    def __init__(self):
+        self.calls = 0
+        single, double = _gemm_strided_batched(np.float32), _gemm_strided_batched(np.float64)
+
+        def counted(gemm):
+            def call(*args):
+                self.calls += 1
+                return gemm(*args)
+            return call
+
+        self.cublasSgemmStridedBatched = counted(single)
+        self.cublasDgemmStridedBatched = counted(double)
+        self.cublasCreate_v2 = lambda handle: 0
+        self.cublasSetStream_v2 = lambda handle, stream: 0
+
+
 def _gemm(transa, transb, a, b, out=None, alpha=1.0, beta=0.0):
     """``cupy.cublas.gemm``: ``out = α op(a) op(b) + β out`` (NumPy's product)."""
     op_a = a.T if transa in ("T", "t") else a
@@ -281,7 +351,9 @@ def _gemm(transa, transb, a, b, out=None, alpha=1.0, beta=0.0):
 def fake_cupy() -> Iterator[types.ModuleType]:
     """Within the block ``import cupy`` is NumPy with the emulated ``RawKernel`` and
     ``ElementwiseKernel`` (and ``cupy.cublas.gemm``): the ``cupy`` backend's GPU branches run
-    on NumPy arrays, NumPy's functions standing in for CuPy's (and cuBLAS's)."""
+    on NumPy arrays, NumPy's functions standing in for CuPy's (and cuBLAS's); and
+    :mod:`refbraid.backends.cupy_blas` calls :class:`FakeCublasLibrary` (counting its GEMMs in
+    ``fake.cublas_library.calls``) where it would call libcublas."""
     fake = types.ModuleType("cupy")
     fake.__getattr__ = lambda name: getattr(np, name)
     fake.ndarray = np.ndarray
@@ -290,12 +362,18 @@ def fake_cupy() -> Iterator[types.ModuleType]:
     fake.cublas = types.ModuleType("cupy.cublas")
     fake.cublas.gemm = _gemm
     fake.lib = np.lib
+    fake.cuda = types.SimpleNamespace(
+        get_current_stream=lambda: types.SimpleNamespace(ptr=0))  # the null stream
     names = ("cupy", "cupy.cublas")
     saved = {n: sys.modules.get(n) for n in names}
     sys.modules.update({"cupy": fake, "cupy.cublas": fake.cublas})
+    saved_cublas = cupy_blas._CUBLAS
+    fake.cublas_library = FakeCublasLibrary()
+    cupy_blas._CUBLAS = cupy_blas._Cublas(fake.cublas_library)
     try:
         yield fake
     finally:
+        cupy_blas._CUBLAS = saved_cublas
         for name, module in saved.items():
             if module is None:
                 sys.modules.pop(name, None)
