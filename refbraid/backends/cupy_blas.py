@@ -31,10 +31,14 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .cupy_raw import address
+from .cupy_raw import address, real_cupy
 from .gemm_layout import OP_N, OP_T, Operand, gemm_plan, layout
+from .portable import namespace
+from .standin_array import matmul as standin_matmul
+from .standin_array import ndarray as DeviceArray
 
 __all__ = ["OP_N", "OP_T", "Operand", "gemm_plan", "matmul", "product", "recordable_gemms"]
+
 
 class _Cublas:
     """libcublas through ctypes, one handle (created on first use); ``lib``: a loaded library
@@ -146,16 +150,11 @@ def product(a, b):
     C-contiguous (a launch and a pass over the operand each); on the CuPy stand-in it is
     counted so. A 2-D product is the arrays' own ``matmul`` (CuPy reads C- and F-ordered
     operands in place; inside a recording that is :func:`matmul` as well)."""
-    from .cupy_raw import real_cupy
-    from .reference import array_namespace
-    from .standin_array import matmul as standin_matmul
-    from .standin_array import ndarray as DeviceArray
-
     if real_cupy(a) and real_cupy(b) and routes_batched(a, b):
         return matmul(a, b)
     if isinstance(a, DeviceArray) and isinstance(b, DeviceArray):
         return standin_matmul(a, b, strided_gemm=routes_batched(a, b))
-    return array_namespace(a).matmul(a, b)
+    return namespace(a).matmul(a, b)
 
 
 @contextmanager

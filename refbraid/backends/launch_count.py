@@ -168,14 +168,16 @@ def default_settings():
     return LayerParallelSettings()
 
 
+def _model(model: str, n_layers: int):
+    """:func:`build_model` with the counts' one seed."""
+    return build_model(model, n_layers, np.random.default_rng(0))
+
+
 def gradient_counts(name: str, model: str, n_layers: int, mode: str, settings=None) -> Tally:
     """The :class:`Tally` of one gradient of ``model`` with ``n_layers`` on backend ``name``
     (``cupy`` or ``cuda``), ``mode`` one of :data:`MODES` (:func:`network_counts` of the
     CI-sized :func:`build_model`)."""
-    if mode not in MODES:
-        raise ValueError(f"`mode` must be one of {MODES}, got {mode!r}.")
-    built = build_model(model, n_layers, np.random.default_rng(0))
-    return network_counts(name, *built, mode, settings)
+    return network_counts(name, *_model(model, n_layers), mode, settings)
 
 
 def network_counts(name: str, net, params, x, labels, mode: str, settings=None) -> Tally:
@@ -221,10 +223,6 @@ def _recorded(built, mode: str, settings=None):
                                  settings or default_settings())
         grad(*args)  # the recording
         yield grad, args
-
-
-def _model(model: str, n_layers: int):
-    return build_model(model, n_layers, np.random.default_rng(0))
 
 
 def graph_counts(model: str, n_layers: int, mode: str, settings=None) -> Tally:

@@ -95,3 +95,33 @@ def test_the_backend_sends_batched_products_through_it_and_two_d_ones_to_cupy(mo
     np.testing.assert_allclose(batched, Y @ W, rtol=1e-6)
     np.testing.assert_array_equal(flat, Y[0] @ W)
     np.testing.assert_array_equal(again, Y @ W)
+
+
+@pytest.mark.parametrize("model, mode", [("dense", "lp-per-step"), ("dense", "lp-batched"),
+                                         ("conv", "lp-batched")])
+def test_the_gradients_a_recording_computes_through_its_own_gemms_equal_numpy(model, mode):
+    """Inside ``recordable_gemms`` (what a CUDA graph recording runs under) the cupy
+    backend's batched products and the fused dense adjoint's β = 1 GEMM (per-step sweeps
+    without the weight gradient) go through the strided-batched GEMM, here the emulated
+    libcublas: the layer-parallel gradient (TorchBraid's settings, float64) equals the NumPy
+    backend's to 1e-10. Not seen here: the 2-D products, which reach NumPy's ``matmul`` (the
+    emulator's arrays are NumPy's, whose namespace is NumPy; on a GPU, the recording's
+    ``cupy.matmul``); the capture and the replay (tests/test_cuda_graphs.py's gpu tests)."""
+    from refbraid.backends import assemble, get_backend, launch_count
+    from refbraid.backends.device_batching import sweeps_batched
+    from refbraid.training.gradients import mgrit_gradient
+
+    net, params, x, labels = launch_count.build_model(model, 16, np.random.default_rng(0))
+
+    def gradient(bk):
+        return mgrit_gradient(net, launch_count.default_settings(), bk)(params, x, labels)
+
+    with sweeps_batched(mode == "lp-batched"):
+        loss, want, _ = gradient(get_backend("numpy"))
+        with fake_cupy() as fake, cupy_blas.recordable_gemms(fake):
+            got_loss, got, _ = gradient(assemble("cupy", fake))
+            assert fake.cublas_library.calls > 0
+    assert got_loss == pytest.approx(loss, rel=1e-12)
+    for k, v in want.items():
+        np.testing.assert_allclose(got[k], v, rtol=0, atol=1e-10 * max(1.0, np.max(np.abs(v))),
+                                   err_msg=k)
