@@ -29,7 +29,10 @@ layer-parallel gradient with MGRIT's sweeps one launch set per interval and one 
 (:func:`refbraid.backends.device_batching.sweeps_batched`; batched is the default on cuda and
 cupy), refbraid's serial backprop, and PyTorch eager serial backprop of the same network;
 ``ratio`` against refbraid serial on the same backend (torch: against the first backend's),
-``check`` the largest relative gradient difference batched vs per-step. Last, what a GPU pays
+``check`` the largest relative gradient difference batched vs per-step. On ``cupy`` also
+``LP batched, CuPy matmul``: the batched gradient with its batched products through CuPy's
+``matmul`` instead of refbraid's strided-batched GEMM (``REFBRAID_CUPY_GEMM=cupy``), the A/B
+of that choice; and the gradients replayed from CUDA graphs. Last, what a GPU pays
 for per gradient, counted without one (launches, critical path, copies, synchronisations of the
 dense and conv networks: the ``counts`` suite's cases, :func:`benchmarks.counts.launch_records`).
 
@@ -38,6 +41,9 @@ The cases run in one fresh process (:func:`benchmarks.harness.fresh`) with
 """
 
 from __future__ import annotations
+
+import os
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -297,11 +303,47 @@ def gradient_rows(backends, dtype, tiny, warmup, repeats):
                         ("LP batched", size, dt, bname, bat, bat / ser, f"{diff:.1e}"),
                         ("refbraid serial", size, dt, bname, ser, 1.0, "-")]
             if bname == "cupy":
+                yield from cupy_matmul_row(lp, bk, (p, xb, yb), g_p, size, dt, ser, warmup,
+                                           repeats)
                 yield from graphed_rows(net, settings, bk, (p, xb, yb), g_p, size, dt, ser,
                                         warmup, repeats)
         ms = None if tiny else _torch_serial(*case, dtype, warmup, repeats)
         if ms is not None and serial is not None:
             yield ("torch eager serial", size, dt, "torch", ms, ms / serial, "-")
+
+
+@contextmanager
+def cupy_matmul():
+    """Within the block the cupy backend's batched products go through CuPy's ``matmul``
+    (``REFBRAID_CUPY_GEMM=cupy``, :func:`refbraid.backends.cupy_blas.product`), as before
+    refbraid's strided-batched GEMM took them."""
+    from refbraid.backends.cupy_blas import GEMM_ENV
+
+    saved = os.environ.get(GEMM_ENV)
+    os.environ[GEMM_ENV] = "cupy"
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[GEMM_ENV]
+        else:
+            os.environ[GEMM_ENV] = saved
+
+
+def cupy_matmul_row(lp, bk, args, g_per_step, size, dt, ser, warmup, repeats):
+    """The batched layer-parallel gradient again with CuPy's ``matmul`` for its batched
+    products (:func:`cupy_matmul`): the A/B of refbraid's strided-batched GEMM, in the same
+    process; ``check`` against the per-step gradient."""
+    from refbraid.backends.device_batching import sweeps_batched
+
+    try:
+        with sweeps_batched(True), cupy_matmul():
+            ms = median_ms(lambda: lp(*args), bk.name, warmup, repeats)
+            diff = largest_relative_difference(lp(*args)[1], g_per_step)
+    except Exception as err:  # reported as the row; the run goes on
+        yield failed_row("LP batched, CuPy matmul", size, np.dtype(dt), bk.name, err)
+        return
+    yield ("LP batched, CuPy matmul", size, dt, bk.name, ms, ms / ser, f"{diff:.1e}")
 
 
 def graphed_rows(net, settings, bk, args, g_per_step, size, dt, ser, warmup, repeats):

@@ -267,6 +267,38 @@ def test_the_torch_baseline_of_the_gpu_suite_is_refbraids_ode_body(model):
         np.testing.assert_allclose(y, step.forward().numpy(), rtol=1e-13, atol=1e-15)
 
 
+def test_the_gpu_suite_times_the_batched_gradient_with_cupys_matmul_too(monkeypatch):
+    """``LP batched, CuPy matmul``: the same batched gradient with its batched products
+    through CuPy's ``matmul`` (the A/B of refbraid's strided-batched GEMM), checked against
+    the per-step gradient; on the counting stand-in, CuPy's way makes its operand copies."""
+    from benchmarks import gpu
+    from benchmarks.gpu_cases import TINY_GRADIENT_CASES, gradient_case, gradient_settings
+    from refbraid.backends import launch_count
+    from refbraid.backends.cupy_blas import GEMM_ENV
+    from refbraid.backends.device_batching import sweeps_batched
+    from refbraid.backends.launch_model import tracking
+    from refbraid.network import to_backend
+    from refbraid.training.gradients import mgrit_gradient
+
+    monkeypatch.delenv(GEMM_ENV, raising=False)
+    monkeypatch.setattr(gpu, "synchronise", lambda name: None)
+    net, params, x, y, size = gradient_case(*TINY_GRADIENT_CASES[0], np.float64)
+    with launch_count.counting("cupy") as bk:
+        args = (to_backend(params, bk), bk.asarray(x), bk.asarray(y))
+        lp = mgrit_gradient(net, gradient_settings(True), bk)
+        per_step = lp(*args)[1]
+        (row,) = gpu.cupy_matmul_row(lp, bk, args, per_step, size, "float64", 1.0, 0, 1)
+        assert GEMM_ENV not in os.environ  # restored
+        with sweeps_batched(True):
+            with tracking() as ours:
+                lp(*args)
+            with gpu.cupy_matmul(), tracking() as cupys:
+                lp(*args)
+    assert row[0] == "LP batched, CuPy matmul" and row[3] == bk.name and float(row[6]) < 1e-12
+    copies = [t.tally.by_name.get("ascontiguousarray", 0) for t in (ours, cupys)]
+    assert copies[1] > copies[0]
+
+
 def test_a_gpu_case_that_raises_is_a_failed_row_and_the_others_go_on(monkeypatch, tmp_path):
     """A short GPU session must not lose its table to one failing case (an H200 run lost
     every per-layer row of a backend to one kernel): the failing backend's row says FAILED
