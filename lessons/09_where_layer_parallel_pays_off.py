@@ -253,3 +253,38 @@ assert deepest["lp-batched"]["critical_path"] < deepest["serial"]["critical_path
 # residual norms after the replay. On the H200 the conv ODE-net's replayed layer-parallel
 # gradient took 0.78× PyTorch's eager backprop at N = 64 and 0.52× at N = 256 (eager: 2.0×
 # and 0.80× in the same run), its replayed serial backprop 0.62× and 0.41×.
+#
+# What a replayed graph leaves is the device's own work, and the same counter measures it:
+# the **bytes** each kernel reads and writes (`Tally.bytes_moved`: every array a launch
+# touches, once). Count the graphs a small conv ODE-net records, serial and layer-parallel:
+
+# %%
+from refbraid.backends.launch_count import GRAPH_MODES, graph_work
+
+byte_rows = []
+for n in (16, 64):
+    conv = build_network("conv", (1, 8, 8), 3, n, 8, 1.0)
+    data = np.random.default_rng(0)
+    xs = data.standard_normal((16, 1, 8, 8)).astype(np.float32)
+    for m in GRAPH_MODES:
+        work = graph_work(conv, init_params(conv, 0, np.float32), xs,
+                          data.integers(0, 3, 16), m)
+        byte_rows.append({"N": n, "mode": m, "nodes": work.launches,
+                          "MB": work.bytes_moved / 1e6})
+print(f"{'N':>5}  {'graph of':<11} {'kernels':>8} {'MB moved':>9}")
+for r in byte_rows:
+    print(f"{r['N']:5d}  {r['mode']:<11} {r['nodes']:8d} {r['MB']:9.1f}")
+at64 = {r["mode"]: r for r in byte_rows if r["N"] == 64}
+assert at64["lp-batched"]["nodes"] < at64["serial"]["nodes"]
+assert at64["lp-batched"]["MB"] > at64["serial"]["MB"]
+
+# %% [markdown]
+# Batching traded kernels for bytes: at N = 64 the layer-parallel graph holds about a third
+# of serial backprop's kernels but moves more than twice its bytes (MGRIT applies about twice
+# the steps, and each sweep's right-hand sides and residuals are passes over whole states).
+# So on one GPU layer-parallel training pays while serial backprop is bound by launches and
+# latency — deep networks of small layers, small batches — and pays less as each layer grows
+# big enough to keep the memory busy by itself. On the H200 the conv net's batched graphs
+# moved their counted bytes at 1.1–1.3 TB/s, its serial graphs at 0.6–0.7 TB/s
+# (`python -m benchmarks quick counts` counts the GPU suite's own sizes;
+# docs/gpu_layer_parallel.md divides).
