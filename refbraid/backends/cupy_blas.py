@@ -5,7 +5,8 @@ CuPy 14 refuses every cuBLAS call on a capturing stream (its ``setStream`` raise
 although cuBLAS itself records into graphs. While :func:`recordable_gemms` is in force,
 ``cupy.matmul`` is :func:`matmul` here: the same product through
 ``cublas{S,D}gemmStridedBatched`` (ctypes), on the current stream; the fused dense adjoint's
-``out += a @ b`` (β = 1) takes the same road (:func:`active`).
+``out += a @ b`` (β = 1) takes the same road (:func:`active`). One cuBLAS handle per process,
+made on the device current at the first product (refbraid runs one GPU per process).
 
 How each operand is read — its operation flag, leading dimension and batch stride, or a
 C-contiguous copy first (a launch, recorded like any other) when no strides describe it — is

@@ -58,7 +58,7 @@ def gemm_plan(a_shape, a_strides, b_shape, b_strides, itemsize: int):
     """(batch shape, M, N, K, the A operand, the B operand) of ``matmul(a, b)`` for 2-D or
     batched operands (module docstring); ValueError on mismatched inner sizes."""
     if len(a_shape) < 2 or len(b_shape) < 2:
-        raise ValueError("recordable matmul needs operands of at least 2 dimensions.")
+        raise ValueError("the strided-batched GEMM needs operands of at least 2 dimensions.")
     (M, K), (K2, N) = a_shape[-2:], b_shape[-2:]
     if K != K2:
         raise ValueError(f"matmul: inner sizes differ ({K} and {K2}).")
