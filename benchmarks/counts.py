@@ -190,8 +190,7 @@ def traffic_records(tiny: bool) -> list[dict]:
 def traffic_results(recs: list[dict]) -> list[Result]:
     """:func:`traffic_records` as results: launches, MB moved, and both ÷ the serial record's
     (eager or graph alike) of the same case; the batched records' largest bytes by name."""
-    serial = {(r["case"], r["mode"].replace("lp-batched", "serial")): r for r in recs
-              if r["mode"].startswith("serial")}
+    serial = {(r["case"], r["mode"]): r for r in recs if r["mode"].startswith("serial")}
     out = []
     for r in recs:
         s = serial[r["case"], r["mode"].replace("lp-batched", "serial")]

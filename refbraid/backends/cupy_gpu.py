@@ -34,7 +34,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from .cupy_blas import product
+from .cupy_blas import product, routes_batched
 from .cupy_fused import fusable, one_float_dtype
 from .device_batching import transposed_once
 
@@ -157,12 +157,15 @@ def dense_step_batched(Y, W, b, h, act: str):
     Euler update of every row in one fused launch (cupy_fused.BIAS_ACT_EULER)."""
     from . import reference_batched
     from .cupy_fused import BIAS_ACT_EULER
-    from .reference import check_activation
+    from .reference import array_namespace, check_activation
 
     check_activation(act)
     if not fusable(Y, W, b):
         return reference_batched.dense_step_batched(Y, W, b, h, act)
-    P = product(Y, transposed_once(W))  # k,B,C; Wᵀ copied once per gradient (for CuPy's)
+    # Wᵀ read transposed in place by the strided-batched GEMM (cupy_blas.product); for CuPy's
+    # matmul, which would copy it in every call, copied once per gradient instead
+    Wt = array_namespace(W).permute_dims(W, (0, 2, 1))
+    P = product(Y, Wt if routes_batched(Y, Wt) else transposed_once(W))  # k,B,C
     Z, Y_next = BIAS_ACT_EULER(act, P, b[:, None, :], Y, _step_sizes(Y, h))
     return Y_next, Z
 

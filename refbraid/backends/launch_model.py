@@ -75,12 +75,6 @@ class Tally:
                 "copies": self.copies, "h2d": self.h2d, "d2h": self.d2h, "syncs": self.syncs}
 
 
-def moved_bytes(a: np.ndarray) -> int:
-    """The bytes a launch reading or writing ``a`` is charged (module docstring)."""
-    _, lo, hi = _extent(a)
-    return min(a.nbytes, hi - lo)
-
-
 def _extent(a: np.ndarray) -> tuple[int, int, int]:
     """(buffer key, first byte, one past the last byte) of the memory ``a`` views."""
     base = a
@@ -108,16 +102,16 @@ class Tracker:
         self._records: dict[int, list[list]] = {}
 
     # ------------------------------------------------------------------ dependencies
-    def _depth_of(self, a: np.ndarray, writing: bool) -> int:
-        key, lo, hi = _extent(a)
+    def _depth_of(self, extent: tuple[int, int, int], writing: bool) -> int:
+        key, lo, hi = extent
         depth = 0
         for r in self._records.get(key, ()):
             if r[0] < hi and lo < r[1] and (writing or r[3]):
                 depth = max(depth, r[2])
         return depth
 
-    def _record(self, a: np.ndarray, depth: int, wrote: bool) -> None:
-        key, lo, hi = _extent(a)
+    def _record(self, extent: tuple[int, int, int], depth: int, wrote: bool) -> None:
+        key, lo, hi = extent
         recs = self._records.setdefault(key, [])
         if wrote:  # a write after everything it overlaps: records it covers are dominated
             recs[:] = [r for r in recs if not (lo <= r[0] and r[1] <= hi)]
@@ -127,18 +121,14 @@ class Tracker:
     def launch(self, reads: Iterable[np.ndarray], writes: Iterable[np.ndarray],
                name: str = "kernel") -> int:
         """One kernel reading ``reads`` and writing ``writes``; returns its depth."""
-        reads, writes = list(reads), list(writes)
-        depth = self._frontier
-        for a in reads:
-            depth = max(depth, self._depth_of(a, False))
-        for a in writes:
-            depth = max(depth, self._depth_of(a, True))
-        depth += 1
-        for a in reads:
-            self._record(a, depth, False)
-        for a in writes:
-            self._record(a, depth, True)
-        moved = sum(moved_bytes(a) for a in (*reads, *writes))
+        accesses = [(a, _extent(a), False) for a in reads]
+        accesses += [(a, _extent(a), True) for a in writes]
+        depth = 1 + max([self._frontier,
+                         *(self._depth_of(ext, wrote) for _, ext, wrote in accesses)])
+        for _, ext, wrote in accesses:
+            self._record(ext, depth, wrote)
+        # each array once, at the smaller of its elements' bytes and its span (docstring)
+        moved = sum(min(a.nbytes, hi - lo) for a, (_, lo, hi), _ in accesses)
         t = self.tally
         t.launches += 1
         t.critical_path = max(t.critical_path, depth)
@@ -160,12 +150,12 @@ class Tracker:
         """A host→device copy into the new array ``a`` (ordered after what the host waited
         for, before nothing else: no launch)."""
         self.fresh(a)
-        self._record(a, self._frontier, True)
+        self._record(_extent(a), self._frontier, True)
         self.tally.h2d += 1
 
     def to_host(self, a: np.ndarray) -> None:
         """A device→host copy of ``a``: the host waits for the launches that wrote it."""
-        self._frontier = max(self._frontier, self._depth_of(a, False))
+        self._frontier = max(self._frontier, self._depth_of(_extent(a), False))
         self.tally.d2h += 1
         self.tally.syncs += 1
 

@@ -408,27 +408,20 @@ def matmul(a, b, strided_gemm: bool = False):
     from .gemm_layout import gemm_plan
 
     batched = max(getattr(a, "ndim", 0), getattr(b, "ndim", 0)) > 2
-    plan = None
     if ((strided_gemm or is_recording_graph()) and isinstance(a, ndarray)
             and isinstance(b, ndarray) and a.dtype == b.dtype
             and a.dtype in (np.float32, np.float64)):
-        plan = gemm_plan(a.shape, a._a.strides, b.shape, b._a.strides, a.dtype.itemsize)
-        copies = {id(a): plan[4].copy, id(b): plan[5].copy}
-
-    def readable(x):
-        if not isinstance(x, ndarray):
-            return x
-        if plan is not None:
-            copy = copies[id(x)]
-        else:
-            flags = x._a.flags
-            copy = not (flags.c_contiguous or (flags.f_contiguous and not batched))
-        return run("ascontiguousarray", np.ascontiguousarray, (x,)) if copy else x
+        *_, pa, pb = gemm_plan(a.shape, a._a.strides, b.shape, b._a.strides, a.dtype.itemsize)
+        copies = (pa.copy, pb.copy)
+    else:  # CuPy's matmul
+        copies = tuple(isinstance(x, ndarray) and not (
+            x._a.flags.c_contiguous or (x._a.flags.f_contiguous and not batched)) for x in (a, b))
+    read = [run("ascontiguousarray", np.ascontiguousarray, (x,)) if copy else x
+            for x, copy in zip((a, b), copies, strict=True)]
 
     # the GEMM reads the copies (what it waits for) but multiplies the operands as given:
     # NumPy's product of the same views, so its bits do not depend on the counting
-    return run("matmul", lambda _a, _b: np.matmul(_storage_of(a), _storage_of(b)),
-               (readable(a), readable(b)))
+    return run("matmul", lambda _a, _b: np.matmul(_storage_of(a), _storage_of(b)), read)
 
 
 def _storage_of(x):
