@@ -32,9 +32,12 @@ cupy), refbraid's serial backprop, and PyTorch eager serial backprop of the same
 ``check`` the largest relative gradient difference batched vs per-step. On ``cupy`` also
 ``LP batched, CuPy matmul``: the batched gradient with its batched products through CuPy's
 ``matmul`` instead of refbraid's strided-batched GEMM (``REFBRAID_CUPY_GEMM=cupy``), the A/B
-of that choice; and the gradients replayed from CUDA graphs. Last, what a GPU pays
-for per gradient, counted without one (launches, critical path, copies, synchronisations of the
-dense and conv networks: the ``counts`` suite's cases, :func:`benchmarks.counts.launch_records`).
+of that choice; the gradients replayed from CUDA graphs; and for the conv network, the
+``…, im2col conv`` rows: its gradients (eager and replayed) with column-matrix convolutions
+instead of the direct kernels (``REFBRAID_CUPY_CONV=im2col``), that choice's A/B. Last, what
+a GPU pays for per gradient, counted without one (launches, critical path, copies,
+synchronisations of the dense and conv networks: the ``counts`` suite's cases,
+:func:`benchmarks.counts.launch_records`).
 
 The cases run in one fresh process (:func:`benchmarks.harness.fresh`) with
 ``NUMBA_ENABLE_CUDASIM`` set for the mode before Numba is imported.
@@ -307,27 +310,44 @@ def gradient_rows(backends, dtype, tiny, warmup, repeats):
                                            repeats)
                 yield from graphed_rows(net, settings, bk, (p, xb, yb), g_p, size, dt, ser,
                                         warmup, repeats)
+                if case[0] == "conv":
+                    yield from im2col_rows(net, settings, bk, (p, xb, yb), g_p, size, dt, ser,
+                                           warmup, repeats)
         ms = None if tiny else _torch_serial(*case, dtype, warmup, repeats)
         if ms is not None and serial is not None:
             yield ("torch eager serial", size, dt, "torch", ms, ms / serial, "-")
 
 
 @contextmanager
+def environment(name: str, value: str):
+    """Within the block the environment variable ``name`` is ``value`` (restored after)."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = saved
+
+
 def cupy_matmul():
     """Within the block the cupy backend's batched products go through CuPy's ``matmul``
     (``REFBRAID_CUPY_GEMM=cupy``, :func:`refbraid.backends.cupy_blas.product`), as before
     refbraid's strided-batched GEMM took them."""
     from refbraid.backends.cupy_blas import GEMM_ENV
 
-    saved = os.environ.get(GEMM_ENV)
-    os.environ[GEMM_ENV] = "cupy"
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ[GEMM_ENV]
-        else:
-            os.environ[GEMM_ENV] = saved
+    return environment(GEMM_ENV, "cupy")
+
+
+def im2col_convolutions():
+    """Within the block the cupy backend's convolutions are column matrices and GEMMs
+    (``REFBRAID_CUPY_CONV=im2col``, :mod:`refbraid.backends.cupy_conv`), as before the
+    direct kernels took them."""
+    from refbraid.backends.cupy_conv import CONV_ENV
+
+    return environment(CONV_ENV, "im2col")
 
 
 def cupy_matmul_row(lp, bk, args, g_per_step, size, dt, ser, warmup, repeats):
@@ -346,18 +366,44 @@ def cupy_matmul_row(lp, bk, args, g_per_step, size, dt, ser, warmup, repeats):
     yield ("LP batched, CuPy matmul", size, dt, bk.name, ms, ms / ser, f"{diff:.1e}")
 
 
-def graphed_rows(net, settings, bk, args, g_per_step, size, dt, ser, warmup, repeats):
+def im2col_rows(net, settings, bk, args, g_per_step, size, dt, ser, warmup, repeats):
+    """The conv network's gradients again with column-matrix convolutions
+    (:func:`im2col_convolutions`): the A/B of the direct kernels in the same process —
+    batched layer-parallel and serial backprop, eager and replayed from CUDA graphs;
+    ``check`` against the (direct) per-step and serial gradients."""
+    from refbraid.backends.device_batching import sweeps_batched
+    from refbraid.training.gradients import sequential_gradient
+
+    lp, sq = mgrit_gradient(net, settings, bk), sequential_gradient(net, bk)
+    for case, fn in (("LP batched", lp), ("refbraid serial", sq)):
+        try:
+            want = g_per_step if fn is lp else sq(*args)[1]
+            with sweeps_batched(True), im2col_convolutions():
+                ms = median_ms(lambda fn=fn: fn(*args), bk.name, warmup, repeats)
+                diff = largest_relative_difference(fn(*args)[1], want)
+        except Exception as err:  # reported as the row; the run goes on
+            yield failed_row(f"{case}, im2col conv", size, np.dtype(dt), bk.name, err)
+            continue
+        yield (f"{case}, im2col conv", size, dt, bk.name, ms, ms / ser, f"{diff:.1e}")
+    with im2col_convolutions():
+        yield from graphed_rows(net, settings, bk, args, g_per_step, size, dt, ser, warmup,
+                                repeats, ", im2col conv")
+
+
+def graphed_rows(net, settings, bk, args, g_per_step, size, dt, ser, warmup, repeats,
+                 label: str = ""):
     """The same gradients replayed from CUDA graphs
     (:func:`refbraid.training.captured_gradient.captured_gradient`): layer-parallel with
     batched sweeps and serial backprop, each recorded once (outside the timing) and timed per
     call with its checks, input copies and result copies; ``check`` against the eager
-    per-step and serial gradients. A recording that fails gives :func:`failed_row`."""
+    per-step and serial gradients; ``label`` ends each case's name. A recording that fails
+    gives :func:`failed_row`."""
     from refbraid.backends.device_batching import sweeps_batched
     from refbraid.training.captured_gradient import captured_gradient
     from refbraid.training.gradients import sequential_gradient
 
-    for case, graph_settings in (("LP batched, CUDA graph", settings),
-                                 ("refbraid serial, CUDA graph", "serial")):
+    for case, graph_settings in ((f"LP batched, CUDA graph{label}", settings),
+                                 (f"refbraid serial, CUDA graph{label}", "serial")):
         try:
             with sweeps_batched(True):
                 g = captured_gradient(net, bk, graph_settings)

@@ -299,6 +299,44 @@ def test_the_gpu_suite_times_the_batched_gradient_with_cupys_matmul_too(monkeypa
     assert copies[1] > copies[0]
 
 
+def test_the_gpu_suite_times_the_conv_gradients_with_column_matrices_too(monkeypatch):
+    """``…, im2col conv``: the conv network's batched layer-parallel and serial gradients,
+    eager and replayed from CUDA graphs, with column-matrix convolutions (the A/B of the
+    direct kernels), each checked against the direct one; on the counting stand-in the
+    column matrices and their GEMMs are there, the direct kernels not."""
+    from benchmarks import gpu
+    from benchmarks.gpu_cases import TINY_GRADIENT_CASES, gradient_case, gradient_settings
+    from refbraid.backends import launch_count
+    from refbraid.backends.cupy_conv import CONV_ENV
+    from refbraid.backends.device_batching import sweeps_batched
+    from refbraid.backends.launch_model import tracking
+    from refbraid.network import to_backend
+    from refbraid.training.gradients import mgrit_gradient, sequential_gradient
+
+    monkeypatch.delenv(CONV_ENV, raising=False)
+    monkeypatch.setattr(gpu, "synchronise", lambda name: None)
+    conv = next(c for c in TINY_GRADIENT_CASES if c[0] == "conv")
+    net, params, x, y, size = gradient_case(*conv, np.float64)
+    settings = gradient_settings(True)
+    with launch_count.counting("cupy") as bk:
+        args = (to_backend(params, bk), bk.asarray(x), bk.asarray(y))
+        per_step = mgrit_gradient(net, settings, bk)(*args)[1]
+        rows = list(gpu.im2col_rows(net, settings, bk, args, per_step, size, "float64", 1.0,
+                                    0, 1))
+        assert CONV_ENV not in os.environ  # restored
+        with sweeps_batched(True):
+            with tracking() as direct:
+                sequential_gradient(net, bk)(*args)
+            with gpu.im2col_convolutions(), tracking() as im2col:
+                sequential_gradient(net, bk)(*args)
+    assert [r[0] for r in rows] == [
+        "LP batched, im2col conv", "refbraid serial, im2col conv",
+        "LP batched, CUDA graph, im2col conv", "refbraid serial, CUDA graph, im2col conv"]
+    assert all(r[3] == bk.name and float(r[6]) < 1e-12 for r in rows), rows
+    assert direct.tally.by_name.get("conv_direct") and not direct.tally.by_name.get("im2col")
+    assert im2col.tally.by_name.get("im2col") and not im2col.tally.by_name.get("conv_direct")
+
+
 def test_a_gpu_case_that_raises_is_a_failed_row_and_the_others_go_on(monkeypatch, tmp_path):
     """A short GPU session must not lose its table to one failing case (an H200 run lost
     every per-layer row of a backend to one kernel): the failing backend's row says FAILED

@@ -1,13 +1,15 @@
-"""The ``cupy`` backend's conv ODE step: an im2col GEMM convolution, then one fused kernel.
+"""The ``cupy`` backend's conv ODE step: a convolution kernel, then one fused kernel.
 
-On the counting device (the CuPy stand-in: each fused kernel runs its NumPy path and is
-charged one launch) :class:`ConvStep`'s forward is the im2col convolution without its bias
-(:mod:`refbraid.backends.cupy_conv`: one strided copy and one GEMM) plus ``bias_act_euler``
-(bias per channel, activation and Euler update in one launch), its adjoint
-``scaled_act_adjoint`` (``h σ'(z) ⊙ dy``) plus the im2col transposed convolution; one step
-and k at once. Oracles: the NumPy reference to round-off (every activation, float32 and
-float64: the GEMM sums a point's C·s² products in its own order, the element-wise work is the
-reference's), the catalogue's convolution kernels likewise; launch counts against the
+On the counting device (the CuPy stand-in: each kernel runs its NumPy path and is charged
+one launch) :class:`ConvStep`'s forward is the convolution without its bias
+(:mod:`refbraid.backends.cupy_conv`: the direct kernel, or with ``REFBRAID_CUPY_CONV=im2col``
+the column matrix and a GEMM; both forms tested) plus ``bias_act_euler`` (bias per channel,
+activation and Euler update in one launch), its adjoint ``scaled_act_adjoint`` (``h σ'(z) ⊙
+dy``) plus the transposed convolution and the weight gradient; one step and k at once (the
+kernels' own CUDA C: tests/cuda_c/test_raw_kernels.py). Oracles: the NumPy reference to
+round-off (every activation, float32 and float64: a convolution sums a point's C·s² products
+in its own order, the element-wise work is the reference's), the catalogue's convolution
+kernels likewise; launch counts against the
 composition they replace; the dot-product test and central finite differences of the adjoint
 in float64.
 """
@@ -26,8 +28,10 @@ from refbraid.backends.reference import ACTIVATIONS
 from refbraid.layers import ConvStep
 
 NUMPY = get_backend("numpy")
-#: round-off of a GEMM-summed convolution against the stencil-summed reference, in ulps of
-#: the largest entry (measured ≤ 2 at these sizes)
+#: the cupy backend's two forms of a convolution (cupy_conv.CONV_ENV)
+FORMS = ["direct", "im2col"]
+#: round-off of a convolution summed in another order than the stencil-summed reference, in
+#: ulps of the largest entry (measured ≤ 2 at these sizes)
 ULPS = 16
 K, B, C, H, WD = 3, 2, 2, 3, 4
 STEPS = np.array([0.25, 0.5, 0.25])
@@ -59,7 +63,11 @@ def _step(layer, bk, params, Y, dY, grads, batched: bool):
 @pytest.mark.parametrize("batched", [False, True], ids=["per-step", "batched"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("act", ACTIVATIONS)
-def test_the_fused_conv_step_matches_the_numpy_reference(act, dtype, batched):
+@pytest.mark.parametrize("form", FORMS)
+def test_the_fused_conv_step_matches_the_numpy_reference(form, act, dtype, batched, monkeypatch):
+    from refbraid.backends import cupy_conv
+
+    monkeypatch.setenv(cupy_conv.CONV_ENV, form)
     layer, params, Y, dY = _case(dtype, 1, act)
     for grads in (True, False):
         want = _step(layer, NUMPY, params, Y, dY, grads, batched)
@@ -81,10 +89,14 @@ def _close(got, want, what: str) -> None:
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_the_catalogue_convolutions_match_the_reference(dtype):
+@pytest.mark.parametrize("form", FORMS)
+def test_the_catalogue_convolutions_match_the_reference(form, dtype, monkeypatch):
     """``conv2d``, ``conv2d_adjoint`` and their k-row forms on the cupy backend (the opening
     convolution, the spatial transfers) against NumPy's, a 5×5 kernel and uneven channels
     included."""
+    from refbraid.backends import cupy_conv
+
+    monkeypatch.setenv(cupy_conv.CONV_ENV, form)
     rng = np.random.default_rng(5)
     for s, C, O in ((3, 2, 3), (5, 3, 2), (1, 2, 2)):
         x, dz = rng.standard_normal((B, C, 6, 5)), rng.standard_normal((B, O, 6, 5))
@@ -108,18 +120,26 @@ def test_the_catalogue_convolutions_match_the_reference(dtype):
             _close(g, w, f"{name} s={s}")
 
 
-def test_a_column_matrix_over_the_budget_takes_the_reference(monkeypatch):
-    """Above cupy_conv.COLUMN_BYTES the step keeps the reference's offset-by-offset
-    convolution (no s²-fold copy of the input): NumPy's bits, the reference's launches."""
-    from refbraid.backends import cupy_conv
+@pytest.mark.parametrize("form", FORMS)
+def test_a_column_matrix_over_the_budget_takes_the_reference(form, monkeypatch):
+    """Above cupy_conv_columns.COLUMN_BYTES the column-matrix form keeps the reference's
+    offset-by-offset convolution (no s²-fold copy of the input): NumPy's bits, the
+    reference's launches. The direct kernels make no column matrix: they take it still."""
+    from refbraid.backends import cupy_conv, cupy_conv_columns
 
+    monkeypatch.setenv(cupy_conv.CONV_ENV, form)
     layer, params, Y, dY = _case(np.float64, 6)
-    monkeypatch.setattr(cupy_conv, "COLUMN_BYTES", Y[0].nbytes * 9 - 1)
+    monkeypatch.setattr(cupy_conv_columns, "COLUMN_BYTES", Y[0].nbytes * 9 - 1)
     for batched in (False, True):
         want = _step(layer, NUMPY, params, Y, dY, True, batched)
         with launch_count.counting("cupy") as bk:
             with tracking() as t:
                 got = _step(layer, bk, params, Y, dY, True, batched)
+        if form == "direct":
+            assert t.tally.launches == 6 and "im2col" not in t.tally.by_name, t.tally.by_name
+            for name, g, w in zip(("Y_next", "Z", "dY", "dW", "db"), got, want, strict=True):
+                _close(g, w, name)
+            continue
         assert t.tally.launches > 60, t.tally.by_name  # im2col: 18 (5 + 13)
         for name, g, w in zip(("Y_next", "Z", "dY", "dW", "db"), got, want, strict=True):
             np.testing.assert_array_equal(g, w, err_msg=name)
@@ -129,13 +149,20 @@ def _launches(fn) -> int:
     return launch_count.count(fn).launches
 
 
-def test_launches_before_and_after():
-    """A step, one or k at once alike: forward 3 launches (the column matrix, the GEMM,
-    bias_act_euler), adjoint 5 without the weight gradient (scaled_act_adjoint, the flipped
-    kernel's copy, a convolution of 2, dy_next + dx) and 9 with it (dz's transposed copy, the
-    columns of y again, the GEMM, the bias sum). The reference
-    composition they replace — per stencil offset a tensordot and an accumulation — takes
-    24–56 launches per step at 3×3, 42–76 for k rows."""
+@pytest.mark.parametrize("form, fwd, adj, adj_grads", [
+    ("direct", 2, 3, 4), ("im2col", 3, 5, 9)])
+def test_launches_before_and_after(form, fwd, adj, adj_grads, monkeypatch):
+    """A step, one or k at once alike. With the direct kernels (the default): forward 2
+    launches (the convolution, bias_act_euler), adjoint 3 without the weight gradient
+    (scaled_act_adjoint, the transposed convolution reading W in place, dy_next + dx) and 4
+    with it (one kernel sums dW and db). Through the
+    column matrix (``REFBRAID_CUPY_CONV=im2col``): forward 3 (the column matrix, the GEMM,
+    bias_act_euler), adjoint 5 (the flipped kernel's copy, a convolution of 2) and 9. The
+    reference composition they replace — per stencil offset a tensordot and an accumulation
+    — takes 23–54 launches per step at 3×3, 42–74 for k rows."""
+    from refbraid.backends import cupy_conv
+
+    monkeypatch.setenv(cupy_conv.CONV_ENV, form)
     layer, params, Y, dY = _case(np.float64, 2)
     h = float(STEPS[0])
     with launch_count.counting("cupy") as bk:
@@ -146,11 +173,11 @@ def test_launches_before_and_after():
         before = _launches(lambda: EULER_ACT("tanh", y0, reference.conv2d(y0, p0["W"], p0["b"]),
                                              h))
         assert before == 23
-        assert _launches(lambda: bk.conv_step(y0, p0["W"], p0["b"], h, "tanh")) == 3
+        assert _launches(lambda: bk.conv_step(y0, p0["W"], p0["b"], h, "tanh")) == fwd
         before = _launches(lambda: reference.conv2d_adjoint(
             y0, p0["W"], h * ACT_ADJOINT_KERNEL("tanh", z, dy0))[0] + dy0)
         assert before == 54
-        for grads, want in ((True, 9), (False, 5)):
+        for grads, want in ((True, adj_grads), (False, adj)):
             assert _launches(lambda g=grads: bk.conv_step_adjoint(y0, z, dy0, p0["W"], h,
                                                                   "tanh", g)) == want
         hs = values_on(Yd, STEPS, Yd.dtype)[:, None, None, None, None]  # copied once here
@@ -161,10 +188,10 @@ def test_launches_before_and_after():
 
         _, Z = composed_forward()
         assert _launches(composed_forward) == 43
-        assert _launches(lambda: layer.forward_batched(p, Yd, STEPS, bk)) == 3
-        # with the weight gradient 9, as one step: the k batched GEMMs read the transposed
+        assert _launches(lambda: layer.forward_batched(p, Yd, STEPS, bk)) == fwd
+        # with the weight gradient as one step: the k batched GEMMs read the transposed
         # column matrices in place (cupy_blas.product; CuPy's batched matmul would copy them)
-        for grads, was, want in ((True, 74, 9), (False, 42, 5)):
+        for grads, was, want in ((True, 74, adj_grads), (False, 42, adj)):
             before = _launches(lambda g=grads: reference_batched.conv2d_adjoint_batched(
                 Yd, p["W"], hs * ACT_ADJOINT_KERNEL("tanh", Z, dYd), g)[0] + dYd)
             after = _launches(lambda g=grads: layer.adjoint_batched(p, Yd, Z, dYd, STEPS, bk, g))
@@ -172,10 +199,15 @@ def test_launches_before_and_after():
 
 
 @pytest.mark.parametrize("batched", [False, True], ids=["per-step", "batched"])
-def test_the_fused_adjoint_passes_the_dot_product_test_and_finite_differences(batched):
+@pytest.mark.parametrize("form", FORMS)
+def test_the_fused_adjoint_passes_the_dot_product_test_and_finite_differences(form, batched,
+                                                                              monkeypatch):
     """float64, tanh: <J (v, δW, δb), w> = <v, dY> + <δW, dW> + <δb, db> with the exact
     tangent J = v + h σ'(Z) ⊙ (W * v + δW * Y + δb), and central differences (ε 1e-6) of
     <Φ(Y, W, b), w> at sampled entries."""
+    from refbraid.backends import cupy_conv
+
+    monkeypatch.setenv(cupy_conv.CONV_ENV, form)
     layer, params, Y, w = _case(np.float64, 3)
     if not batched:
         params, Y, w = {n: v[:1] for n, v in params.items()}, Y[:1], w[:1]

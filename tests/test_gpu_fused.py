@@ -4,8 +4,9 @@
   the launch counter charges one launch for) gives the reference kernels' bits, every
   activation, float32 and float64; its CUDA source compiles with NVIDIA's NVRTC for sm_75,
   sm_80 and sm_90 in double and float (no GPU needed; skipped without NVRTC); so do the
-  layer-norm, softmax, attention-head, GRU and im2col kernels (refbraid.backends.cupy_layernorm,
-  cupy_softmax, cupy_heads, cupy_gru, cupy_conv).
+  layer-norm, softmax, attention-head, GRU and convolution kernels
+  (refbraid.backends.cupy_layernorm, cupy_softmax, cupy_heads, cupy_gru, cupy_conv_columns,
+  cupy_conv_direct).
 * refbraid.backends.numba_cuda_batched on device-resident arrays (the simulator's device):
   every row bit-identical to the per-step cuda calls; its new adjoint kernel compiles with
   ``numba.cuda.compile_ptx`` for compute capability 9.0 outside the simulator.
@@ -106,7 +107,14 @@ def test_every_fused_kernel_compiles_and_fits_its_blocks_on_real_gpus(T):
     hardware's largest for the element-wise bodies, whose block CuPy chooses."""
     from cuda_compile.ptxas import block_fits, ptxas_resources
 
-    from refbraid.backends import cupy_conv, cupy_gru, cupy_heads, cupy_layernorm, cupy_softmax
+    from refbraid.backends import (
+        cupy_conv_columns,
+        cupy_conv_direct,
+        cupy_gru,
+        cupy_heads,
+        cupy_layernorm,
+        cupy_softmax,
+    )
 
     unfit = []
     for cc in ((7, 5), (8, 0), (9, 0)):
@@ -117,10 +125,15 @@ def test_every_fused_kernel_compiles_and_fits_its_blocks_on_real_gpus(T):
             for act in ACTIVATIONS:
                 compiled.append((f"{kernel.name}_{act}", threads,
                                  _nvrtc_compile(kernel.cuda_kernel(act, T), arch)))
-        for module in (cupy_layernorm, cupy_gru, cupy_softmax, cupy_heads, cupy_conv):
+        for module in (cupy_layernorm, cupy_gru, cupy_softmax, cupy_heads, cupy_conv_columns,
+                       cupy_conv_direct):
             for name in module.KERNELS:
                 compiled.append((name, module.THREADS,
                                  _nvrtc_compile(module.cuda_source(name, T), arch)))
+        side = cupy_conv_direct.MAX_WEIGHT_SIDE  # the weight gradient's most taps and registers
+        compiled.append((f"conv_weight_grad {side}x{side}", cupy_conv_direct.THREADS,
+                         _nvrtc_compile(cupy_conv_direct.cuda_source("conv_weight_grad", T, side),
+                                        arch)))
         for name, threads, ptx in compiled:
             registers, shared = ptxas_resources(ptx, cc)
             if not block_fits(registers, shared, threads):

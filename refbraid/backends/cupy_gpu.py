@@ -8,10 +8,10 @@ tested reference code on another array type, except for the element-wise chains 
 step: ``OVERRIDES`` are the fused kernels of :mod:`refbraid.backends.cupy_fused` (a dense
 step, one or k at once, is its GEMMs plus one fused kernel for bias, activation and Euler
 update; its adjoint the GEMMs, ``h σ'(z) ⊙ dy`` in one kernel and ``dy_next + s W`` with the
-bias gradient's column sums in another), and every 2-D convolution is one column-matrix
-kernel and one GEMM (:mod:`refbraid.backends.cupy_conv`, im2col: equal to the reference to
-round-off)
-where the reference sums the stencil offsets one launch set each; layer norm is one kernel
+bias gradient's column sums in another), and every 2-D convolution one direct kernel, its
+adjoint two (dx; dW and db), or with ``REFBRAID_CUPY_CONV=im2col`` a column-matrix kernel and
+a GEMM (:mod:`refbraid.backends.cupy_conv`: equal to the reference to round-off) where the
+reference sums the stencil offsets one launch set each; layer norm is one kernel
 forward and three launches for its adjoint (:mod:`refbraid.backends.cupy_layernorm`, equal to
 the reference to round-off: sums in double) where the reference makes ten and thirteen, and
 a GRU cell's gate algebra one launch each way (:mod:`refbraid.backends.cupy_gru`) where it
@@ -91,14 +91,20 @@ def _step_sizes(like, h):
     return values_on(like, h, like.dtype)[(slice(None),) + (None,) * (like.ndim - 1)]
 
 
-def _im2col(x, W, *others) -> bool:
-    """The convolution of ``x`` with ``W`` takes the im2col GEMM (cupy_conv): real floats of
-    one dtype, fused kernels on, and column matrices (of x, and of the image-shaped
-    ``others``: an adjoint's dz) within cupy_conv.COLUMN_BYTES."""
-    from .cupy_conv import fits
+def _conv_kernels(x, W, *others) -> bool:
+    """The convolution of ``x`` with ``W`` takes cupy_conv's kernels: real floats of one
+    dtype, fused kernels on, and either the direct kernels (no column matrix) or column
+    matrices (of x, and of the image-shaped ``others``: an adjoint's dz) within
+    cupy_conv_columns.COLUMN_BYTES."""
+    from .cupy_conv import direct_tiling
+    from .cupy_conv_columns import fits
+    from .cupy_conv_direct import MAX_WEIGHT_SIDE
 
-    images = [a for a in (x, *others) if a.ndim >= 4]
-    return one_float_dtype(x, W, *others) and all(fits(a, W.shape[-1]) for a in images)
+    if not one_float_dtype(x, W, *others):
+        return False
+    if direct_tiling(x, W) is not None and W.shape[-1] <= MAX_WEIGHT_SIDE:
+        return True
+    return all(fits(a, W.shape[-1]) for a in (x, *others) if a.ndim >= 4)
 
 
 def dense_step(y, W, b, h: float, act: str):
@@ -186,64 +192,64 @@ def dense_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True
 
 # ----------------------------------------------------------------------------- convolutions
 # The catalogue's 2-D convolutions (reference.conv2d, conv2d_adjoint and their k-row forms in
-# reference_batched) as im2col GEMMs (cupy_conv): 2 launches forward (+1 for the bias), 7
-# for the adjoint, instead of ≈ 3 and 5 per stencil offset.
-def _gemm_conv(x, W, b, reference_conv):
+# reference_batched) by cupy_conv's kernels: direct, 1 launch forward (+1 for the bias), 2 for
+# the adjoint (column matrix: 2 and 7), instead of ≈ 3 and 5 per stencil offset.
+def _kernel_conv(x, W, b, reference_conv):
     """``W * x + b`` by cupy_conv.conv2d (one step, or k rows with their own W and b: the bias
-    (..., O) broadcast over (B, H, W)), or by ``reference_conv`` where _im2col says no."""
+    (..., O) broadcast over (B, H, W)), or by ``reference_conv`` where _conv_kernels says no."""
     from . import cupy_conv
     from .portable import contiguous
 
-    if not _im2col(x, W, *(() if b is None else (b,))):
+    if not _conv_kernels(x, W, *(() if b is None else (b,))):
         return reference_conv(x, W, b)
     z = cupy_conv.conv2d(x, W)
     return contiguous(z) if b is None else z + b[..., None, :, None, None]
 
 
-def _gemm_conv_adjoint(x, W, dz, grads: bool, reference_adjoint):
-    """(dx, dW, db) of :func:`_gemm_conv` (cupy_conv.conv2d_adjoint), dx C-ordered, or
-    ``reference_adjoint()`` where _im2col says no."""
+def _kernel_conv_adjoint(x, W, dz, grads: bool, reference_adjoint):
+    """(dx, dW, db) of :func:`_kernel_conv` (cupy_conv.conv2d_adjoint), dx C-ordered, or
+    ``reference_adjoint()`` where _conv_kernels says no."""
     from . import cupy_conv
     from .portable import contiguous
 
-    if not _im2col(x, W, dz):
+    if not _conv_kernels(x, W, dz):
         return reference_adjoint()
     dx, dW, db = cupy_conv.conv2d_adjoint(x, W, dz, grads)
     return contiguous(dx), dW, db
 
 
 def conv2d(x, W, b):
-    """reference.conv2d ``z = W * x + b`` as one im2col GEMM."""
+    """reference.conv2d ``z = W * x + b`` by cupy_conv.conv2d."""
     from . import reference
 
-    return _gemm_conv(x, W, b, reference.conv2d)
+    return _kernel_conv(x, W, b, reference.conv2d)
 
 
 def conv2d_adjoint(x, W, dz):
-    """reference.conv2d_adjoint: (dx, dW, db) by im2col GEMMs."""
+    """reference.conv2d_adjoint: (dx, dW, db) by cupy_conv.conv2d_adjoint."""
     from . import reference
 
-    return _gemm_conv_adjoint(x, W, dz, True, lambda: reference.conv2d_adjoint(x, W, dz))
+    return _kernel_conv_adjoint(x, W, dz, True, lambda: reference.conv2d_adjoint(x, W, dz))
 
 
 def conv2d_batched(X, W, b):
-    """reference_batched.conv2d_batched, row j ``W[j] * X[j] + b[j]``: one batched GEMM."""
+    """reference_batched.conv2d_batched, row j ``W[j] * X[j] + b[j]``, all rows at once."""
     from . import reference_batched
 
-    return _gemm_conv(X, W, b, reference_batched.conv2d_batched)
+    return _kernel_conv(X, W, b, reference_batched.conv2d_batched)
 
 
 def conv2d_adjoint_batched(X, W, dZ, grads: bool = True):
-    """reference_batched.conv2d_adjoint_batched by batched im2col GEMMs."""
+    """reference_batched.conv2d_adjoint_batched, all rows at once."""
     from . import reference_batched
 
-    return _gemm_conv_adjoint(X, W, dZ, grads, lambda: reference_batched.conv2d_adjoint_batched(
+    return _kernel_conv_adjoint(X, W, dZ, grads, lambda: reference_batched.conv2d_adjoint_batched(
         X, W, dZ, grads))
 
 
 # ----------------------------------------------------------------------------- conv ODE steps
-# ConvStep's forward and adjoint, one step and k at once (reference_conv_step): the im2col
-# convolutions (cupy_conv), the bias with the activation and Euler update in one fused launch
+# ConvStep's forward and adjoint, one step and k at once (reference_conv_step): cupy_conv's
+# convolutions, the bias with the activation and Euler update in one fused launch
 # (the dense kernel, the bias (C,) broadcast over B×C×H×W as b[:, None, None]), h σ'(z) ⊙ dy
 # in one. The element-wise arithmetic is the reference's in its order (the bias added after
 # the convolution's sum, as reference.conv2d adds it); the convolutions agree with the
@@ -256,7 +262,7 @@ def conv_step(y, W, b, h: float, act: str, out=None, add=None):
     from .into import plus
 
     reference.check_activation(act)
-    if b is None or not _im2col(y, W, b):
+    if b is None or not _conv_kernels(y, W, b):
         return reference_conv_step.conv_step(y, W, b, h, act, add=add)
     z, y_next = BIAS_ACT_EULER(act, cupy_conv.conv2d(y, W), b[:, None, None], y, h)
     return plus(y_next, add), z
@@ -271,7 +277,7 @@ def conv_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True, 
     from .into import plus
 
     reference.check_activation(act)
-    if not _im2col(y, W, z, dy_next):
+    if not _conv_kernels(y, W, z, dy_next):
         return reference_conv_step.conv_step_adjoint(y, z, dy_next, W, h, act, grads, add=add)
     dys, dW, db = cupy_conv.conv2d_adjoint(y, W, SCALED_ACT_ADJOINT(act, z, dy_next, h), grads)
     dy = plus(dy_next + dys, add)
@@ -286,7 +292,7 @@ def conv_step_batched(Y, W, b, h, act: str):
     from .reference import check_activation
 
     check_activation(act)
-    if not _im2col(Y, W, b):
+    if not _conv_kernels(Y, W, b):
         return reference_conv_step.conv_step_batched(Y, W, b, h, act)
     Z, Y_next = BIAS_ACT_EULER(act, cupy_conv.conv2d(Y, W),
                                b[:, None, :, None, None], Y, _step_sizes(Y, h))
@@ -302,7 +308,7 @@ def conv_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True)
     from .reference import check_activation
 
     check_activation(act)
-    if not _im2col(Y, W, Z, dY_next):
+    if not _conv_kernels(Y, W, Z, dY_next):
         return reference_conv_step.conv_step_batched_adjoint(Y, Z, dY_next, W, h, act, grads)
     S = SCALED_ACT_ADJOINT(act, Z, dY_next, _step_sizes(dY_next, h))  # k,B,C,H,W
     dYs, dW, db = cupy_conv.conv2d_adjoint(Y, W, S, grads)

@@ -99,18 +99,22 @@ def test_the_backend_sends_batched_products_through_it_and_two_d_ones_to_cupy(mo
 
 @pytest.mark.parametrize("model, mode", [("dense", "lp-per-step"), ("dense", "lp-batched"),
                                          ("conv", "lp-batched")])
-def test_the_gradients_a_recording_computes_through_its_own_gemms_equal_numpy(model, mode):
+def test_the_gradients_a_recording_computes_through_its_own_gemms_equal_numpy(model, mode,
+                                                                           monkeypatch):
     """Inside ``recordable_gemms`` (what a CUDA graph recording runs under) the cupy
     backend's batched products and the fused dense adjoint's β = 1 GEMM (per-step sweeps
     without the weight gradient) go through the strided-batched GEMM, here the emulated
     libcublas: the layer-parallel gradient (TorchBraid's settings, float64) equals the NumPy
-    backend's to 1e-10. Not seen here: the 2-D products, which reach NumPy's ``matmul`` (the
-    emulator's arrays are NumPy's, whose namespace is NumPy; on a GPU, the recording's
-    ``cupy.matmul``); the capture and the replay (tests/test_cuda_graphs.py's gpu tests)."""
-    from refbraid.backends import assemble, get_backend, launch_count
+    backend's to 1e-10. The conv network's convolutions as column-matrix GEMMs
+    (``REFBRAID_CUPY_CONV=im2col``; by default they are direct kernels without a GEMM). Not
+    seen here: the 2-D products, which reach NumPy's ``matmul`` (the emulator's arrays are
+    NumPy's, whose namespace is NumPy; on a GPU, the recording's ``cupy.matmul``); the
+    capture and the replay (tests/test_cuda_graphs.py's gpu tests)."""
+    from refbraid.backends import assemble, cupy_conv, get_backend, launch_count
     from refbraid.backends.device_batching import sweeps_batched
     from refbraid.training.gradients import mgrit_gradient
 
+    monkeypatch.setenv(cupy_conv.CONV_ENV, "im2col")
     net, params, x, labels = launch_count.build_model(model, 16, np.random.default_rng(0))
 
     def gradient(bk):

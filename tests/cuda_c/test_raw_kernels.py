@@ -1,15 +1,17 @@
 """The ``cupy`` backend's hand-written CUDA C kernels, run on the CPU by the emulator.
 
 Each kernel's own source (layer norm, softmax, attention heads, GRU cell, the convolutions'
-column matrix: refbraid.backends.cupy_layernorm, cupy_softmax, cupy_heads, cupy_gru,
-cupy_conv), launched by the backend's GPU branch — its grid, its argument order — on NumPy
+column matrix, the direct convolution and its weight gradient:
+refbraid.backends.cupy_layernorm, cupy_softmax, cupy_heads, cupy_gru, cupy_conv_columns,
+cupy_conv_direct), launched by the backend's GPU branch — its grid, its argument order — on NumPy
 arrays (tests/cuda_c/emulator.py), against the NumPy reference: float64 to 1e-12 and float32
 to 1e-5 of the largest entry (the kernels sum in double and in another order; glibc's exp and
 tanh stand in for CUDA's; the head and column kernels move data: bit for bit). Blocks of 32
 threads and chunks of 8 rows (the kernels' sizes are parameters; one host thread per GPU
 thread makes the full sizes slow) let small cases cross the kernels' edges: rows wider than a
 block, more rows than a chunk of the weight-gradient sums, γ per group of rows, fully masked
-softmax rows, classic and implicit GRU steps, images wider than a block of the column kernel.
+softmax rows, classic and implicit GRU steps, images wider than a block of the column kernel;
+4×4 tiles, 4 output channels a thread and 2–4 channels a chunk of the direct convolution.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import numpy as np
 import pytest
 
 from refbraid.backends import (
-    cupy_conv,
+    cupy_conv_columns,
+    cupy_conv_direct,
     cupy_gru,
     cupy_heads,
     cupy_layernorm,
@@ -34,7 +37,8 @@ TOL = {np.float64: 1e-12, np.float32: 1e-5}
 
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch):
-    for module in (cupy_layernorm, cupy_softmax, cupy_gru, cupy_heads, cupy_conv):
+    for module in (cupy_layernorm, cupy_softmax, cupy_gru, cupy_heads, cupy_conv_columns,
+                   cupy_conv_direct):
         monkeypatch.setattr(module, "THREADS", 32)
     monkeypatch.setattr(cupy_layernorm, "CHUNK", 8)
 
@@ -156,15 +160,15 @@ def test_the_gru_kernels_match_the_reference(dtype, implicit):
     ((4, 3, 2, 2, 3, 4), 3, (slice(None), slice(1, None))),  # lead axes that do not collapse
 ])
 def test_the_column_kernel_copies_the_padded_windows(dtype, shape, s, rows):
-    """cupy_conv's im2col kernel, launched by cupy_conv.columns' GPU branch, equals the
+    """The im2col kernel, launched by cupy_conv_columns.columns' GPU branch, equals the
     strided windows of the zero-padded input bit for bit: reading rows of a strided view
     in place, or a contiguous copy of a view whose rows are not evenly spaced; and the
     images transposed (not rows of C-ordered images: a copy first)."""
     u = np.random.default_rng(1).standard_normal(shape).astype(dtype)
     for x in (u if rows is None else u[rows], np.swapaxes(u, -1, -2)):
-        want = cupy_conv.strided_columns(x, s)
+        want = cupy_conv_columns.strided_columns(x, s)
         with fake_cupy():
-            got = cupy_conv.columns(x, s)
+            got = cupy_conv_columns.columns(x, s)
         assert got.shape == want.shape and got.dtype == want.dtype
         np.testing.assert_array_equal(got, want)
 
@@ -173,13 +177,87 @@ def test_the_column_kernel_reads_strided_rows_in_place():
     """Evenly spaced rows of a C-contiguous array are read where they lie (offset and stride
     into the base array); rows that are not (or transposed images) are not."""
     u = np.zeros((9, 2, 3, 4, 5))
-    base, offset, stride = cupy_conv._row_layout(u[2::3])
+    base, offset, stride = cupy_conv_columns.row_layout(u[2::3])
     assert base is u and offset == 2 * u[0].size and stride == 3 * u[0].size
-    assert cupy_conv._row_layout(u[:, :, :, :2]) is None
-    assert cupy_conv._row_layout(np.swapaxes(u, -1, -2)) is None
+    assert cupy_conv_columns.row_layout(u[:, :, :, :2]) is None
+    assert cupy_conv_columns.row_layout(np.swapaxes(u, -1, -2)) is None
     v = np.zeros((4, 3, 2, 3, 4, 5))
-    assert cupy_conv._row_layout(v[:, 1:]) is None  # lead axes with a gap between them
-    assert cupy_conv._row_layout(v[1:3])[1:] == (v[0].size, v[0, 0].size)
+    assert cupy_conv_columns.row_layout(v[:, 1:]) is None  # lead axes with a gap between them
+    assert cupy_conv_columns.row_layout(v[1:3])[1:] == (v[0].size, v[0, 0].size)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape, O, s, rows", [
+    ((2, 3, 4, 5), 6, 3, None),  # one step: partial tiles, a partial group of output channels
+    ((7, 2, 5, 6, 9), 3, 3, slice(1, None, 2)),  # strided rows read in place; 5 channels
+    ((3, 2, 2, 1, 5, 3), 2, 5, None),  # two lead axes, a 5x5 kernel wider than the image
+    ((5, 2, 3, 3, 3), 5, 1, slice(0, None, 3)),  # a 1x1 kernel: no padding
+])
+def test_the_direct_kernel_matches_the_reference_convolution(dtype, shape, O, s, rows,
+                                                             monkeypatch):
+    """The conv_direct kernel, launched by cupy_conv_direct.convolution's GPU branch: ``W * x``
+    and the transposed convolution (``flip``: the kernel read from W (C, O, s, s) flipped in
+    place) against the NumPy reference's stencil sums, with 4×4 output tiles, 4 output
+    channels a thread and shared memory for 2–4 input channels a chunk (the kernel's sizes
+    are parameters): tiles and channel groups cut at the image's and the channels' edges,
+    the input's channels staged in several chunks, MGRIT's strided rows read in place; and
+    images transposed (not rows of C-ordered images: a copy first)."""
+    from refbraid.backends import reference_batched
+
+    monkeypatch.setattr(cupy_conv_direct, "TILE", 4)
+    monkeypatch.setattr(cupy_conv_direct, "OUT_PER_THREAD", 4)
+    rng = np.random.default_rng(2)
+    u = rng.standard_normal(shape).astype(dtype)
+    C = u.shape[-3]
+    for x in (u if rows is None else u[rows], np.swapaxes(u, -1, -2)):
+        W = rng.standard_normal((*x.shape[:-4], O, C, s, s)).astype(dtype)
+        Wt = rng.standard_normal((*x.shape[:-4], C, O, s, s)).astype(dtype)
+        flat = (-1, *x.shape[-4:])
+
+        def conv(a, w):
+            z = reference_batched.conv2d_batched(np.reshape(a, (-1, *a.shape[-4:])),
+                                                 np.reshape(w, (-1, *w.shape[-4:])), None)
+            return np.reshape(z, (*a.shape[:-4], *z.shape[-4:]))
+
+        th, tw = min(4, x.shape[-2]), min(4, x.shape[-1])
+        monkeypatch.setattr(cupy_conv_direct, "SHARED_BYTES",
+                            16 * ((th + s - 1) * (tw + s - 1) + 4 * s * s) + 16)  # 2 / 4 a chunk
+        plan = cupy_conv_direct.plan(x, W)
+        assert plan == (th, tw, min(C, 16 // x.itemsize))
+        with fake_cupy():
+            got = cupy_conv_direct.convolution(x, W, plan)
+            got_t = cupy_conv_direct.convolution(x, Wt, cupy_conv_direct.plan(x, Wt), flip=True)
+        assert got.flags.c_contiguous and got_t.flags.c_contiguous
+        _close(got, conv(x, W), dtype, f"conv {flat}")
+        _close(got_t, conv(x, cupy_conv_direct.transposed_kernel(np, Wt)), dtype, f"flip {flat}")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape, O, s, rows", [
+    ((3, 2, 5, 6), 4, 3, None),  # one step: B·H·W = 90, not a multiple of the block
+    ((7, 2, 3, 4, 9), 2, 3, slice(1, None, 2)),  # MGRIT's strided rows, read in place
+    ((2, 2, 3, 1, 6, 5), 3, 5, None),  # two lead axes, a 5x5 kernel: taps outside the image
+    ((5, 2, 3, 3, 3), 2, 1, slice(0, None, 3)),  # a 1x1 kernel
+])
+def test_the_weight_gradient_kernel_matches_the_reference(dtype, shape, O, s, rows):
+    """The conv_weight_grad kernel, launched by cupy_conv_direct.weight_gradient's GPU
+    branch, against the NumPy reference's dW and db (reference_batched's convolution
+    adjoint), with blocks of 32 threads: the rows of x and dz read in place, or (transposed
+    images) from a contiguous copy."""
+    from refbraid.backends import reference_batched
+
+    rng = np.random.default_rng(3)
+    u = rng.standard_normal(shape).astype(dtype)
+    for x in (u if rows is None else u[rows], np.swapaxes(u, -1, -2)):
+        lead, (B, C, H, Wd) = x.shape[:-4], x.shape[-4:]
+        dz = rng.standard_normal((*lead, B, O, H, Wd)).astype(dtype)[..., ::-1, :, :]
+        W = np.zeros((*lead, O, C, s, s), dtype)
+        flat = lambda a: np.reshape(a, (-1, *a.shape[-4:]))  # noqa: E731
+        _, dW, db = reference_batched.conv2d_adjoint_batched(flat(x), flat(W), flat(dz), True)
+        with fake_cupy():
+            got_dW, got_db = cupy_conv_direct.weight_gradient(x, dz, s)
+        _close(got_dW, np.reshape(dW, W.shape), dtype, f"dW {x.shape}")
+        _close(got_db, np.reshape(db, (*lead, O)), dtype, f"db {x.shape}")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -1,0 +1,293 @@
+"""Direct convolution kernels on CuPy: a convolution, its transpose and its weight gradient,
+each in one launch and without a column matrix.
+
+With x̃ = x zero-padded by r = s // 2 on both spatial axes (and likewise dz̃)::
+
+    z[n,o,i,j]  = Σ_{c,p,q} W[o,c,p,q] · x̃[n,c,i+p,j+q]                (conv_direct)
+    dx[n,c,i,j] = Σ_{o,p,q} W̃[c,o,p,q] · dz̃[n,o,i+p,j+q]               (conv_direct, flip)
+    dW[o,c,p,q] = Σ_{n,i,j} dz[n,o,i,j] · x̃[n,c,i+p,j+q]                (conv_weight_grad)
+    db[o]       = Σ_{n,i,j} dz[n,o,i,j]
+
+with ``W̃[c,o,p,q] = W[o,c,s−1−p,s−1−q]`` (the transposed convolution is the correlation of
+dz with the kernel flipped in both spatial axes and its channel axes swapped), every one
+also over a leading row axis (k rows, row j with its own ``W[j]``: MGRIT's batched sweeps).
+
+``conv_direct``: a block per (row, image, group of :data:`OUT_PER_THREAD` output channels,
+tile of TILE × TILE pixels), a thread per output pixel, its group's sums in registers; per
+chunk of input channels the block stages the tile's padded input and the group's weights in
+shared memory (:data:`SHARED_BYTES`), the weights of one (c, p, q) side by side, read by
+every thread as 16-byte loads of the same address. With ``flip`` it reads W̃ from W in place.
+``conv_weight_grad``: a block per (row, o, c), its threads along (n, i, j), each summing its
+share of the s² taps in registers (s ≤ :data:`MAX_WEIGHT_SIDE`), then each tap's block sum
+in a fixed-order tree in double; the blocks with c = 0 sum db too.
+
+Traffic: each reads its inputs and writes its outputs once (the column-matrix form writes
+and reads s² copies of the input). The input rows of a batched call may be MGRIT's strided
+rows of a level: read in place (:func:`refbraid.backends.cupy_conv_columns.row_layout`).
+
+Off a GPU (the CuPy stand-in) each kernel is its NumPy equivalent (a column-matrix GEMM),
+charged one launch. Round-off: the kernels sum a point's products in their own order (input
+channel chunks, then (c, p, q); dW per thread, then a tree), so they agree with the
+reference's stencil sums to round-off (tests/cuda_c/test_raw_kernels.py).
+
+Shape legend: k rows (optional, any lead axes), B batch, C input channels, O output
+channels, H × W the image, s the (odd) kernel size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .cupy_conv_columns import row_layout, strided_columns
+from .cupy_raw import BLOCK_REDUCTIONS, compiled, on_host, real_cupy
+from .portable import contiguous
+
+#: threads of one block of the weight-gradient kernel (a power of two: its block sums)
+THREADS = 256
+#: the convolution's output tile, TILE × TILE pixels (a thread each; TILE² ≤ THREADS)
+TILE = 16
+#: output channels one thread of the convolution sums at once (its registers; a multiple of
+#: 4, the floats of a 16-byte load)
+OUT_PER_THREAD = 16
+#: shared memory of one block of the convolution: a chunk of input channels' padded tile
+#: and the weights of its output channels for them
+SHARED_BYTES = 32768
+#: the largest kernel side s whose weight gradient the kernel sums (its s² taps are registers
+#: of each thread)
+MAX_WEIGHT_SIDE = 7
+
+_SOURCES = {
+    "conv_direct": """
+// z[l, n, o, i, j] = sum over (c, p, q) of K(o, c, p, q) x[l, n, c, i+p-r, j+q-r], 0 outside
+// the image, K = w[l, o, c, p, q], or with flip K = w[l, c, o, s-1-p, s-1-q] (w as (C, O, s, s):
+// the transposed convolution's kernel). One block per (l, n, group of OUT_PER_THREAD output
+// channels, TH x TW tile of the image), one thread per pixel of the tile; per chunk of cc input
+// channels the block stages the tile's padded input and the group's weights in shared memory,
+// the weights of one (c, p, q) side by side: read as 16-byte packs, the same for every thread.
+#define LANES (16 / (int)sizeof(T))
+struct alignas(16) Pack { T v[16 / sizeof(T)]; };
+extern "C" __global__ void conv_direct(const T* x, const T* w, T* z, long long offset,
+    long long row_stride, int B, int C, int O, int H, int W, int s, int flip, int TH, int TW,
+    int CC) {
+  __shared__ Pack packs[SHARED_BYTES / 16];
+  T* staged = (T*)packs;
+  int r = s / 2, s2 = s * s, PH = TH + 2 * r, PW = TW + 2 * r;
+  int tiles_w = (W + TW - 1) / TW, tiles_h = (H + TH - 1) / TH;
+  int groups = (O + OUT_PER_THREAD - 1) / OUT_PER_THREAD;
+  long long rest = blockIdx.x;
+  int tw = (int)(rest % tiles_w);
+  rest /= tiles_w;
+  int th = (int)(rest % tiles_h);
+  rest /= tiles_h;
+  int g = (int)(rest % groups);
+  rest /= groups;
+  int n = (int)(rest % B);
+  long long l = rest / B;
+  int t = threadIdx.x, ti = t / TW, tj = t - ti * TW;
+  int i = th * TH + ti, j = tw * TW + tj;
+  bool inside = ti < TH && i < H && j < W;
+  const T* src = x + offset + l * row_stride + (long long)n * C * H * W;
+  const T* wl = w + l * (long long)O * C * s2;
+  T* tile = staged;  // (cc, PH, PW): the input around the tile, 0 outside
+  // (cc, s, s, OUT_PER_THREAD), 16-byte aligned: 0 past the last output channel
+  T* weights = staged + (CC * PH * PW + LANES - 1) / LANES * LANES;
+  T acc[OUT_PER_THREAD];
+#pragma unroll
+  for (int k = 0; k < OUT_PER_THREAD; ++k) acc[k] = (T)0;
+  for (int c0 = 0; c0 < C; c0 += CC) {
+    int cc = min(CC, C - c0);
+    for (int e = t; e < cc * PH * PW; e += blockDim.x) {
+      int c = e / (PH * PW), a = (e - c * PH * PW) / PW, b = e - c * PH * PW - a * PW;
+      int yi = th * TH + a - r, xj = tw * TW + b - r;
+      tile[e] = (yi >= 0 && yi < H && xj >= 0 && xj < W)
+          ? src[((long long)(c0 + c) * H + yi) * W + xj] : (T)0;
+    }
+    for (int e = t; e < cc * s2 * OUT_PER_THREAD; e += blockDim.x) {
+      int k = e % OUT_PER_THREAD, cpq = e / OUT_PER_THREAD, c = cpq / s2, pq = cpq - c * s2;
+      int o = g * OUT_PER_THREAD + k;
+      weights[e] = o >= O ? (T)0 : flip
+          ? wl[((long long)(c0 + c) * O + o) * s2 + (s2 - 1 - pq)]
+          : wl[((long long)o * C + c0 + c) * s2 + pq];
+    }
+    __syncthreads();
+    if (inside)
+      for (int c = 0; c < cc; ++c)
+        for (int p = 0; p < s; ++p)
+          for (int q = 0; q < s; ++q) {
+            T v = tile[(c * PH + ti + p) * PW + tj + q];
+            const Pack* k_cpq = (const Pack*)(weights + ((c * s + p) * s + q) * OUT_PER_THREAD);
+#pragma unroll
+            for (int m = 0; m < OUT_PER_THREAD / LANES; ++m) {
+              Pack k = k_cpq[m];
+#pragma unroll
+              for (int e = 0; e < LANES; ++e) acc[m * LANES + e] += k.v[e] * v;
+            }
+          }
+    __syncthreads();
+  }
+  if (inside)
+    for (int k = 0; k < OUT_PER_THREAD && g * OUT_PER_THREAD + k < O; ++k)
+      z[(((l * B + n) * O + g * OUT_PER_THREAD + k) * H + i) * W + j] = acc[k];
+}
+""",
+    "conv_weight_grad": """
+// dW[l, o, c, p, q] = sum over (n, i, j) of dz[l, n, o, i, j] x[l, n, c, i+p-r, j+q-r] (0 outside
+// the image) for the S x S taps, and (blocks with c = 0) db[l, o] = sum over (n, i, j) of
+// dz[l, n, o, i, j]. One block per (l, o, c), its THREADS threads along (n, i, j), each summing
+// its share of every tap; then the block's sums (block_sum: in double, a fixed-order tree).
+extern "C" __global__ void conv_weight_grad(const T* x, const T* dz, T* dW, T* db,
+    long long x_offset, long long x_row_stride, long long dz_offset, long long dz_row_stride,
+    int B, int C, int O, int H, int W) {
+  __shared__ double buf[THREADS];
+  long long rest = blockIdx.x;
+  int c = (int)(rest % C);
+  rest /= C;
+  int o = (int)(rest % O);
+  long long l = rest / O;
+  int r = S / 2, HW = H * W;
+  const T* xs = x + x_offset + l * x_row_stride + (long long)c * HW;
+  const T* dzs = dz + dz_offset + l * dz_row_stride + (long long)o * HW;
+  T acc[S * S], bias = (T)0;
+#pragma unroll
+  for (int k = 0; k < S * S; ++k) acc[k] = (T)0;
+  for (long long e = threadIdx.x; e < (long long)B * HW; e += blockDim.x) {
+    long long n = e / HW;
+    int ij = (int)(e - n * HW), i = ij / W, j = ij - i * W;
+    T g = dzs[n * O * HW + ij];
+    const T* xn = xs + n * C * HW;
+    bias += g;
+#pragma unroll
+    for (int p = 0; p < S; ++p)
+#pragma unroll
+      for (int q = 0; q < S; ++q) {
+        int yi = i + p - r, xj = j + q - r;
+        if (yi >= 0 && yi < H && xj >= 0 && xj < W) acc[p * S + q] += g * xn[yi * W + xj];
+      }
+  }
+  T* out = dW + ((l * O + o) * C + c) * (S * S);
+  for (int k = 0; k < S * S; ++k) {
+    double total = block_sum(buf, (double)acc[k]);
+    if (threadIdx.x == 0) out[k] = (T)total;
+  }
+  if (c == 0) {
+    double total = block_sum(buf, (double)bias);
+    if (threadIdx.x == 0) db[l * O + o] = (T)total;
+  }
+}
+""",
+}
+
+#: the kernels (the compile check walks these)
+KERNELS = tuple(_SOURCES)
+
+
+def cuda_source(name: str, T: str = "double", s: int = 3) -> str:
+    """The complete CUDA C source of kernel ``name`` for element type ``T`` (the weight
+    gradient's for s×s kernels: its taps are registers)."""
+    return (f"typedef {T} T;\n#define THREADS {THREADS}\n#define SHARED_BYTES {SHARED_BYTES}\n"
+            f"#define OUT_PER_THREAD {OUT_PER_THREAD}\n#define S {s}\n"
+            f"{BLOCK_REDUCTIONS}{_SOURCES[name]}")
+
+
+def plan(x, W) -> tuple[int, int, int] | None:
+    """The convolution kernel's ``(TH, TW, CC)`` for x (..., B, C, H, W) and W (..., O, C,
+    s, s) — output tile TH × TW, input channels staged CC at a time — or None where it does
+    not apply: an empty axis, W with lead axes other than x's (the kernel pairs lead row l of
+    x with W's row l), or a padded tile and weights of one channel beyond SHARED_BYTES."""
+    if W.shape[:-4] != x.shape[:-4] or 0 in x.shape or 0 in W.shape:
+        return None
+    *_, H, Wd = x.shape
+    C, s = x.shape[-3], W.shape[-1]
+    th, tw = min(TILE, max(H, 1)), min(TILE, max(Wd, 1))
+    per_channel = (th + s - 1) * (tw + s - 1) + s * s * OUT_PER_THREAD
+    lanes = 16 // x.dtype.itemsize  # the weights start at a 16-byte boundary
+    chunk = min(C, (SHARED_BYTES // x.dtype.itemsize - lanes + 1) // per_channel)
+    return (th, tw, chunk) if chunk >= 1 else None
+
+
+def convolution(x, W, tiling: tuple[int, int, int], flip: bool = False):
+    """``z = K * x`` by one launch of the ``conv_direct`` kernel, tiled as :func:`plan` says:
+    x (..., B, C, H, W), z (..., B, O, H, W) C-ordered; K = W (..., O, C, s, s), or with
+    ``flip`` the transposed
+    convolution's kernel read from W (..., C, O, s, s) in place, ``K[o,c,p,q] =
+    W[c,o,s−1−p,s−1−q]``. Off a GPU the column-matrix GEMM in NumPy (on the stand-in counted
+    as the kernel's one launch)."""
+    if not real_cupy(x):
+        return on_host("conv_direct", lambda a, w: _direct_on_host(a, w, flip), x, W)
+    import cupy  # pragma: no cover - needs a GPU (the emulator runs this branch)
+
+    *lead, B, C, H, Wd = x.shape
+    O, s = W.shape[-3 if flip else -4], W.shape[-1]
+    th, tw, chunk = tiling
+    z = cupy.empty((*lead, B, O, H, Wd), dtype=x.dtype)
+    layout = row_layout(x)
+    if layout is None:
+        x = cupy.ascontiguousarray(x)
+        layout = x, 0, B * C * H * Wd
+    base, offset, row_stride = layout
+    tiles = -(-H // th) * -(-Wd // tw)
+    blocks = math.prod(lead) * B * -(-O // OUT_PER_THREAD) * tiles
+    compiled(cuda_source, "conv_direct", x.dtype)((blocks,), (th * tw,), (
+        base, cupy.ascontiguousarray(W), z, np.int64(offset), np.int64(row_stride),
+        np.int32(B), np.int32(C), np.int32(O), np.int32(H), np.int32(Wd), np.int32(s),
+        np.int32(flip), np.int32(th), np.int32(tw), np.int32(chunk)))
+    return z
+
+
+def _direct_on_host(x, W, flip: bool):
+    """What the ``conv_direct`` kernel computes, in NumPy (the column-matrix GEMM)."""
+    if flip:
+        W = transposed_kernel(np, W)
+    *lead, B, C, H, Wd = x.shape
+    O, s = W.shape[-4], W.shape[-1]
+    W2 = np.reshape(np.ascontiguousarray(W), (*lead, O, C * s * s))
+    Z = np.reshape(np.matmul(W2, strided_columns(x, s)), (*lead, O, B, H, Wd))
+    return np.ascontiguousarray(np.swapaxes(Z, -4, -3))
+
+
+def weight_gradient(x, dz, s: int):
+    """``(dW, db)`` of the convolution ``z = W * x + b`` with an s×s kernel by one launch of
+    the ``conv_weight_grad`` kernel: x (..., B, C, H, W), dz (..., B, O, H, W) → dW (..., O,
+    C, s, s), db (..., O); both inputs' rows read in place when they are rows of C-ordered
+    images. Off a GPU the column-matrix GEMM in NumPy (on the stand-in counted as one
+    launch)."""
+    if not real_cupy(x):
+        return on_host("conv_weight_grad", lambda a, g: _weight_gradient_on_host(a, g, s), x, dz)
+    import cupy  # pragma: no cover - needs a GPU (the emulator runs this branch)
+
+    *lead, B, C, H, Wd = x.shape
+    O = dz.shape[-3]
+    dW = cupy.empty((*lead, O, C, s, s), dtype=x.dtype)
+    db = cupy.empty((*lead, O), dtype=x.dtype)
+    rows = []
+    for a in (x, dz):
+        layout = row_layout(a)
+        if layout is None:
+            a = cupy.ascontiguousarray(a)
+            layout = a, 0, a.size // max(math.prod(lead), 1)
+        rows.append(layout)
+    (xb, x_offset, x_stride), (gb, g_offset, g_stride) = rows
+    kernel = compiled(lambda name, T: cuda_source(name, T, s), "conv_weight_grad", x.dtype)
+    kernel((math.prod(lead) * O * C,), (THREADS,), (
+        xb, gb, dW, db, np.int64(x_offset), np.int64(x_stride), np.int64(g_offset),
+        np.int64(g_stride), np.int32(B), np.int32(C), np.int32(O), np.int32(H), np.int32(Wd)))
+    return dW, db
+
+
+def _weight_gradient_on_host(x, dz, s: int):
+    """What the ``conv_weight_grad`` kernel computes, in NumPy: ``dW₂ = dz₂ · colsᵀ``."""
+    *lead, B, O, H, Wd = dz.shape
+    C = x.shape[-3]
+    dz2 = np.reshape(np.swapaxes(dz, -4, -3), (*lead, O, B * H * Wd))
+    dW = np.matmul(dz2, np.swapaxes(strided_columns(x, s), -1, -2))
+    return np.reshape(dW, (*lead, O, C, s, s)), np.sum(dz2, axis=-1)
+
+
+def transposed_kernel(xp, W):
+    """The transposed convolution's kernel ``W̃[..., c, o, p, q] = W[..., o, c, s−1−p,
+    s−1−q]`` as a C-ordered copy (one launch)."""
+    n = W.ndim - 4
+    swap = (*range(n), n + 1, n, n + 2, n + 3)
+    return contiguous(xp.permute_dims(xp.flip(W, axis=(-2, -1)), swap))
