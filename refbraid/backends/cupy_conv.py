@@ -15,18 +15,21 @@ sweeps), in one of two forms:
 
 * **direct** (:mod:`refbraid.backends.cupy_conv_direct`): z, or dx reading W̃ from W in place,
   in one launch of ``conv_direct``; dW and db in one launch of ``conv_weight_grad``. No column
-  matrix: each reads its inputs and writes its outputs once.
+  matrix: each reads its inputs and writes its outputs once. The conv ODE step's element-wise
+  work is the convolution's epilogue (:func:`ode_step`: ``z = W * y + b``, ``y_next = y +
+  h σ(z)``; its adjoint ``dy = dy_next + W *ᵀ s``: the ``add`` of :func:`conv2d_adjoint`).
 * **column matrix** (:mod:`refbraid.backends.cupy_conv_columns`; ``REFBRAID_CUPY_CONV=im2col``,
   and where a direct kernel does not apply): ``cols[(c,p,q), (n,i,j)] = x̃[n,c,i+p,j+q]`` by
   one gather kernel, then one GEMM, ``z₂ = W₂ · cols`` (W₂ = W as (O, C·s²)), and for the
   weight gradient ``dW₂ = dz₂ · colsᵀ`` (dz₂ = dz as (O, B·H·W)) — the column matrix is s²
   copies of the input, written and read once each.
 
-Launches (3×3 kernel, one step or k rows alike), direct: a convolution 1; its adjoint 1 for
-dx, 1 more for dW and db. Column matrix: a convolution 2 (the columns, the GEMM); its adjoint
-3 for dx (the flipped kernel's copy, a convolution), 4 more with dW and db (dz₂'s copy, the
-columns of x again, the GEMM, the sum). ``python -m benchmarks quick counts`` counts both
-forms' launches and bytes in whole gradients.
+Launches (3×3 kernel, one step or k rows alike), direct: a convolution 1 (with the ODE
+step's bias, activation and Euler update); its adjoint 1 for dx (with dy_next added), 1 more
+for dW and db. Column matrix: a convolution 2 (the columns, the GEMM; the ODE step 1 more);
+its adjoint 3 for dx (the flipped kernel's copy, a convolution; dy_next 1 more), 4 more with
+dW and db (dz₂'s copy, the columns of x again, the GEMM, the sum). ``python -m benchmarks
+quick counts`` counts both forms' launches and bytes in whole gradients.
 
 Round-off: both sum a point's products in their own order, not offset by offset as the
 reference, so the results agree with the reference to round-off, not bit for bit
@@ -77,18 +80,35 @@ def conv2d(x, W):
     return xp.permute_dims(Z, (*range(n), n + 1, n, n + 2, n + 3))
 
 
-def conv2d_adjoint(x, W, dz, grads: bool = True):
-    """The adjoint of :func:`conv2d` (plus a bias): ``(dx, dW, db)``; dW and db are None
+def ode_step(y, W, b, h, act: str):
+    """The conv ODE step's forward, ``z = W * y + b`` and ``y_next = y + h σ(z)``: ``(z,
+    y_next)``; b (..., O), h a float or one per lead row, (k, 1, 1, 1, 1). Direct: one launch
+    (the convolution with cupy_fused.BIAS_ACT_EULER's arithmetic as its epilogue); column
+    matrix: :func:`conv2d`, then BIAS_ACT_EULER."""
+    from .cupy_fused import BIAS_ACT_EULER
+
+    tiling = direct_tiling(y, W)
+    if tiling is not None:
+        return direct.convolution(y, W, tiling, step=(b, y, h, act))
+    return BIAS_ACT_EULER(act, conv2d(y, W), b[..., None, :, None, None], y, h)
+
+
+def conv2d_adjoint(x, W, dz, grads: bool = True, add=None):
+    """The adjoint of :func:`conv2d` (plus a bias): ``(dx, dW, db)``, with ``add`` (dx's
+    shape) ``dx = add + W *ᵀ dz`` (direct: in the convolution's launch); dW and db are None
     unless ``grads``. dx (..., B, C, H, W): the direct kernel's C-ordered result, or (column
-    matrix) a permuted view."""
+    matrix) a permuted view when ``add`` is None."""
     xp = namespace(x)
     *lead, B, O, H, Wd = dz.shape
     s = W.shape[-1]
     n = len(lead)
     swap = (*range(n), n + 1, n, n + 2, n + 3)  # (..., a, b, s, s) -> (..., b, a, s, s)
     tiling = direct_tiling(dz, W)
-    dx = (direct.convolution(dz, W, tiling, flip=True) if tiling is not None
-          else conv2d(dz, direct.transposed_kernel(xp, W)))
+    if tiling is not None:
+        dx = direct.convolution(dz, W, tiling, flip=True, add=add)
+    else:
+        dx = conv2d(dz, direct.transposed_kernel(xp, W))
+        dx = dx if add is None else add + dx
     if not grads:
         return dx, None, None
     if tiling is not None and s <= direct.MAX_WEIGHT_SIDE:

@@ -17,6 +17,11 @@ tile of TILE × TILE pixels), a thread per output pixel, its group's sums in reg
 chunk of input channels the block stages the tile's padded input and the group's weights in
 shared memory (:data:`SHARED_BYTES`), the weights of one (c, p, q) side by side, read by
 every thread as 16-byte loads of the same address. With ``flip`` it reads W̃ from W in place.
+The sums end in an epilogue (``convolution``'s ``add`` and ``step``): z written as it is,
+or with the rows of another array added (the adjoint's ``dy_next + W̃ * s``), or as the conv
+ODE step, ``z = sum + b`` and ``y_next = y + h σ(z)`` with cupy_fused.BIAS_ACT_EULER's
+arithmetic (σ from cupy_fused.ACT) — one launch for what was a convolution and an
+element-wise kernel, z read back no more.
 ``conv_weight_grad``: a block per (row, o, c), its threads along (n, i, j), each summing its
 share of the s² taps in registers (s ≤ :data:`MAX_WEIGHT_SIDE`), then each tap's block sum
 in a fixed-order tree in double; the blocks with c = 0 sum db too.
@@ -41,6 +46,7 @@ import math
 import numpy as np
 
 from .cupy_conv_columns import row_layout, strided_columns
+from .cupy_fused import ACT, BIAS_ACT_EULER
 from .cupy_raw import BLOCK_REDUCTIONS, compiled, on_host, real_cupy
 from .portable import contiguous
 
@@ -68,9 +74,13 @@ _SOURCES = {
 // the weights of one (c, p, q) side by side: read as 16-byte packs, the same for every thread.
 #define LANES (16 / (int)sizeof(T))
 struct alignas(16) Pack { T v[16 / sizeof(T)]; };
-extern "C" __global__ void conv_direct(const T* x, const T* w, T* z, long long offset,
+// The epilogue (MODE): 0 writes out = the sum; 1 adds the rows of `extra` (same layout as
+// out, offset and row stride of their own); 2 is the ODE step: z = sum + bias[l, o] into
+// `out`, y_next = y + h sigma(z) into `y_next`, y the rows of `extra` (h = hs[l] if per_row).
+extern "C" __global__ void conv_direct(const T* x, const T* w, T* out, long long offset,
     long long row_stride, int B, int C, int O, int H, int W, int s, int flip, int TH, int TW,
-    int CC) {
+    int CC, const T* extra, long long extra_offset, long long extra_row_stride,
+    const T* bias, const T* hs, T h, int per_row, T* y_next) {
   __shared__ Pack packs[SHARED_BYTES / 16];
   T* staged = (T*)packs;
   int r = s / 2, s2 = s * s, PH = TH + 2 * r, PW = TW + 2 * r;
@@ -128,8 +138,21 @@ extern "C" __global__ void conv_direct(const T* x, const T* w, T* z, long long o
     __syncthreads();
   }
   if (inside)
-    for (int k = 0; k < OUT_PER_THREAD && g * OUT_PER_THREAD + k < O; ++k)
-      z[(((l * B + n) * O + g * OUT_PER_THREAD + k) * H + i) * W + j] = acc[k];
+    for (int k = 0; k < OUT_PER_THREAD && g * OUT_PER_THREAD + k < O; ++k) {
+      int o = g * OUT_PER_THREAD + k;
+      long long at = (((l * B + n) * O + o) * H + i) * W + j;
+      long long there = extra_offset + l * extra_row_stride
+          + (((long long)n * O + o) * H + i) * W + j;
+#if MODE == 0
+      out[at] = acc[k];
+#elif MODE == 1
+      out[at] = acc[k] + extra[there];
+#else
+      T z = acc[k] + bias[l * O + o];
+      out[at] = z;
+      y_next[at] = extra[there] + (per_row ? hs[l] : h) * (SIGMA);
+#endif
+    }
 }
 """,
     "conv_weight_grad": """
@@ -183,11 +206,18 @@ extern "C" __global__ void conv_weight_grad(const T* x, const T* dz, T* dW, T* d
 KERNELS = tuple(_SOURCES)
 
 
-def cuda_source(name: str, T: str = "double", s: int = 3) -> str:
-    """The complete CUDA C source of kernel ``name`` for element type ``T`` (the weight
-    gradient's for s×s kernels: its taps are registers)."""
+#: the convolution's epilogues (its MODE): the sum, the sum plus rows of an array, the ODE step
+EPILOGUES = ("sum", "add", "step")
+
+
+def cuda_source(name: str, T: str = "double", s: int = 3, epilogue: str = "sum",
+                act: str = "identity") -> str:
+    """The complete CUDA C source of kernel ``name`` for element type ``T``: the weight
+    gradient's for s×s kernels (its taps are registers); the convolution's with one of
+    :data:`EPILOGUES` (``step``: with activation ``act``, σ(z) as cupy_fused.ACT writes it)."""
     return (f"typedef {T} T;\n#define THREADS {THREADS}\n#define SHARED_BYTES {SHARED_BYTES}\n"
             f"#define OUT_PER_THREAD {OUT_PER_THREAD}\n#define S {s}\n"
+            f"#define MODE {EPILOGUES.index(epilogue)}\n#define SIGMA {ACT[act]}\n"
             f"{BLOCK_REDUCTIONS}{_SOURCES[name]}")
 
 
@@ -207,14 +237,26 @@ def plan(x, W) -> tuple[int, int, int] | None:
     return (th, tw, chunk) if chunk >= 1 else None
 
 
-def convolution(x, W, tiling: tuple[int, int, int], flip: bool = False):
+def convolution(x, W, tiling: tuple[int, int, int], flip: bool = False, add=None,
+                step: tuple | None = None):
     """``z = K * x`` by one launch of the ``conv_direct`` kernel, tiled as :func:`plan` says:
     x (..., B, C, H, W), z (..., B, O, H, W) C-ordered; K = W (..., O, C, s, s), or with
-    ``flip`` the transposed
-    convolution's kernel read from W (..., C, O, s, s) in place, ``K[o,c,p,q] =
-    W[c,o,s−1−p,s−1−q]``. Off a GPU the column-matrix GEMM in NumPy (on the stand-in counted
-    as the kernel's one launch)."""
+    ``flip`` the transposed convolution's kernel read from W (..., C, O, s, s) in place,
+    ``K[o,c,p,q] = W[c,o,s−1−p,s−1−q]``. Epilogues in the same launch: ``add`` (z's shape)
+    returns ``K * x + add``; ``step = (b, y, h, act)`` returns ``(z, y_next)`` with ``z = K * x
+    + b`` (b (..., O)) and ``y_next = y + h σ(z)`` (y z's shape; h a float, or one per lead
+    row as an array (k, 1, 1, 1, 1)), as cupy_fused.BIAS_ACT_EULER computes them.
+    Off a GPU the column-matrix GEMM and that kernel's reference in NumPy (on the stand-in
+    counted as the kernel's one launch)."""
     if not real_cupy(x):
+        if step is not None:
+            b, y, h, act = step
+            return on_host("conv_direct", lambda a, w, bb, yy, hh: BIAS_ACT_EULER.reference(
+                act, _direct_on_host(a, w, flip), bb[..., None, :, None, None], yy, hh),
+                x, W, b, y, h)
+        if add is not None:
+            return on_host("conv_direct", lambda a, w, g: _direct_on_host(a, w, flip) + g,
+                           x, W, add)
         return on_host("conv_direct", lambda a, w: _direct_on_host(a, w, flip), x, W)
     import cupy  # pragma: no cover - needs a GPU (the emulator runs this branch)
 
@@ -222,22 +264,42 @@ def convolution(x, W, tiling: tuple[int, int, int], flip: bool = False):
     O, s = W.shape[-3 if flip else -4], W.shape[-1]
     th, tw, chunk = tiling
     z = cupy.empty((*lead, B, O, H, Wd), dtype=x.dtype)
-    layout = row_layout(x)
-    if layout is None:
-        x = cupy.ascontiguousarray(x)
-        layout = x, 0, B * C * H * Wd
-    base, offset, row_stride = layout
+    base, offset, row_stride = _rows(cupy, x, lead)
+    epilogue, act, y_next = "sum", "identity", z
+    extra, bias, hs, h, per_row = (base, 0, 0), base, base, 0.0, 0
+    if add is not None:
+        epilogue, extra = "add", _rows(cupy, add, lead)
+    if step is not None:
+        b, y, h, act = step
+        epilogue, extra, bias = "step", _rows(cupy, y, lead), cupy.ascontiguousarray(b)
+        y_next = cupy.empty_like(z)
+        if not isinstance(h, float):
+            hs, h, per_row = cupy.ascontiguousarray(cupy.reshape(h, (-1,))), 0.0, 1
     tiles = -(-H // th) * -(-Wd // tw)
     blocks = math.prod(lead) * B * -(-O // OUT_PER_THREAD) * tiles
-    compiled(cuda_source, "conv_direct", x.dtype)((blocks,), (th * tw,), (
+    kernel = compiled(lambda name, T: cuda_source(name, T, epilogue=epilogue, act=act),
+                      "conv_direct", x.dtype)
+    kernel((blocks,), (th * tw,), (
         base, cupy.ascontiguousarray(W), z, np.int64(offset), np.int64(row_stride),
         np.int32(B), np.int32(C), np.int32(O), np.int32(H), np.int32(Wd), np.int32(s),
-        np.int32(flip), np.int32(th), np.int32(tw), np.int32(chunk)))
-    return z
+        np.int32(flip), np.int32(th), np.int32(tw), np.int32(chunk), extra[0],
+        np.int64(extra[1]), np.int64(extra[2]), bias, hs, x.dtype.type(h), np.int32(per_row),
+        y_next))
+    return (z, y_next) if step is not None else z
+
+
+def _rows(cupy, a, lead):
+    """``(base, offset, row_stride)`` of a's lead rows (cupy_conv_columns.row_layout), or of
+    a contiguous copy of a when its rows are not evenly spaced C-ordered images."""
+    layout = row_layout(a)
+    if layout is None:
+        a = cupy.ascontiguousarray(a)
+        layout = a, 0, a.size // max(math.prod(lead), 1)
+    return layout
 
 
 def _direct_on_host(x, W, flip: bool):
-    """What the ``conv_direct`` kernel computes, in NumPy (the column-matrix GEMM)."""
+    """What the ``conv_direct`` kernel sums, in NumPy (the column-matrix GEMM)."""
     if flip:
         W = transposed_kernel(np, W)
     *lead, B, C, H, Wd = x.shape
@@ -261,14 +323,7 @@ def weight_gradient(x, dz, s: int):
     O = dz.shape[-3]
     dW = cupy.empty((*lead, O, C, s, s), dtype=x.dtype)
     db = cupy.empty((*lead, O), dtype=x.dtype)
-    rows = []
-    for a in (x, dz):
-        layout = row_layout(a)
-        if layout is None:
-            a = cupy.ascontiguousarray(a)
-            layout = a, 0, a.size // max(math.prod(lead), 1)
-        rows.append(layout)
-    (xb, x_offset, x_stride), (gb, g_offset, g_stride) = rows
+    (xb, x_offset, x_stride), (gb, g_offset, g_stride) = (_rows(cupy, a, lead) for a in (x, dz))
     kernel = compiled(lambda name, T: cuda_source(name, T, s), "conv_weight_grad", x.dtype)
     kernel((math.prod(lead) * O * C,), (THREADS,), (
         xb, gb, dW, db, np.int64(x_offset), np.int64(x_stride), np.int64(g_offset),

@@ -248,23 +248,23 @@ def conv2d_adjoint_batched(X, W, dZ, grads: bool = True):
 
 
 # ----------------------------------------------------------------------------- conv ODE steps
-# ConvStep's forward and adjoint, one step and k at once (reference_conv_step): cupy_conv's
-# convolutions, the bias with the activation and Euler update in one fused launch
-# (the dense kernel, the bias (C,) broadcast over B×C×H×W as b[:, None, None]), h σ'(z) ⊙ dy
-# in one. The element-wise arithmetic is the reference's in its order (the bias added after
-# the convolution's sum, as reference.conv2d adds it); the convolutions agree with the
-# reference's to round-off.
+# ConvStep's forward and adjoint, one step and k at once (reference_conv_step), by cupy_conv:
+# forward one direct kernel whose epilogue is the bias, activation and Euler update
+# (cupy_fused.BIAS_ACT_EULER's arithmetic; column matrix: its GEMM, then that kernel, the
+# bias (C,) broadcast over B×C×H×W), adjoint h σ'(z) ⊙ dy in one launch and the transposed
+# convolution with dy_next added in its epilogue (+ one for dW and db). The element-wise
+# arithmetic is the reference's in its order (the bias added after the convolution's sum,
+# as reference.conv2d adds it); the convolutions agree with the reference's to round-off.
 def conv_step(y, W, b, h: float, act: str, out=None, add=None):
     """reference_conv_step.conv_step: ``z = W * y + b``, ``y_next = y + h σ(z)`` (``+ add``);
     returns (y_next, z), y_next new (``out`` is not written)."""
     from . import cupy_conv, reference, reference_conv_step
-    from .cupy_fused import BIAS_ACT_EULER
     from .into import plus
 
     reference.check_activation(act)
     if b is None or not _conv_kernels(y, W, b):
         return reference_conv_step.conv_step(y, W, b, h, act, add=add)
-    z, y_next = BIAS_ACT_EULER(act, cupy_conv.conv2d(y, W), b[:, None, None], y, h)
+    z, y_next = cupy_conv.ode_step(y, W, b, h, act)
     return plus(y_next, add), z
 
 
@@ -279,23 +279,23 @@ def conv_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True, 
     reference.check_activation(act)
     if not _conv_kernels(y, W, z, dy_next):
         return reference_conv_step.conv_step_adjoint(y, z, dy_next, W, h, act, grads, add=add)
-    dys, dW, db = cupy_conv.conv2d_adjoint(y, W, SCALED_ACT_ADJOINT(act, z, dy_next, h), grads)
-    dy = plus(dy_next + dys, add)
+    dy, dW, db = cupy_conv.conv2d_adjoint(y, W, SCALED_ACT_ADJOINT(act, z, dy_next, h), grads,
+                                          add=dy_next)
+    dy = plus(dy, add)
     return (dy, dW, db) if grads else (dy, None, None)
 
 
 def conv_step_batched(Y, W, b, h, act: str):
-    """reference_conv_step.conv_step_batched: the batched convolution, then bias, activation
-    and Euler update of all k rows in one fused launch; returns (Y_next, Z)."""
+    """reference_conv_step.conv_step_batched: the batched convolution with the bias,
+    activation and Euler update of all k rows (cupy_conv.ode_step: one launch, direct);
+    returns (Y_next, Z)."""
     from . import cupy_conv, reference_conv_step
-    from .cupy_fused import BIAS_ACT_EULER
     from .reference import check_activation
 
     check_activation(act)
     if not _conv_kernels(Y, W, b):
         return reference_conv_step.conv_step_batched(Y, W, b, h, act)
-    Z, Y_next = BIAS_ACT_EULER(act, cupy_conv.conv2d(Y, W),
-                               b[:, None, :, None, None], Y, _step_sizes(Y, h))
+    Z, Y_next = cupy_conv.ode_step(Y, W, b, _step_sizes(Y, h), act)
     return Y_next, Z
 
 
@@ -311,8 +311,7 @@ def conv_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True)
     if not _conv_kernels(Y, W, Z, dY_next):
         return reference_conv_step.conv_step_batched_adjoint(Y, Z, dY_next, W, h, act, grads)
     S = SCALED_ACT_ADJOINT(act, Z, dY_next, _step_sizes(dY_next, h))  # k,B,C,H,W
-    dYs, dW, db = cupy_conv.conv2d_adjoint(Y, W, S, grads)
-    return dY_next + dYs, dW, db
+    return cupy_conv.conv2d_adjoint(Y, W, S, grads, add=dY_next)
 
 
 def _import_cupy() -> ModuleType:

@@ -233,6 +233,39 @@ def test_the_direct_kernel_matches_the_reference_convolution(dtype, shape, O, s,
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("act", ["tanh", "relu", "gelu", "identity"])
+def test_the_direct_kernel_epilogues_match_the_separate_kernels(dtype, act, monkeypatch):
+    """The conv_direct kernel's epilogues against the separate launches they replace: the
+    ODE step (``z = W * y + b``, ``y_next = y + h σ(z)``: cupy_fused.BIAS_ACT_EULER's
+    arithmetic; one step size, and one per row), and ``dy_next + W *ᵀ s`` for the adjoint;
+    with MGRIT's strided rows of y and dy_next read in place. glibc's tanh, erf and exp
+    stand in for CUDA's (1e-12 / 1e-5 of the largest entry)."""
+    from refbraid.backends import cupy_conv
+    from refbraid.backends.cupy_fused import BIAS_ACT_EULER
+
+    monkeypatch.setattr(cupy_conv_direct, "TILE", 4)
+    monkeypatch.setattr(cupy_conv_direct, "OUT_PER_THREAD", 4)
+    rng = np.random.default_rng(4)
+    k, B, C, H, Wd = 3, 2, 5, 5, 6
+    U = rng.standard_normal((2 * k, B, C, H, Wd)).astype(dtype)
+    Y, G = U[::2], U[1::2]  # strided rows, as MGRIT's every second state
+    W = (0.3 * rng.standard_normal((k, C, C, 3, 3))).astype(dtype)
+    b = rng.standard_normal((k, C)).astype(dtype)
+    hs = np.array([0.25, 0.5, 0.125], dtype)[:, None, None, None, None]
+    for h in (0.25, hs):
+        want_z, want_y = BIAS_ACT_EULER.reference(
+            act, cupy_conv_direct._direct_on_host(Y, W, False), b[:, None, :, None, None], Y, h)
+        with fake_cupy():
+            z, y_next = cupy_conv.ode_step(Y, W, b, h, act)
+        _close(z, want_z, dtype, f"z h={h if isinstance(h, float) else 'per row'}")
+        _close(y_next, want_y, dtype, f"y_next h={h if isinstance(h, float) else 'per row'}")
+    want_dx = G + cupy_conv_direct._direct_on_host(Y, W, True)
+    with fake_cupy():
+        dx = cupy_conv.conv2d_adjoint(Y, W, Y, grads=False, add=G)[0]
+    _close(dx, want_dx, dtype, "dy_next + W *ᵀ s")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shape, O, s, rows", [
     ((3, 2, 5, 6), 4, 3, None),  # one step: B·H·W = 90, not a multiple of the block
     ((7, 2, 3, 4, 9), 2, 3, slice(1, None, 2)),  # MGRIT's strided rows, read in place
