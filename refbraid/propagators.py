@@ -23,7 +23,7 @@ import numpy as np
 
 from .backends import Backend, batched_sweeps_on, device_batching
 from .backends.portable import stack_rows
-from .layers.forward_into import adjoint_into, forward_into
+from .layers.forward_into import adjoint_into, forward_batched_into, forward_into
 from .mgrit.transfer import restrict_to_shape
 from .network import Network, layer_params, layers_params, row, stacked_rows
 from .step_caches import cached_stacks, remember
@@ -63,10 +63,12 @@ class ForwardPropagator:
     def batched_step(self):
         return self._steps_at_once if batchable(self.net, self.bk) else None
 
-    def _steps_at_once(self, Y, starts, stops):
+    def _steps_at_once(self, Y, starts, stops, out=None, add=None):  # out=, add=: MGRIT's rows
         theta = layers_params(self.steps, starts, self.bk)  # k rows of stacked weights
-        Y_next, _ = self.net.step.forward_batched(theta, Y, (stops - starts) * self.net.h,
-                                                  self.bk)
+        h = (stops - starts) * self.net.h
+        if out is not None:
+            return forward_batched_into(self.net.step, theta, Y, h, self.bk, out, add)[0]
+        Y_next, _ = self.net.step.forward_batched(theta, Y, h, self.bk)
         return Y_next
 
 
@@ -136,12 +138,15 @@ class CachingForward(ForwardPropagator):
         self.origins.pop(start, None)
         return y_next
 
-    def _steps_at_once(self, Y, starts, stops):
+    def _steps_at_once(self, Y, starts, stops, out=None, add=None):
         if not np.all(stops - starts == 1):
-            return super()._steps_at_once(Y, starts, stops)
+            return super()._steps_at_once(Y, starts, stops, out, add)
         theta = layers_params(self.steps, starts, self.bk)
         h = np.full(len(starts), self.net.h)
-        Y_next, Z = self.net.step.forward_batched(theta, Y, h, self.bk)
+        if out is not None:
+            Y_next, Z = forward_batched_into(self.net.step, theta, Y, h, self.bk, out, add)
+        else:
+            Y_next, Z = self.net.step.forward_batched(theta, Y, h, self.bk)
         for j, a in enumerate(starts.tolist()):
             self.caches[a] = (Y[j], Z[j])  # the cache step.forward(θ_a, y[a], h) returns
         remember(self.origins, starts.tolist(), Y, Z)

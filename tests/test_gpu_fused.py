@@ -134,10 +134,11 @@ def test_every_fused_kernel_compiles_and_fits_its_blocks_on_real_gpus(T):
         compiled.append((f"conv_weight_grad {side}x{side}", cupy_conv_direct.THREADS,
                          _nvrtc_compile(cupy_conv_direct.cuda_source("conv_weight_grad", T, side),
                                         arch)))
-        for epilogue, act in [("add", "identity"), *(("step", a) for a in ACTIVATIONS)]:
-            compiled.append((f"conv_direct {epilogue} {act}", cupy_conv_direct.THREADS,
+        for epilogue, act, g in [("add", "identity", False),
+                                 *(("step", a, g) for a in ACTIVATIONS for g in (False, True))]:
+            compiled.append((f"conv_direct {epilogue} {act} {g}", cupy_conv_direct.THREADS,
                              _nvrtc_compile(cupy_conv_direct.cuda_source(
-                                 "conv_direct", T, epilogue=epilogue, act=act), arch)))
+                                 "conv_direct", T, epilogue=epilogue, act=act, add_g=g), arch)))
         for name, threads, ptx in compiled:
             registers, shared = ptxas_resources(ptx, cc)
             if not block_fits(registers, shared, threads):

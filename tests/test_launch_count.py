@@ -253,7 +253,8 @@ def test_bad_arguments_are_named():
 def test_the_batched_gradient_on_the_cupy_path_has_the_numpy_batched_bits(model):
     """The cupy backend's batched sweeps (switched on there; the fused kernels' NumPy path)
     compute the NumPy backend's batched layer-parallel gradient bit for bit; the conv
-    network's to round-off (its convolutions are im2col GEMMs on cupy, backends/cupy_conv)."""
+    network's to round-off (its convolutions are summed in another order on cupy,
+    backends/cupy_conv)."""
     from refbraid.backends import get_backend
     from refbraid.backends.device_batching import sweeps_batched
     from refbraid.backends.host import to_host
@@ -276,3 +277,43 @@ def test_the_batched_gradient_on_the_cupy_path_has_the_numpy_batched_bits(model)
     assert got_loss == pytest.approx(loss, rel=1e-13)
     for k, v in want.items():
         np.testing.assert_allclose(got[k], v, rtol=0, atol=1e-12 * np.max(np.abs(v)), err_msg=k)
+
+
+@pytest.mark.parametrize("model", ["dense", "conv"])
+def test_the_forward_f_sweeps_write_the_iterate_rows_in_the_step_kernel(model, monkeypatch):
+    """On cupy a forward F-sweep's ``Φ + g`` is written into MGRIT's iterate by the step's own
+    fused kernel (the batched step's ``out=``, ``add=``): the same gradient bit for bit as
+    when the sweep copies (or adds) a new result into the rows, and one launch fewer per
+    forward F-sweep — none of them a ``setitem`` or an ``add`` of the sweep."""
+    from refbraid.backends.host import to_host
+    from refbraid.mgrit.problem import CountingStep
+    from refbraid.network import to_backend
+    from refbraid.training.gradients import mgrit_gradient
+
+    net, params, x, labels = launch_count.build_model(model, 16, np.random.default_rng(0))
+    settings = launch_count.default_settings()
+
+    def gradient():
+        with launch_count.counting("cupy") as bk, tracking() as t:
+            loss, g, _ = mgrit_gradient(net, settings, bk)(to_backend(params, bk),
+                                                           bk.asarray(x), bk.asarray(labels))
+            return loss, {k: to_host(v) for k, v in g.items()}, t.tally
+
+    into = gradient()
+    plain_init = CountingStep.__init__
+
+    def without_rows(self, *args, **kwargs):  # the F-sweeps as before: a new result copied
+        plain_init(self, *args, **kwargs)
+        self.batched_into = False
+
+    monkeypatch.setattr(CountingStep, "__init__", without_rows)
+    copied = gradient()
+    assert into[0] == copied[0]
+    for k, v in copied[1].items():
+        np.testing.assert_array_equal(into[1][k], v, err_msg=k)
+    fewer = copied[2].launches - into[2].launches
+    assert fewer > 0 and fewer == (copied[2].by_name.get("setitem", 0)
+                                   + copied[2].by_name.get("add", 0)
+                                   - into[2].by_name.get("setitem", 0)
+                                   - into[2].by_name.get("add", 0)), (into[2].by_name,
+                                                                      copied[2].by_name)

@@ -80,17 +80,30 @@ def conv2d(x, W):
     return xp.permute_dims(Z, (*range(n), n + 1, n, n + 2, n + 3))
 
 
-def ode_step(y, W, b, h, act: str):
+def ode_step(y, W, b, h, act: str, into=None, g=None):
     """The conv ODE step's forward, ``z = W * y + b`` and ``y_next = y + h σ(z)``: ``(z,
     y_next)``; b (..., O), h a float or one per lead row, (k, 1, 1, 1, 1). Direct: one launch
     (the convolution with cupy_fused.BIAS_ACT_EULER's arithmetic as its epilogue); column
-    matrix: :func:`conv2d`, then BIAS_ACT_EULER."""
-    from .cupy_fused import BIAS_ACT_EULER
+    matrix: :func:`conv2d`, then BIAS_ACT_EULER. With ``into`` (rows of MGRIT's iterate)
+    ``y_next + g`` (g None: 0) is written there by that same launch and ``into`` returned as
+    y_next — unless a GPU kernel cannot write those rows in place (not evenly spaced
+    C-ordered images): then y_next is new, without g (the caller writes it: ``y_next is
+    into`` tells)."""
+    from .cupy_conv_columns import row_layout
+    from .cupy_fused import BIAS_ACT_EULER, BIAS_ACT_EULER_ADD
+    from .cupy_raw import real_cupy
 
+    bias = b[..., None, :, None, None]
     tiling = direct_tiling(y, W)
     if tiling is not None:
-        return direct.convolution(y, W, tiling, step=(b, y, h, act))
-    return BIAS_ACT_EULER(act, conv2d(y, W), b[..., None, :, None, None], y, h)
+        if into is not None and real_cupy(into) and row_layout(into) is None:
+            into, g = None, None
+        return direct.convolution(y, W, tiling, step=(b, y, h, act), into=into, g=g)
+    if into is None:
+        return BIAS_ACT_EULER(act, conv2d(y, W), bias, y, h)
+    if g is None:
+        return BIAS_ACT_EULER.into(act, (None, into), conv2d(y, W), bias, y, h)
+    return BIAS_ACT_EULER_ADD.into(act, (None, into), conv2d(y, W), bias, y, h, g)
 
 
 def conv2d_adjoint(x, W, dz, grads: bool = True, add=None):

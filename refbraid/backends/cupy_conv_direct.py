@@ -47,7 +47,7 @@ import numpy as np
 
 from .cupy_conv_columns import row_layout, strided_columns
 from .cupy_fused import ACT, BIAS_ACT_EULER
-from .cupy_raw import BLOCK_REDUCTIONS, compiled, on_host, real_cupy
+from .cupy_raw import BLOCK_REDUCTIONS, compiled, on_host, on_host_into, real_cupy
 from .portable import contiguous
 
 #: threads of one block of the weight-gradient kernel (a power of two: its block sums)
@@ -76,11 +76,13 @@ _SOURCES = {
 struct alignas(16) Pack { T v[16 / sizeof(T)]; };
 // The epilogue (MODE): 0 writes out = the sum; 1 adds the rows of `extra` (same layout as
 // out, offset and row stride of their own); 2 is the ODE step: z = sum + bias[l, o] into
-// `out`, y_next = y + h sigma(z) into `y_next`, y the rows of `extra` (h = hs[l] if per_row).
+// `out`, y_next = y + h sigma(z) into the rows of `y_next`, y the rows of `extra` (h = hs[l]
+// if per_row), with ADD_G then plus the rows of `rhs` (MGRIT's F-sweep: Phi + g).
 extern "C" __global__ void conv_direct(const T* x, const T* w, T* out, long long offset,
     long long row_stride, int B, int C, int O, int H, int W, int s, int flip, int TH, int TW,
     int CC, const T* extra, long long extra_offset, long long extra_row_stride,
-    const T* bias, const T* hs, T h, int per_row, T* y_next) {
+    const T* bias, const T* hs, T h, int per_row, T* y_next, long long next_offset,
+    long long next_row_stride, const T* rhs, long long rhs_offset, long long rhs_row_stride) {
   __shared__ Pack packs[SHARED_BYTES / 16];
   T* staged = (T*)packs;
   int r = s / 2, s2 = s * s, PH = TH + 2 * r, PW = TW + 2 * r;
@@ -141,8 +143,8 @@ extern "C" __global__ void conv_direct(const T* x, const T* w, T* out, long long
     for (int k = 0; k < OUT_PER_THREAD && g * OUT_PER_THREAD + k < O; ++k) {
       int o = g * OUT_PER_THREAD + k;
       long long at = (((l * B + n) * O + o) * H + i) * W + j;
-      long long there = extra_offset + l * extra_row_stride
-          + (((long long)n * O + o) * H + i) * W + j;
+      long long in_row = (((long long)n * O + o) * H + i) * W + j;
+      long long there = extra_offset + l * extra_row_stride + in_row;
 #if MODE == 0
       out[at] = acc[k];
 #elif MODE == 1
@@ -150,7 +152,11 @@ extern "C" __global__ void conv_direct(const T* x, const T* w, T* out, long long
 #else
       T z = acc[k] + bias[l * O + o];
       out[at] = z;
-      y_next[at] = extra[there] + (per_row ? hs[l] : h) * (SIGMA);
+      T v = extra[there] + (per_row ? hs[l] : h) * (SIGMA);
+#if ADD_G
+      v = v + rhs[rhs_offset + l * rhs_row_stride + in_row];
+#endif
+      y_next[next_offset + l * next_row_stride + in_row] = v;
 #endif
     }
 }
@@ -211,14 +217,15 @@ EPILOGUES = ("sum", "add", "step")
 
 
 def cuda_source(name: str, T: str = "double", s: int = 3, epilogue: str = "sum",
-                act: str = "identity") -> str:
+                act: str = "identity", add_g: bool = False) -> str:
     """The complete CUDA C source of kernel ``name`` for element type ``T``: the weight
     gradient's for s×s kernels (its taps are registers); the convolution's with one of
-    :data:`EPILOGUES` (``step``: with activation ``act``, σ(z) as cupy_fused.ACT writes it)."""
+    :data:`EPILOGUES` (``step``: with activation ``act``, σ(z) as cupy_fused.ACT writes it;
+    ``add_g``: with MGRIT's right-hand side added)."""
     return (f"typedef {T} T;\n#define THREADS {THREADS}\n#define SHARED_BYTES {SHARED_BYTES}\n"
             f"#define OUT_PER_THREAD {OUT_PER_THREAD}\n#define S {s}\n"
             f"#define MODE {EPILOGUES.index(epilogue)}\n#define SIGMA {ACT[act]}\n"
-            f"{BLOCK_REDUCTIONS}{_SOURCES[name]}")
+            f"#define ADD_G {int(add_g)}\n{BLOCK_REDUCTIONS}{_SOURCES[name]}")
 
 
 def plan(x, W) -> tuple[int, int, int] | None:
@@ -238,26 +245,21 @@ def plan(x, W) -> tuple[int, int, int] | None:
 
 
 def convolution(x, W, tiling: tuple[int, int, int], flip: bool = False, add=None,
-                step: tuple | None = None):
+                step: tuple | None = None, into=None, g=None):
     """``z = K * x`` by one launch of the ``conv_direct`` kernel, tiled as :func:`plan` says:
     x (..., B, C, H, W), z (..., B, O, H, W) C-ordered; K = W (..., O, C, s, s), or with
     ``flip`` the transposed convolution's kernel read from W (..., C, O, s, s) in place,
     ``K[o,c,p,q] = W[c,o,s−1−p,s−1−q]``. Epilogues in the same launch: ``add`` (z's shape)
     returns ``K * x + add``; ``step = (b, y, h, act)`` returns ``(z, y_next)`` with ``z = K * x
     + b`` (b (..., O)) and ``y_next = y + h σ(z)`` (y z's shape; h a float, or one per lead
-    row as an array (k, 1, 1, 1, 1)), as cupy_fused.BIAS_ACT_EULER computes them.
-    Off a GPU the column-matrix GEMM and that kernel's reference in NumPy (on the stand-in
-    counted as the kernel's one launch)."""
+    row as an array (k, 1, 1, 1, 1)), as cupy_fused.BIAS_ACT_EULER computes them, then ``+ g``
+    where g is given, written into ``into`` where given (rows of MGRIT's iterate with a
+    :func:`~refbraid.backends.cupy_conv_columns.row_layout`; returned as y_next) — the
+    F-sweep's ``Φ + g`` without a copy or a sum after it. Off a GPU the
+    column-matrix GEMM and that kernel's reference in NumPy (on the stand-in counted as the
+    kernel's one launch)."""
     if not real_cupy(x):
-        if step is not None:
-            b, y, h, act = step
-            return on_host("conv_direct", lambda a, w, bb, yy, hh: BIAS_ACT_EULER.reference(
-                act, _direct_on_host(a, w, flip), bb[..., None, :, None, None], yy, hh),
-                x, W, b, y, h)
-        if add is not None:
-            return on_host("conv_direct", lambda a, w, g: _direct_on_host(a, w, flip) + g,
-                           x, W, add)
-        return on_host("conv_direct", lambda a, w: _direct_on_host(a, w, flip), x, W)
+        return _convolution_on_host(x, W, flip, add, step, into, g)
     import cupy  # pragma: no cover - needs a GPU (the emulator runs this branch)
 
     *lead, B, C, H, Wd = x.shape
@@ -265,27 +267,57 @@ def convolution(x, W, tiling: tuple[int, int, int], flip: bool = False, add=None
     th, tw, chunk = tiling
     z = cupy.empty((*lead, B, O, H, Wd), dtype=x.dtype)
     base, offset, row_stride = _rows(cupy, x, lead)
-    epilogue, act, y_next = "sum", "identity", z
+    epilogue, act, nxt, plus = "sum", "identity", (z, 0, 0), (base, 0, 0)
     extra, bias, hs, h, per_row = (base, 0, 0), base, base, 0.0, 0
     if add is not None:
         epilogue, extra = "add", _rows(cupy, add, lead)
     if step is not None:
         b, y, h, act = step
         epilogue, extra, bias = "step", _rows(cupy, y, lead), cupy.ascontiguousarray(b)
-        y_next = cupy.empty_like(z)
-        if not isinstance(h, float):
+        # y_next: new, or the rows ``into`` (the caller checked they have a row_layout)
+        nxt = ((cupy.empty_like(z), 0, z.size // max(math.prod(lead), 1)) if into is None
+               else row_layout(into))
+        if g is not None:
+            plus = _rows(cupy, g, lead)
+        if isinstance(h, (int, float, np.floating)):
+            h = float(h)
+        else:
             hs, h, per_row = cupy.ascontiguousarray(cupy.reshape(h, (-1,))), 0.0, 1
     tiles = -(-H // th) * -(-Wd // tw)
     blocks = math.prod(lead) * B * -(-O // OUT_PER_THREAD) * tiles
-    kernel = compiled(lambda name, T: cuda_source(name, T, epilogue=epilogue, act=act),
-                      "conv_direct", x.dtype)
+    kernel = compiled(lambda name, T: cuda_source(name, T, epilogue=epilogue, act=act,
+                                                  add_g=g is not None), "conv_direct", x.dtype)
     kernel((blocks,), (th * tw,), (
         base, cupy.ascontiguousarray(W), z, np.int64(offset), np.int64(row_stride),
         np.int32(B), np.int32(C), np.int32(O), np.int32(H), np.int32(Wd), np.int32(s),
         np.int32(flip), np.int32(th), np.int32(tw), np.int32(chunk), extra[0],
         np.int64(extra[1]), np.int64(extra[2]), bias, hs, x.dtype.type(h), np.int32(per_row),
-        y_next))
-    return (z, y_next) if step is not None else z
+        nxt[0], np.int64(nxt[1]), np.int64(nxt[2]), plus[0], np.int64(plus[1]),
+        np.int64(plus[2])))
+    if step is None:
+        return z
+    return z, (nxt[0] if into is None else into)
+
+
+def _convolution_on_host(x, W, flip, add, step, into, g):
+    """:func:`convolution` off a GPU: the column-matrix GEMM and the epilogue in NumPy, one
+    launch on the stand-in (writing into ``into`` where given)."""
+    if step is None:
+        if add is not None:
+            return on_host("conv_direct", lambda a, w, e: _direct_on_host(a, w, flip) + e,
+                           x, W, add)
+        return on_host("conv_direct", lambda a, w: _direct_on_host(a, w, flip), x, W)
+    b, y, h, act = step
+
+    def kernel(a, w, bb, yy, hh, *gg):
+        z, y_next = BIAS_ACT_EULER.reference(act, _direct_on_host(a, w, flip),
+                                             bb[..., None, :, None, None], yy, hh)
+        return (z, y_next + gg[0]) if gg else (z, y_next)
+
+    args = (x, W, b, y, h, *(() if g is None else (g,)))
+    if into is None:
+        return on_host("conv_direct", kernel, *args)
+    return on_host_into("conv_direct", kernel, (None, into), *args)
 
 
 def _rows(cupy, a, lead):

@@ -12,6 +12,8 @@ float against a T array)::
     euler_act           out = y + (T)h · σ(z)                        (per-step forward)
     act_adjoint         dz  = σ'(z) · dy                              (per-step adjoint)
     bias_act_euler      z = p + b,  y_next = y + (T)h · σ(z)          (forward, p = y Wᵀ)
+    bias_act_euler_add  z = p + b,  y_next = (y + (T)h · σ(z)) + g    (an F-sweep on a coarse
+                        level: Φ + g, written into the rows of MGRIT's iterate)
     scaled_act_adjoint  s = (T)h · (σ'(z) · dy)                       (adjoint)
     add_column_sums     dy = dy_next + p,  db = Σ_B s                 (adjoint, p = s W)
     scaled_act_adjoint_copy  s as scaled_act_adjoint, and a copy of dy  (adjoint without
@@ -43,7 +45,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .cupy_raw import on_host, real_cupy
+from .cupy_raw import on_host, on_host_into, real_cupy
 from .launch_model import current
 
 _ON: list[bool] = [True]
@@ -132,6 +134,20 @@ class Fused:
             return self._cupy(act, *args)  # pragma: no cover - needs a GPU
         return on_host(self.name, lambda *raw: self.reference(act, *raw), *args)
 
+    def into(self, act: str, into, *args):
+        """:meth:`__call__` with output i written into ``into[i]`` where that is not None (an
+        array of the output's shape and dtype, any strides: e.g. rows of MGRIT's iterate);
+        returns the outputs (the given arrays where given)."""
+        if real_cupy(args[0]):  # pragma: no cover - needs a GPU
+            import cupy
+
+            shape = cupy.broadcast(*[a for a in args if isinstance(a, cupy.ndarray)]).shape
+            dtype = next(a.dtype for a in args if isinstance(a, cupy.ndarray))
+            outs = [cupy.empty(shape, dtype) if o is None else o for o in into]
+            self._cupy(act, *args, *outs)
+            return tuple(outs) if len(outs) > 1 else outs[0]
+        return on_host_into(self.name, lambda *raw: self.reference(act, *raw), into, *args)
+
     def _cupy(self, act, *args):  # pragma: no cover - needs a GPU
         import cupy
 
@@ -155,6 +171,11 @@ def _bias_act_euler_ref(act, p, b, y, h):
     return z, out + y
 
 
+def _plus(z_and_out, g):
+    z, out = z_and_out
+    return z, out + g  # the F-sweep's Φ + g, after the step's own rounding
+
+
 def _scaled_act_adjoint_ref(act, z, dy, h):
     return _act_adjoint(z, dy, act) * h  # reference_batched._dense_adjoint: S *= h
 
@@ -166,6 +187,10 @@ ACT_ADJOINT_KERNEL = Fused("act_adjoint", "T z, T dy", "T dz", "dz = SIGMA_PRIME
                            lambda act, z, dy: _act_adjoint(z, dy, act))
 BIAS_ACT_EULER = Fused("bias_act_euler", "T p, T b, T y, T h", "T z, T out",
                        "z = p + b; out = y + h * SIGMA", _bias_act_euler_ref)
+BIAS_ACT_EULER_ADD = Fused("bias_act_euler_add", "T p, T b, T y, T h, T g", "T z, T out",
+                           "z = p + b; out = y + h * SIGMA; out = out + g",
+                           lambda act, p, b, y, h, g: _plus(_bias_act_euler_ref(act, p, b, y, h),
+                                                            g))
 SCALED_ACT_ADJOINT = Fused("scaled_act_adjoint", "T z, T dy, T h", "T s",
                            "s = h * (SIGMA_PRIME_DY)", _scaled_act_adjoint_ref)
 
@@ -287,6 +312,6 @@ def _add_column_sums_ref(act, p, dy_next, s):
 ADD_COLUMN_SUMS = AddColumnSums()
 
 #: Every fused kernel (the compile check walks this).
-KERNELS = (ACTIVATION, EULER_ACT, ACT_ADJOINT_KERNEL, BIAS_ACT_EULER, SCALED_ACT_ADJOINT,
-           ADD_COLUMN_SUMS, SCALED_ACT_ADJOINT_COPY)
+KERNELS = (ACTIVATION, EULER_ACT, ACT_ADJOINT_KERNEL, BIAS_ACT_EULER, BIAS_ACT_EULER_ADD,
+           SCALED_ACT_ADJOINT, ADD_COLUMN_SUMS, SCALED_ACT_ADJOINT_COPY)
 

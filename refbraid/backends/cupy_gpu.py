@@ -158,11 +158,13 @@ def _products(S, Y, dY_next, W, grads: bool):
     return dY, product(St, Y), db
 
 
-def dense_step_batched(Y, W, b, h, act: str):
+def dense_step_batched(Y, W, b, h, act: str, out=None, add=None):
     """reference_batched.dense_step_batched: one batched GEMM, then bias, activation and
-    Euler update of every row in one fused launch (cupy_fused.BIAS_ACT_EULER)."""
+    Euler update of every row in one fused launch (cupy_fused.BIAS_ACT_EULER); with ``out``
+    (MGRIT's F-sweep rows) that launch writes ``Y_next + add`` (add None: 0) there
+    (BIAS_ACT_EULER_ADD with add) and returns ``out`` as Y_next."""
     from . import reference_batched
-    from .cupy_fused import BIAS_ACT_EULER
+    from .cupy_fused import BIAS_ACT_EULER, BIAS_ACT_EULER_ADD
     from .reference import array_namespace, check_activation
 
     check_activation(act)
@@ -172,7 +174,13 @@ def dense_step_batched(Y, W, b, h, act: str):
     # matmul, which would copy it in every call, copied once per gradient instead
     Wt = array_namespace(W).permute_dims(W, (0, 2, 1))
     P = product(Y, Wt if routes_batched(Y, Wt) else transposed_once(W))  # k,B,C
-    Z, Y_next = BIAS_ACT_EULER(act, P, b[:, None, :], Y, _step_sizes(Y, h))
+    args = (P, b[:, None, :], Y, _step_sizes(Y, h))
+    if out is None or not one_float_dtype(Y, out, *(() if add is None else (add,))):
+        Z, Y_next = BIAS_ACT_EULER(act, *args)
+    elif add is None:
+        Z, Y_next = BIAS_ACT_EULER.into(act, (None, out), *args)
+    else:
+        Z, Y_next = BIAS_ACT_EULER_ADD.into(act, (None, out), *args, add)
     return Y_next, Z
 
 
@@ -285,17 +293,20 @@ def conv_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True, 
     return (dy, dW, db) if grads else (dy, None, None)
 
 
-def conv_step_batched(Y, W, b, h, act: str):
+def conv_step_batched(Y, W, b, h, act: str, out=None, add=None):
     """reference_conv_step.conv_step_batched: the batched convolution with the bias,
     activation and Euler update of all k rows (cupy_conv.ode_step: one launch, direct);
-    returns (Y_next, Z)."""
+    returns (Y_next, Z). With ``out`` (MGRIT's F-sweep rows) ``Y_next + add`` is written there
+    by that launch where it can (Y_next is ``out`` then)."""
     from . import cupy_conv, reference_conv_step
     from .reference import check_activation
 
     check_activation(act)
     if not _conv_kernels(Y, W, b):
         return reference_conv_step.conv_step_batched(Y, W, b, h, act)
-    Z, Y_next = cupy_conv.ode_step(Y, W, b, _step_sizes(Y, h), act)
+    if out is not None and not one_float_dtype(Y, out, *(() if add is None else (add,))):
+        out = add = None
+    Z, Y_next = cupy_conv.ode_step(Y, W, b, _step_sizes(Y, h), act, into=out, g=add)
     return Y_next, Z
 
 

@@ -99,3 +99,31 @@ def on_host(name: str, fn, *args):
         t.launch([a._a for a in device], list(outs), name)
     outs = tuple(DeviceArray(o) for o in outs)
     return outs if len(outs) > 1 else outs[0]
+
+
+def on_host_into(name: str, fn, into, *args):
+    """:func:`on_host` for a kernel that writes some of its outputs into given arrays (MGRIT's
+    rows of an iterate): output i goes into the stand-in array ``into[i]`` where that is not
+    None — its storage written, that memory reported as the launch's write — else into new
+    memory. Returns the outputs (the given arrays where given)."""
+    from .standin_array import ndarray as DeviceArray
+
+    raw = [a._a if isinstance(a, DeviceArray) else a for a in args]
+    outs = fn(*raw)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    t, written, results = current(), [], []
+    for o, target in zip(outs, into, strict=True):
+        if target is None:
+            o = o.copy() if any(np.may_share_memory(o, r) for r in raw
+                                if isinstance(r, np.ndarray)) else o
+            if t is not None:
+                t.fresh(o)
+            written.append(o)
+            results.append(DeviceArray(o))
+        else:
+            target._a[...] = o
+            written.append(target._a)
+            results.append(target)
+    if t is not None:
+        t.launch([a._a for a in args if isinstance(a, DeviceArray)], written, name)
+    return tuple(results) if len(results) > 1 else results[0]

@@ -12,6 +12,7 @@ add, out)`` adds MGRIT's right-hand side row to a step's result (in place only i
 from __future__ import annotations
 
 import inspect
+from functools import lru_cache
 
 import numpy as np
 
@@ -26,6 +27,13 @@ def takes_out(fn, name: str = "out") -> bool:
         return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+
+
+@lru_cache(maxsize=256)
+def writes_rows(fn) -> bool:
+    """Whether the backend kernel ``fn`` takes both ``out=`` and ``add=`` (a batched step that
+    writes MGRIT's F-sweep rows, ``Φ + add``, itself), once per function."""
+    return takes_out(fn) and takes_out(fn, "add")
 
 
 def plus(result, add, out=None):

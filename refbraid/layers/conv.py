@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backends.device_batching import values_on
-from ..backends.into import add_into, euler_act_into, plus
+from ..backends.into import add_into, euler_act_into, plus, writes_rows
 from ..backends.reference import check_activation
 from .init import (
     check_adjoint,
@@ -105,14 +105,19 @@ class ConvStep:
         return plus(add_into(dy_next, dys, out), add, out), ({"W": dW, "b": db} if grads else None)
 
     # -- k steps at once (MGRIT's batched sweeps; the catalogue's conv2d_batched kernels) -----
-    def forward_batched(self, params, Y, h, bk):
+    def forward_batched(self, params, Y, h, bk, out=None, add=None):
         """k steps at once, row j as :meth:`forward` with ``params[·][j]`` and ``h[j]``:
         ``Z = W * Y + b``, ``Y_next = Y + h σ(Z)``. Y (k,B,C,H,W), W (k,C,C,3,3), b (k,C),
         h (k,); returns (Y_next, Z). Bit-identical to k :meth:`forward` calls on the NumPy
         backend (:mod:`refbraid.backends.reference_batched`). Whole
-        (``conv_step_batched``: one fused launch set) where the backend overrides it."""
+        (``conv_step_batched``: one fused launch set) where the backend overrides it. ``out``,
+        ``add`` (MGRIT's F-sweep rows and right-hand side): where the backend's kernel takes
+        them, ``Y_next + add`` is written into ``out`` (returned as Y_next); else ignored
+        (layers/forward_into.py writes)."""
         if "conv_step_batched" in bk.overrides:
-            return bk.conv_step_batched(Y, params["W"], params["b"], h, self.activation)
+            into = out is not None and writes_rows(bk.conv_step_batched)
+            kw = {"out": out, "add": add} if into else {}
+            return bk.conv_step_batched(Y, params["W"], params["b"], h, self.activation, **kw)
         h = values_on(Y, h, Y.dtype)[:, None, None, None, None]  # copied once per content
         Z = bk.conv2d_batched(Y, params["W"], params["b"])  # k,B,C,H,W
         return Y + h * bk.activation(Z, self.activation), Z

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backends.into import add_into, euler_act_into
+from ..backends.into import add_into, euler_act_into, writes_rows
 from ..backends.reference import check_activation
 from .init import (
     check_adjoint,
@@ -97,13 +97,18 @@ class DenseStep:
 
 
     # -- k steps at once (MGRIT's batched sweeps; NumPy, numba and cuda backends) ---------
-    def forward_batched(self, params, Y, h, bk):
+    def forward_batched(self, params, Y, h, bk, out=None, add=None):
         """k steps at once, row j as :meth:`forward` with ``params[·][j]`` and ``h[j]``:
         ``Z = Y Wᵀ + b``, ``Y_next = Y + h σ(Z)``. Y (k,B,C), W (k,C,C), b (k,C), h (k,);
         returns (Y_next, Z). The catalogue kernel ``dense_step_batched``
         (:mod:`refbraid.backends.reference_batched`; fused on numba and cuda), each backend's
-        version bit-identical to its per-step path."""
-        return bk.dense_step_batched(Y, params["W"], params["b"], h, self.activation)
+        version bit-identical to its per-step path. ``out``, ``add`` (MGRIT's F-sweep rows
+        and right-hand side): where the backend's kernel takes them, ``Y_next + add`` is
+        written into ``out`` (returned as Y_next); else ignored (layers/forward_into.py
+        writes)."""
+        into = out is not None and writes_rows(bk.dense_step_batched)
+        kw = {"out": out, "add": add} if into else {}
+        return bk.dense_step_batched(Y, params["W"], params["b"], h, self.activation, **kw)
 
     def adjoint_batched(self, params, Y, Z, dY_next, h, bk, grads: bool = True):
         """:meth:`adjoint` of k steps at once: ``S = h σ'(Z) ⊙ dY_next``, ``dY = dY_next + S W``,

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numpy as np
+
 from ..backends.into import plus, takes_out
 
 
@@ -50,3 +52,21 @@ def adjoint_into(layer, params, cache, dy_next, h: float, bk, grads: bool = True
     kw = _options(type(layer), "adjoint", out, add)
     dy, grads_ = layer.adjoint(params, cache, dy_next, h, bk, grads=grads, **kw)
     return (dy if "add" in kw else plus(dy, add, out)), grads_
+
+
+def forward_batched_into(layer, params, Y, h, bk, out, add=None):
+    """``layer.forward_batched(params, Y, h, bk)`` with its ``Y_next + add`` (add None: 0)
+    written into ``out`` (MGRIT's F-sweep rows, a view): by the layer's own ``out=`` and
+    ``add=`` where its ``forward_batched`` takes them and its backend could write there (it
+    returns ``out`` then), else here — the copy (``out[...] = Y_next``) or the sum
+    (``numpy.add(Y_next, add, out=out)``, CuPy's on CuPy arrays) the F-sweep made before.
+    Returns ``(out, Z)``."""
+    kw = {"out": out, "add": add} if _takes(type(layer), "forward_batched") and _takes(
+        type(layer), "forward_batched", "add") else {}
+    Y_next, Z = layer.forward_batched(params, Y, h, bk, **kw)
+    if Y_next is not out:
+        if add is None:
+            out[...] = Y_next
+        else:
+            np.add(Y_next, add, out=out)
+    return out, Z

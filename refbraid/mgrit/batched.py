@@ -94,6 +94,13 @@ def f_relax(u, g, points, sweeps: list, step, inplace: bool = False):
         sweeps = sweep_plan(sweeps, points)
     for sw in sweeps:
         # the rows of one sweep are evenly spaced: slices (views), no gathered copies
+        if (step.batched_into and isinstance(sw.rows, slice)
+                and (g is None or _adds_into_rows(out, out, g))):
+            # Φ (+ g) written into u's rows by the step itself: a step kernel that can write
+            # there saves the copy (or the sum) a new result would need
+            step.many(out[sw.prev, ...], sw.starts, sw.stops, out=out[sw.rows, ...],
+                      add=None if g is None else g[sw.rows, ...])
+            continue
         val = step.many(out[sw.prev, ...], sw.starts, sw.stops)
         if g is not None and isinstance(sw.rows, slice) and _adds_into_rows(out, val, g):
             np.add(val, g[sw.rows, ...], out=out[sw.rows, ...])  # Φ + g straight into u

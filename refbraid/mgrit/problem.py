@@ -91,6 +91,9 @@ class Problem:
     batched_step  optional ``batched_step(U, starts, stops)``: ``step`` on k intervals at once,
                shape ``(k, *S)`` (module docstring); None: MGRIT loops over ``step``. An object
                with ``step`` and ``batched_step`` methods given as ``step`` supplies both.
+               Optionally with ``out=`` and ``add=`` both: then it must write ``Φ(U) + add``
+               (add None: Φ(U)) into ``out`` (rows of the iterate, a view) and return ``out``
+               — the F-sweeps' result, where the step's kernel can write it (no copy after).
     carries_nonfinite  True when ``step`` keeps a non-finite value: ``Φ(u)`` is non-finite
                wherever ``u`` is, as for ``u + h F(u)`` (IEEE sums keep inf and NaN). The
                solver's finiteness check of its solution then reads one F-row per interval
@@ -267,6 +270,10 @@ class CountingStep:
         # solver index -> fine index:  i = s (forward),  i = N - s (backward)
         self._flip = problem.n_steps if problem.direction == "backward" else None
         self.batched = problem.batched_step is not None
+        #: whether ``batched_step`` takes ``out=`` and ``add=`` (:meth:`many` passes them on;
+        #: it must then write ``Φ(U) + add`` into ``out`` and return it)
+        self.batched_into = (self.batched and step_takes_out(problem.batched_step)
+                             and step_takes_out(problem.batched_step, "add"))
 
     def __call__(self, u, s_start: int, s_stop: int, out=None, add=None):
         """``Φ(u; s_start → s_stop)``; ``out``: where the step may write it, if it takes
@@ -295,8 +302,10 @@ class CountingStep:
             self._bad_shape("step", out, start, stop)
         return out
 
-    def many(self, U, s_starts, s_stops):
-        """Rows ``Φ(U[j]; s_starts[j] → s_stops[j])`` (solver indices), shape ``(k, *S)``."""
+    def many(self, U, s_starts, s_stops, out=None, add=None):
+        """Rows ``Φ(U[j]; s_starts[j] → s_stops[j])`` (solver indices), shape ``(k, *S)``;
+        with ``out`` (only where :attr:`batched_into`) written there, plus ``add`` (None: 0),
+        and ``out`` returned."""
         k = len(s_starts)
         if not self.batched:
             return stack_rows([self(U[j, ...], s_starts[j], s_stops[j]) for j in range(k)])
@@ -304,7 +313,10 @@ class CountingStep:
         s_starts, s_stops = np.asarray(s_starts), np.asarray(s_stops)
         starts, stops = (s_starts, s_stops) if flip is None else (flip - s_starts, flip - s_stops)
         t0 = perf_counter()
-        out = self.problem.batched_step(U, starts, stops)
+        if out is not None:
+            out = self.problem.batched_step(U, starts, stops, out=out, add=add)
+        else:
+            out = self.problem.batched_step(U, starts, stops)
         t1 = perf_counter()
         self.seconds += t1 - t0
         self.count += k

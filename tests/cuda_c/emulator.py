@@ -244,8 +244,11 @@ class ElementwiseKernel:
         self.operation, self.name = operation, name
 
     def __call__(self, *args):
-        if len(args) != len(self.ins):
-            raise TypeError(f"{self.name}: {len(self.ins)} inputs expected, got {len(args)}")
+        given = args[len(self.ins):]  # outputs given, as CuPy takes them after the inputs
+        if len(args) != len(self.ins) and len(given) != len(self.outs):
+            raise TypeError(f"{self.name}: {len(self.ins)} inputs (and optionally "
+                            f"{len(self.outs)} outputs) expected, got {len(args)}")
+        args = args[:len(self.ins)]
         typed = [a for (t, _), a in zip(self.ins, args, strict=True)
                  if t == "T" and isinstance(a, np.ndarray)]
         T = typed[0].dtype
@@ -268,6 +271,10 @@ class ElementwiseKernel:
                   f"  if (i >= n) return;\n  {refs}\n  {self.operation};\n}}\n")
         n = int(np.prod(shape))
         RawKernel(source, self.name)((max(1, -(-n // 64)),), (64,), (*ins, *outs, np.int64(n)))
+        if given:  # any strides, as CuPy writes them: here the contiguous results copied over
+            for target, result in zip(given, outs, strict=True):
+                target[...] = result
+            outs = list(given)
         return tuple(outs) if len(outs) > 1 else outs[0]
 
 

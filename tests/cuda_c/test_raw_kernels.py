@@ -263,6 +263,19 @@ def test_the_direct_kernel_epilogues_match_the_separate_kernels(dtype, act, monk
     with fake_cupy():
         dx = cupy_conv.conv2d_adjoint(Y, W, Y, grads=False, add=G)[0]
     _close(dx, want_dx, dtype, "dy_next + W *ᵀ s")
+    # MGRIT's F-sweep: Φ + g written into every third row of an iterate, both forms (the
+    # direct kernel's epilogue; the GEMM's then BIAS_ACT_EULER_ADD with its output given)
+    for form in ("direct", "im2col"):
+        monkeypatch.setenv(cupy_conv.CONV_ENV, form)
+        for g in (G, None):
+            iterate = np.zeros((3 * k, B, C, H, Wd), dtype)
+            rows = iterate[2::3]
+            with fake_cupy():
+                z, y_next = cupy_conv.ode_step(Y, W, b, hs, act, into=rows, g=g)
+            assert y_next is rows
+            want = want_y + (0 if g is None else g)  # want_y: the per-row step sizes' above
+            _close(rows, want, dtype, f"{form}: Φ + g into the rows (g: {g is not None})")
+            assert not iterate[0::3].any() and not iterate[1::3].any()  # nothing else written
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -214,3 +214,47 @@ def test_batched_kernels_equal_the_per_point_kernels_on_a_later_block(batched_pr
     assert one.count == many.count == len(f_pos) + len(c_pos)
     with pytest.raises(ValueError, match="needs a `ghost` value"):
         batched.propagate_at(u, g, points, c_pos, many)
+
+
+def _writing_into_rows(problem: Problem, calls: list) -> Problem:
+    """``problem`` with a batched step that takes ``out=`` and ``add=``: ``Φ(U) + add`` written
+    into the F-sweep's rows by the step itself (each call recorded)."""
+    plain = problem.batched_step
+
+    def batched_step(U, starts, stops, out=None, add=None):
+        value = plain(U, starts, stops)
+        if out is None:
+            return value
+        calls.append(add is not None)
+        if add is None:
+            out[...] = value
+        else:
+            np.add(value, add, out=out)
+        return out
+
+    return dataclasses.replace(problem, batched_step=batched_step)
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=["L2-F", "L3-FCF-fmg", "L4-Fcycle-skip"])
+@pytest.mark.parametrize("name", ["dahlquist", "linear_forward", "linear_adjoint", "heat"])
+def test_a_batched_step_that_writes_the_f_sweep_rows_gives_the_same_bits(name, settings):
+    """A ``batched_step`` taking ``out=`` and ``add=`` is handed the F-sweep's rows of the
+    iterate (a view) and the right-hand side there (None where the level has none): the same
+    solution and residual history bit for bit."""
+    problem, _ = PROBLEMS[name]
+    problem, calls = problem(), []
+    into = _writing_into_rows(problem, calls)
+    assert CountingStep(into).batched_into and not CountingStep(problem).batched_into
+    a, b = solve(into, settings), solve(problem, settings)
+    np.testing.assert_array_equal(a.solution, b.solution)
+    np.testing.assert_array_equal(a.norms, b.norms)
+    assert calls
+
+
+def test_a_batched_step_with_out_but_no_add_is_not_handed_the_rows():
+    """Only a step that takes both keywords writes the rows (the contract is ``Φ + add``)."""
+    problem = dahlquist(np.array([-1.0]), 16)
+    only_out = dataclasses.replace(
+        problem, batched_step=lambda U, starts, stops, out=None: problem.batched_step(
+            U, starts, stops))
+    assert not CountingStep(only_out).batched_into
