@@ -21,7 +21,9 @@ The sums end in an epilogue (``convolution``'s ``add`` and ``step``): z written 
 or with the rows of another array added (the adjoint's ``dy_next + W̃ * s``), or as the conv
 ODE step, ``z = sum + b`` and ``y_next = y + h σ(z)`` with cupy_fused.BIAS_ACT_EULER's
 arithmetic (σ from cupy_fused.ACT) — one launch for what was a convolution and an
-element-wise kernel, z read back no more.
+element-wise kernel, z read back no more — y_next written where it is asked to be (MGRIT's
+F-sweep rows of the iterate, by offset and row stride) with the level's right-hand side g
+added (``Φ + g``, the sweep's own rounding: no copy or sum after the step).
 ``conv_weight_grad``: a block per (row, o, c), its threads along (n, i, j), each summing its
 share of the s² taps in registers (s ≤ :data:`MAX_WEIGHT_SIDE`), then each tap's block sum
 in a fixed-order tree in double; the blocks with c = 0 sum db too.
