@@ -23,7 +23,13 @@ import numpy as np
 
 from .backends import Backend, batched_sweeps_on, device_batching
 from .backends.portable import stack_rows
-from .layers.forward_into import adjoint_into, forward_batched_into, forward_into
+from .layers.forward_into import (
+    adjoint_batched_into,
+    adjoint_into,
+    forward_batched_into,
+    forward_into,
+    written_into,
+)
 from .mgrit.transfer import restrict_to_shape
 from .network import Network, layer_params, layers_params, row, stacked_rows
 from .step_caches import cached_stacks, remember
@@ -104,16 +110,24 @@ class AdjointPropagator:
         """Ψ on k intervals at once (as :class:`ForwardPropagator`'s), where :func:`batchable`."""
         return self._steps_at_once if batchable(self.net, self.bk) else None
 
-    def _steps_at_once(self, L, starts, stops):
+    def _steps_at_once(self, L, starts, stops, out=None, add=None):  # out=, add=: MGRIT's rows
         theta = layers_params(self.steps, stops, self.bk)
         hc = (starts - stops) * self.net.h
         Y = stacked_rows(self.states, stops, self.bk)  # k,*S
         if tuple(L.shape[1:]) != tuple(Y.shape[1:]):  # coarse in space: R y per step
             pairs = zip(starts.tolist(), stops.tolist(), strict=True)
-            return stack_rows([self.step(L[j], a, b) for j, (a, b) in enumerate(pairs)])
+            L_prev = stack_rows([self.step(L[j], a, b) for j, (a, b) in enumerate(pairs)])
+            return L_prev if out is None else written_into(L_prev, out, add)
         _, Z = self.net.step.forward_batched(theta, Y, hc, self.bk)
-        L_prev, _ = self.net.step.adjoint_batched(theta, Y, Z, L, hc, self.bk, grads=False)
-        return L_prev
+        return self._adjoint_rows(theta, Y, Z, L, hc, False, out, add)[0]
+
+    def _adjoint_rows(self, theta, Y, Z, L, h, grads: bool, out, add):
+        """``step.adjoint_batched`` of k rows; with ``out`` its ``L_prev + add`` written there
+        (:func:`refbraid.layers.forward_into.adjoint_batched_into`)."""
+        if out is not None:
+            return adjoint_batched_into(self.net.step, theta, Y, Z, L, h, self.bk, grads, out,
+                                        add)
+        return self.net.step.adjoint_batched(theta, Y, Z, L, h, self.bk, grads=grads)
 
 
 class CachingForward(ForwardPropagator):
@@ -213,24 +227,24 @@ class CapturingAdjoint(AdjointPropagator):
             return None
         return self.caches[a]
 
-    def _steps_at_once(self, L, starts, stops):
+    def _steps_at_once(self, L, starts, stops, out=None, add=None):
         layers = stops.tolist()
         if not np.all(starts - stops == 1):
             if any(self._reusable_cache(a, L.shape[1:]) is None for a in layers):
-                return super()._steps_at_once(L, starts, stops)
+                return super()._steps_at_once(L, starts, stops, out, add)
             theta = layers_params(self.steps, stops, self.bk)
             Y, Z = cached_stacks(self.caches, self.origins, layers, self.bk.xp)  # k,*S each
-            L_prev, _ = self.net.step.adjoint_batched(theta, Y, Z, L,
-                                                      (starts - stops) * self.net.h, self.bk,
-                                                      grads=False)
+            L_prev, _ = self._adjoint_rows(theta, Y, Z, L, (starts - stops) * self.net.h,
+                                           False, out, add)
             self.counts["coarse_cache_hits"] += len(layers)
             return L_prev
         if any(a not in self.caches for a in layers):  # a block's first step (MPI): per step
-            return stack_rows([self.step(L[j], a + 1, a) for j, a in enumerate(layers)])
+            L_prev = stack_rows([self.step(L[j], a + 1, a) for j, a in enumerate(layers)])
+            return L_prev if out is None else written_into(L_prev, out, add)
         theta = layers_params(self.steps, stops, self.bk)
         Y, Z = cached_stacks(self.caches, self.origins, layers, self.bk.xp)  # k,*S each
         h = np.full(len(layers), self.net.h)
-        L_prev, d = self.net.step.adjoint_batched(theta, Y, Z, L, h, self.bk, grads=True)
+        L_prev, d = self._adjoint_rows(theta, Y, Z, L, h, True, out, add)
         for j, a in enumerate(layers):
             self.grads[a] = {k: v[j] for k, v in d.items()}
             self.grad_batches[a] = (d, j)

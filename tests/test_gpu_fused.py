@@ -134,7 +134,7 @@ def test_every_fused_kernel_compiles_and_fits_its_blocks_on_real_gpus(T):
         compiled.append((f"conv_weight_grad {side}x{side}", cupy_conv_direct.THREADS,
                          _nvrtc_compile(cupy_conv_direct.cuda_source("conv_weight_grad", T, side),
                                         arch)))
-        for epilogue, act, g in [("add", "identity", False),
+        for epilogue, act, g in [("add", "identity", False), ("add", "identity", True),
                                  *(("step", a, g) for a in ACTIVATIONS for g in (False, True))]:
             compiled.append((f"conv_direct {epilogue} {act} {g}", cupy_conv_direct.THREADS,
                              _nvrtc_compile(cupy_conv_direct.cuda_source(

@@ -280,11 +280,12 @@ def test_the_batched_gradient_on_the_cupy_path_has_the_numpy_batched_bits(model)
 
 
 @pytest.mark.parametrize("model", ["dense", "conv"])
-def test_the_forward_f_sweeps_write_the_iterate_rows_in_the_step_kernel(model, monkeypatch):
-    """On cupy a forward F-sweep's ``Φ + g`` is written into MGRIT's iterate by the step's own
-    fused kernel (the batched step's ``out=``, ``add=``): the same gradient bit for bit as
-    when the sweep copies (or adds) a new result into the rows, and one launch fewer per
-    forward F-sweep — none of them a ``setitem`` or an ``add`` of the sweep."""
+def test_the_f_sweeps_write_the_iterate_rows_in_the_step_kernel(model, monkeypatch):
+    """On cupy an F-sweep's ``Φ + g`` is written into MGRIT's iterate by the step's own fused
+    kernel (the batched step's ``out=``, ``add=``; forward sweeps of both networks, the conv
+    network's adjoint sweeps too): the same gradient bit for bit as when the sweep copies (or
+    adds) a new result into the rows, and one launch fewer per such sweep — none of them a
+    ``setitem`` or an ``add`` of the sweep."""
     from refbraid.backends.host import to_host
     from refbraid.mgrit.problem import CountingStep
     from refbraid.network import to_backend

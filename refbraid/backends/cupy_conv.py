@@ -106,19 +106,27 @@ def ode_step(y, W, b, h, act: str, into=None, g=None):
     return BIAS_ACT_EULER_ADD.into(act, (None, into), conv2d(y, W), bias, y, h, g)
 
 
-def conv2d_adjoint(x, W, dz, grads: bool = True, add=None):
+def conv2d_adjoint(x, W, dz, grads: bool = True, add=None, into=None, g=None):
     """The adjoint of :func:`conv2d` (plus a bias): ``(dx, dW, db)``, with ``add`` (dx's
     shape) ``dx = add + W *ᵀ dz`` (direct: in the convolution's launch); dW and db are None
     unless ``grads``. dx (..., B, C, H, W): the direct kernel's C-ordered result, or (column
-    matrix) a permuted view when ``add`` is None."""
+    matrix) a permuted view when ``add`` is None. With ``add`` and ``into`` (rows of MGRIT's
+    iterate) the direct kernel writes ``dx + g`` (g None: 0) there and returns ``into`` as
+    dx, as :func:`ode_step` does (the column-matrix form, or rows a kernel cannot write in
+    place: dx new, without g)."""
+    from .cupy_conv_columns import row_layout
+    from .cupy_raw import real_cupy
+
     xp = namespace(x)
     *lead, B, O, H, Wd = dz.shape
     s = W.shape[-1]
     n = len(lead)
     swap = (*range(n), n + 1, n, n + 2, n + 3)  # (..., a, b, s, s) -> (..., b, a, s, s)
     tiling = direct_tiling(dz, W)
+    if into is not None and (add is None or (real_cupy(into) and row_layout(into) is None)):
+        into, g = None, None
     if tiling is not None:
-        dx = direct.convolution(dz, W, tiling, flip=True, add=add)
+        dx = direct.convolution(dz, W, tiling, flip=True, add=add, into=into, g=g)
     else:
         dx = conv2d(dz, direct.transposed_kernel(xp, W))
         dx = dx if add is None else add + dx

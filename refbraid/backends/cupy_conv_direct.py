@@ -76,10 +76,11 @@ _SOURCES = {
 // the weights of one (c, p, q) side by side: read as 16-byte packs, the same for every thread.
 #define LANES (16 / (int)sizeof(T))
 struct alignas(16) Pack { T v[16 / sizeof(T)]; };
-// The epilogue (MODE): 0 writes out = the sum; 1 adds the rows of `extra` (same layout as
-// out, offset and row stride of their own); 2 is the ODE step: z = sum + bias[l, o] into
-// `out`, y_next = y + h sigma(z) into the rows of `y_next`, y the rows of `extra` (h = hs[l]
-// if per_row), with ADD_G then plus the rows of `rhs` (MGRIT's F-sweep: Phi + g).
+// The epilogue (MODE): 0 writes out = the sum; 1 writes the sum plus the rows of `extra`
+// (the sum's layout, offset and row stride of their own) into the rows of `y_next`; 2 is the
+// ODE step: z = sum + bias[l, o] into `out`, y + h sigma(z) into the rows of `y_next`, y the
+// rows of `extra` (h = hs[l] if per_row). In 1 and 2, with ADD_G, the rows of `rhs` added
+// last (MGRIT's F-sweep: Phi + g).
 extern "C" __global__ void conv_direct(const T* x, const T* w, T* out, long long offset,
     long long row_stride, int B, int C, int O, int H, int W, int s, int flip, int TH, int TW,
     int CC, const T* extra, long long extra_offset, long long extra_row_stride,
@@ -149,12 +150,14 @@ extern "C" __global__ void conv_direct(const T* x, const T* w, T* out, long long
       long long there = extra_offset + l * extra_row_stride + in_row;
 #if MODE == 0
       out[at] = acc[k];
-#elif MODE == 1
-      out[at] = acc[k] + extra[there];
+#else
+#if MODE == 1
+      T v = acc[k] + extra[there];
 #else
       T z = acc[k] + bias[l * O + o];
       out[at] = z;
       T v = extra[there] + (per_row ? hs[l] : h) * (SIGMA);
+#endif
 #if ADD_G
       v = v + rhs[rhs_offset + l * rhs_row_stride + in_row];
 #endif
@@ -257,7 +260,8 @@ def convolution(x, W, tiling: tuple[int, int, int], flip: bool = False, add=None
     row as an array (k, 1, 1, 1, 1)), as cupy_fused.BIAS_ACT_EULER computes them, then ``+ g``
     where g is given, written into ``into`` where given (rows of MGRIT's iterate with a
     :func:`~refbraid.backends.cupy_conv_columns.row_layout`; returned as y_next) — the
-    F-sweep's ``Φ + g`` without a copy or a sum after it. Off a GPU the
+    F-sweep's ``Φ + g`` without a copy or a sum after it; with ``add``, ``K * x + add (+ g)``
+    likewise (the adjoint's F-sweep; ``into`` and ``g`` need ``add`` or ``step``). Off a GPU the
     column-matrix GEMM and that kernel's reference in NumPy (on the stand-in counted as the
     kernel's one launch)."""
     if not real_cupy(x):
@@ -267,24 +271,27 @@ def convolution(x, W, tiling: tuple[int, int, int], flip: bool = False, add=None
     *lead, B, C, H, Wd = x.shape
     O, s = W.shape[-3 if flip else -4], W.shape[-1]
     th, tw, chunk = tiling
-    z = cupy.empty((*lead, B, O, H, Wd), dtype=x.dtype)
+    size = B * O * H * Wd  # of one lead row of the result
     base, offset, row_stride = _rows(cupy, x, lead)
-    epilogue, act, nxt, plus = "sum", "identity", (z, 0, 0), (base, 0, 0)
+    z = (cupy.empty((*lead, B, O, H, Wd), dtype=x.dtype)
+         if step is not None or into is None else base)  # (base: a pointer never written)
+    # where the sum (+ add, or the step's y_next) (+ g) goes: new, or the rows ``into`` (the
+    # caller checked they have a row_layout)
+    dest = (z if step is None else cupy.empty_like(z), 0, size) if into is None \
+        else row_layout(into)
+    epilogue, act, plus = "sum", "identity", (base, 0, 0)
     extra, bias, hs, h, per_row = (base, 0, 0), base, base, 0.0, 0
     if add is not None:
         epilogue, extra = "add", _rows(cupy, add, lead)
     if step is not None:
         b, y, h, act = step
         epilogue, extra, bias = "step", _rows(cupy, y, lead), cupy.ascontiguousarray(b)
-        # y_next: new, or the rows ``into`` (the caller checked they have a row_layout)
-        nxt = ((cupy.empty_like(z), 0, z.size // max(math.prod(lead), 1)) if into is None
-               else row_layout(into))
-        if g is not None:
-            plus = _rows(cupy, g, lead)
         if isinstance(h, (int, float, np.floating)):
             h = float(h)
         else:
             hs, h, per_row = cupy.ascontiguousarray(cupy.reshape(h, (-1,))), 0.0, 1
+    if g is not None:
+        plus = _rows(cupy, g, lead)
     tiles = -(-H // th) * -(-Wd // tw)
     blocks = math.prod(lead) * B * -(-O // OUT_PER_THREAD) * tiles
     kernel = compiled(lambda name, T: cuda_source(name, T, epilogue=epilogue, act=act,
@@ -294,21 +301,29 @@ def convolution(x, W, tiling: tuple[int, int, int], flip: bool = False, add=None
         np.int32(B), np.int32(C), np.int32(O), np.int32(H), np.int32(Wd), np.int32(s),
         np.int32(flip), np.int32(th), np.int32(tw), np.int32(chunk), extra[0],
         np.int64(extra[1]), np.int64(extra[2]), bias, hs, x.dtype.type(h), np.int32(per_row),
-        nxt[0], np.int64(nxt[1]), np.int64(nxt[2]), plus[0], np.int64(plus[1]),
+        dest[0], np.int64(dest[1]), np.int64(dest[2]), plus[0], np.int64(plus[1]),
         np.int64(plus[2])))
-    if step is None:
-        return z
-    return z, (nxt[0] if into is None else into)
+    result = dest[0] if into is None else into
+    if step is not None:
+        return z, result
+    return z if add is None else result
 
 
 def _convolution_on_host(x, W, flip, add, step, into, g):
     """:func:`convolution` off a GPU: the column-matrix GEMM and the epilogue in NumPy, one
     launch on the stand-in (writing into ``into`` where given)."""
     if step is None:
-        if add is not None:
-            return on_host("conv_direct", lambda a, w, e: _direct_on_host(a, w, flip) + e,
-                           x, W, add)
-        return on_host("conv_direct", lambda a, w: _direct_on_host(a, w, flip), x, W)
+        if add is None:
+            return on_host("conv_direct", lambda a, w: _direct_on_host(a, w, flip), x, W)
+
+        def summed(a, w, e, *gg):
+            v = _direct_on_host(a, w, flip) + e
+            return v + gg[0] if gg else v
+
+        args = (x, W, add, *(() if g is None else (g,)))
+        if into is None:
+            return on_host("conv_direct", summed, *args)
+        return on_host_into("conv_direct", summed, (into,), *args)
     b, y, h, act = step
 
     def kernel(a, w, bb, yy, hh, *gg):

@@ -310,10 +310,12 @@ def conv_step_batched(Y, W, b, h, act: str, out=None, add=None):
     return Y_next, Z
 
 
-def conv_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True):
+def conv_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True, out=None,
+                              add=None):
     """reference_conv_step.conv_step_batched_adjoint: ``S = h σ'(Z) ⊙ dY_next`` in one fused
     launch, then the batched transposed convolution (and dW, db with ``grads``) and
-    ``dY_next + W *ᵀ S``."""
+    ``dY_next + W *ᵀ S``; with ``out`` (MGRIT's F-sweep rows) that sum ``+ add`` is written
+    there by the convolution's launch where it can (dY is ``out`` then)."""
     from . import cupy_conv, reference_conv_step
     from .cupy_fused import SCALED_ACT_ADJOINT
     from .reference import check_activation
@@ -322,7 +324,9 @@ def conv_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True)
     if not _conv_kernels(Y, W, Z, dY_next):
         return reference_conv_step.conv_step_batched_adjoint(Y, Z, dY_next, W, h, act, grads)
     S = SCALED_ACT_ADJOINT(act, Z, dY_next, _step_sizes(dY_next, h))  # k,B,C,H,W
-    return cupy_conv.conv2d_adjoint(Y, W, S, grads, add=dY_next)
+    if out is not None and not one_float_dtype(Y, out, *(() if add is None else (add,))):
+        out = add = None
+    return cupy_conv.conv2d_adjoint(Y, W, S, grads, add=dY_next, into=out, g=add)
 
 
 def _import_cupy() -> ModuleType:

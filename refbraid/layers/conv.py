@@ -122,13 +122,17 @@ class ConvStep:
         Z = bk.conv2d_batched(Y, params["W"], params["b"])  # k,B,C,H,W
         return Y + h * bk.activation(Z, self.activation), Z
 
-    def adjoint_batched(self, params, Y, Z, dY_next, h, bk, grads: bool = True):
+    def adjoint_batched(self, params, Y, Z, dY_next, h, bk, grads: bool = True, out=None,
+                        add=None):
         """:meth:`adjoint` of k steps at once: ``S = h σ'(Z) ⊙ dY_next``, ``dY = dY_next +
         W *ᵀ S``; with grads ``dW = S ⋆ Ỹ``, ``db = Σ_{B,H,W} S`` per row (stacked). Whole
-        (``conv_step_batched_adjoint``) where the backend overrides it."""
+        (``conv_step_batched_adjoint``) where the backend overrides it. ``out``, ``add``: as
+        :meth:`forward_batched`'s, for dY."""
         if "conv_step_batched_adjoint" in bk.overrides:
+            into = out is not None and writes_rows(bk.conv_step_batched_adjoint)
+            kw = {"out": out, "add": add} if into else {}
             dY, dW, db = bk.conv_step_batched_adjoint(Y, Z, dY_next, params["W"], h,
-                                                      self.activation, grads)
+                                                      self.activation, grads, **kw)
             return dY, ({"W": dW, "b": db} if grads else None)
         h = values_on(dY_next, h, dY_next.dtype)[:, None, None, None, None]
         S = h * bk.activation_adjoint(Z, dY_next, self.activation)  # k,B,C,H,W

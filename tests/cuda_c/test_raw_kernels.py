@@ -276,6 +276,13 @@ def test_the_direct_kernel_epilogues_match_the_separate_kernels(dtype, act, monk
             want = want_y + (0 if g is None else g)  # want_y: the per-row step sizes' above
             _close(rows, want, dtype, f"{form}: Φ + g into the rows (g: {g is not None})")
             assert not iterate[0::3].any() and not iterate[1::3].any()  # nothing else written
+            # the adjoint's: dy_next + W *ᵀ s + g into the rows (the direct form only)
+            rows[...] = 0
+            with fake_cupy():
+                dx = cupy_conv.conv2d_adjoint(Y, W, Y, grads=False, add=G, into=rows, g=g)[0]
+            assert (dx is rows) == (form == "direct")  # else new, without g: the caller adds
+            want = want_dx + (0 if g is None or form == "im2col" else g)
+            _close(dx, want, dtype, f"{form}: dy_next + W *ᵀ s + g (g: {g is not None})")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
