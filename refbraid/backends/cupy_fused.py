@@ -14,6 +14,8 @@ float against a T array)::
     bias_act_euler      z = p + b,  y_next = y + (T)h · σ(z)          (forward, p = y Wᵀ)
     bias_act_euler_add  z = p + b,  y_next = (y + (T)h · σ(z)) + g    (an F-sweep on a coarse
                         level: Φ + g, written into the rows of MGRIT's iterate)
+    sum_plus            dy = (p + dy_next) + g                        (the adjoint's F-sweep,
+                        p = s W, written into the rows of MGRIT's iterate)
     scaled_act_adjoint  s = (T)h · (σ'(z) · dy)                       (adjoint)
     add_column_sums     dy = dy_next + p,  db = Σ_B s                 (adjoint, p = s W)
     scaled_act_adjoint_copy  s as scaled_act_adjoint, and a copy of dy  (adjoint without
@@ -191,6 +193,8 @@ BIAS_ACT_EULER_ADD = Fused("bias_act_euler_add", "T p, T b, T y, T h, T g", "T z
                            "z = p + b; out = y + h * SIGMA; out = out + g",
                            lambda act, p, b, y, h, g: _plus(_bias_act_euler_ref(act, p, b, y, h),
                                                             g))
+SUM_PLUS = Fused("sum_plus", "T p, T dy, T g", "T out", "out = p + dy; out = out + g",
+                 lambda act, p, dy, g: (p + dy) + g)
 SCALED_ACT_ADJOINT = Fused("scaled_act_adjoint", "T z, T dy, T h", "T s",
                            "s = h * (SIGMA_PRIME_DY)", _scaled_act_adjoint_ref)
 
@@ -313,5 +317,5 @@ ADD_COLUMN_SUMS = AddColumnSums()
 
 #: Every fused kernel (the compile check walks this).
 KERNELS = (ACTIVATION, EULER_ACT, ACT_ADJOINT_KERNEL, BIAS_ACT_EULER, BIAS_ACT_EULER_ADD,
-           SCALED_ACT_ADJOINT, ADD_COLUMN_SUMS, SCALED_ACT_ADJOINT_COPY)
+           SUM_PLUS, SCALED_ACT_ADJOINT, ADD_COLUMN_SUMS, SCALED_ACT_ADJOINT_COPY)
 

@@ -34,6 +34,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+import numpy as np
+
 from .cupy_blas import product, routes_batched
 from .cupy_fused import fusable, one_float_dtype
 from .device_batching import transposed_once
@@ -184,18 +186,28 @@ def dense_step_batched(Y, W, b, h, act: str, out=None, add=None):
     return Y_next, Z
 
 
-def dense_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True):
+def dense_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True, out=None,
+                               add=None):
     """reference_batched.dense_step_batched_adjoint with ``S = h σ'(Z) ⊙ dY_next`` in one fused
-    launch (cupy_fused.SCALED_ACT_ADJOINT), then :func:`_products`."""
+    launch (cupy_fused.SCALED_ACT_ADJOINT), then :func:`_products`. With ``out`` (MGRIT's
+    F-sweep rows) and without ``grads``: ``dY + add`` (add None: 0) written there by one launch
+    after the GEMM (``numpy.add`` into the rows, or cupy_fused.SUM_PLUS with add), dY is
+    ``out``; with ``grads`` dY is new (its sum is the column-sum kernel's)."""
     from . import reference_batched
-    from .cupy_fused import SCALED_ACT_ADJOINT
+    from .cupy_fused import SCALED_ACT_ADJOINT, SUM_PLUS
     from .reference import check_activation
 
     check_activation(act)
     if not one_float_dtype(Y, Z, dY_next, W):
         return reference_batched.dense_step_batched_adjoint(Y, Z, dY_next, W, h, act, grads)
     S = SCALED_ACT_ADJOINT(act, Z, dY_next, _step_sizes(dY_next, h))  # k,B,C
-    return _products(S, Y, dY_next, W, grads)
+    if out is None or grads or not one_float_dtype(Y, out, *(() if add is None else (add,))):
+        return _products(S, Y, dY_next, W, grads)
+    P = product(S, W)
+    if add is None:  # dY_next + S W (addition commutes exactly: the same bits) into the rows
+        np.add(P, dY_next, out=out)
+        return out, None, None
+    return SUM_PLUS.into("identity", (out,), P, dY_next, add), None, None
 
 
 # ----------------------------------------------------------------------------- convolutions

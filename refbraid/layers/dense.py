@@ -110,11 +110,15 @@ class DenseStep:
         kw = {"out": out, "add": add} if into else {}
         return bk.dense_step_batched(Y, params["W"], params["b"], h, self.activation, **kw)
 
-    def adjoint_batched(self, params, Y, Z, dY_next, h, bk, grads: bool = True):
+    def adjoint_batched(self, params, Y, Z, dY_next, h, bk, grads: bool = True, out=None,
+                        add=None):
         """:meth:`adjoint` of k steps at once: ``S = h σ'(Z) ⊙ dY_next``, ``dY = dY_next + S W``,
-        with grads ``dW = Sᵀ Y``, ``db = Σ_B S`` per row. Returns (dY, dparams stacked or None)."""
+        with grads ``dW = Sᵀ Y``, ``db = Σ_B S`` per row. Returns (dY, dparams stacked or None).
+        ``out``, ``add``: as :meth:`forward_batched`'s, for dY."""
+        into = out is not None and writes_rows(bk.dense_step_batched_adjoint)
+        kw = {"out": out, "add": add} if into else {}
         dY, dW, db = bk.dense_step_batched_adjoint(Y, Z, dY_next, params["W"], h,
-                                                   self.activation, grads)
+                                                   self.activation, grads, **kw)
         return dY, (None if dW is None else {"W": dW, "b": db})
 
 
