@@ -46,7 +46,7 @@ The cases run in one fresh process (:func:`benchmarks.harness.fresh`) with
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+from unittest.mock import patch
 
 import numpy as np
 
@@ -318,27 +318,13 @@ def gradient_rows(backends, dtype, tiny, warmup, repeats):
             yield ("torch eager serial", size, dt, "torch", ms, ms / serial, "-")
 
 
-@contextmanager
-def environment(name: str, value: str):
-    """Within the block the environment variable ``name`` is ``value`` (restored after)."""
-    saved = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = saved
-
-
 def cupy_matmul():
     """Within the block the cupy backend's batched products go through CuPy's ``matmul``
     (``REFBRAID_CUPY_GEMM=cupy``, :func:`refbraid.backends.cupy_blas.product`), as before
     refbraid's strided-batched GEMM took them."""
     from refbraid.backends.cupy_blas import GEMM_ENV
 
-    return environment(GEMM_ENV, "cupy")
+    return patch.dict(os.environ, {GEMM_ENV: "cupy"})
 
 
 def im2col_convolutions():
@@ -347,7 +333,7 @@ def im2col_convolutions():
     direct kernels took them."""
     from refbraid.backends.cupy_conv import CONV_ENV
 
-    return environment(CONV_ENV, "im2col")
+    return patch.dict(os.environ, {CONV_ENV: "im2col"})
 
 
 def cupy_matmul_row(lp, bk, args, g_per_step, size, dt, ser, warmup, repeats):

@@ -72,10 +72,7 @@ class ForwardPropagator:
     def _steps_at_once(self, Y, starts, stops, out=None, add=None):  # out=, add=: MGRIT's rows
         theta = layers_params(self.steps, starts, self.bk)  # k rows of stacked weights
         h = (stops - starts) * self.net.h
-        if out is not None:
-            return forward_batched_into(self.net.step, theta, Y, h, self.bk, out, add)[0]
-        Y_next, _ = self.net.step.forward_batched(theta, Y, h, self.bk)
-        return Y_next
+        return forward_batched_into(self.net.step, theta, Y, h, self.bk, out, add)[0]
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,17 +114,10 @@ class AdjointPropagator:
         if tuple(L.shape[1:]) != tuple(Y.shape[1:]):  # coarse in space: R y per step
             pairs = zip(starts.tolist(), stops.tolist(), strict=True)
             L_prev = stack_rows([self.step(L[j], a, b) for j, (a, b) in enumerate(pairs)])
-            return L_prev if out is None else written_into(L_prev, out, add)
+            return written_into(L_prev, out, add)
         _, Z = self.net.step.forward_batched(theta, Y, hc, self.bk)
-        return self._adjoint_rows(theta, Y, Z, L, hc, False, out, add)[0]
-
-    def _adjoint_rows(self, theta, Y, Z, L, h, grads: bool, out, add):
-        """``step.adjoint_batched`` of k rows; with ``out`` its ``L_prev + add`` written there
-        (:func:`refbraid.layers.forward_into.adjoint_batched_into`)."""
-        if out is not None:
-            return adjoint_batched_into(self.net.step, theta, Y, Z, L, h, self.bk, grads, out,
-                                        add)
-        return self.net.step.adjoint_batched(theta, Y, Z, L, h, self.bk, grads=grads)
+        return adjoint_batched_into(self.net.step, theta, Y, Z, L, hc, self.bk, False, out,
+                                    add)[0]
 
 
 class CachingForward(ForwardPropagator):
@@ -157,10 +147,7 @@ class CachingForward(ForwardPropagator):
             return super()._steps_at_once(Y, starts, stops, out, add)
         theta = layers_params(self.steps, starts, self.bk)
         h = np.full(len(starts), self.net.h)
-        if out is not None:
-            Y_next, Z = forward_batched_into(self.net.step, theta, Y, h, self.bk, out, add)
-        else:
-            Y_next, Z = self.net.step.forward_batched(theta, Y, h, self.bk)
+        Y_next, Z = forward_batched_into(self.net.step, theta, Y, h, self.bk, out, add)
         for j, a in enumerate(starts.tolist()):
             self.caches[a] = (Y[j], Z[j])  # the cache step.forward(θ_a, y[a], h) returns
         remember(self.origins, starts.tolist(), Y, Z)
@@ -234,17 +221,19 @@ class CapturingAdjoint(AdjointPropagator):
                 return super()._steps_at_once(L, starts, stops, out, add)
             theta = layers_params(self.steps, stops, self.bk)
             Y, Z = cached_stacks(self.caches, self.origins, layers, self.bk.xp)  # k,*S each
-            L_prev, _ = self._adjoint_rows(theta, Y, Z, L, (starts - stops) * self.net.h,
-                                           False, out, add)
+            L_prev, _ = adjoint_batched_into(self.net.step, theta, Y, Z, L,
+                                             (starts - stops) * self.net.h, self.bk, False,
+                                             out, add)
             self.counts["coarse_cache_hits"] += len(layers)
             return L_prev
         if any(a not in self.caches for a in layers):  # a block's first step (MPI): per step
             L_prev = stack_rows([self.step(L[j], a + 1, a) for j, a in enumerate(layers)])
-            return L_prev if out is None else written_into(L_prev, out, add)
+            return written_into(L_prev, out, add)
         theta = layers_params(self.steps, stops, self.bk)
         Y, Z = cached_stacks(self.caches, self.origins, layers, self.bk.xp)  # k,*S each
         h = np.full(len(layers), self.net.h)
-        L_prev, d = self._adjoint_rows(theta, Y, Z, L, h, True, out, add)
+        L_prev, d = adjoint_batched_into(self.net.step, theta, Y, Z, L, h, self.bk, True, out,
+                                         add)
         for j, a in enumerate(layers):
             self.grads[a] = {k: v[j] for k, v in d.items()}
             self.grad_batches[a] = (d, j)

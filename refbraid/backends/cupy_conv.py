@@ -89,15 +89,11 @@ def ode_step(y, W, b, h, act: str, into=None, g=None):
     y_next — unless a GPU kernel cannot write those rows in place (not evenly spaced
     C-ordered images): then y_next is new, without g (the caller writes it: ``y_next is
     into`` tells)."""
-    from .cupy_conv_columns import row_layout
     from .cupy_fused import BIAS_ACT_EULER, BIAS_ACT_EULER_ADD
-    from .cupy_raw import real_cupy
 
     bias = b[..., None, :, None, None]
     tiling = direct_tiling(y, W)
     if tiling is not None:
-        if into is not None and real_cupy(into) and row_layout(into) is None:
-            into, g = None, None
         return direct.convolution(y, W, tiling, step=(b, y, h, act), into=into, g=g)
     if into is None:
         return BIAS_ACT_EULER(act, conv2d(y, W), bias, y, h)
@@ -114,17 +110,14 @@ def conv2d_adjoint(x, W, dz, grads: bool = True, add=None, into=None, g=None):
     iterate) the direct kernel writes ``dx + g`` (g None: 0) there and returns ``into`` as
     dx, as :func:`ode_step` does (the column-matrix form, or rows a kernel cannot write in
     place: dx new, without g)."""
-    from .cupy_conv_columns import row_layout
-    from .cupy_raw import real_cupy
-
     xp = namespace(x)
     *lead, B, O, H, Wd = dz.shape
     s = W.shape[-1]
     n = len(lead)
     swap = (*range(n), n + 1, n, n + 2, n + 3)  # (..., a, b, s, s) -> (..., b, a, s, s)
     tiling = direct_tiling(dz, W)
-    if into is not None and (add is None or (real_cupy(into) and row_layout(into) is None)):
-        into, g = None, None
+    if add is None:  # the rows take dx + add (+ g): without add nothing is written there
+        into = g = None
     if tiling is not None:
         dx = direct.convolution(dz, W, tiling, flip=True, add=add, into=into, g=g)
     else:

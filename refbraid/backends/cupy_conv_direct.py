@@ -258,16 +258,20 @@ def convolution(x, W, tiling: tuple[int, int, int], flip: bool = False, add=None
     returns ``K * x + add``; ``step = (b, y, h, act)`` returns ``(z, y_next)`` with ``z = K * x
     + b`` (b (..., O)) and ``y_next = y + h σ(z)`` (y z's shape; h a float, or one per lead
     row as an array (k, 1, 1, 1, 1)), as cupy_fused.BIAS_ACT_EULER computes them, then ``+ g``
-    where g is given, written into ``into`` where given (rows of MGRIT's iterate with a
-    :func:`~refbraid.backends.cupy_conv_columns.row_layout`; returned as y_next) — the
-    F-sweep's ``Φ + g`` without a copy or a sum after it; with ``add``, ``K * x + add (+ g)``
-    likewise (the adjoint's F-sweep; ``into`` and ``g`` need ``add`` or ``step``). Off a GPU the
+    where g is given, written into ``into`` where given (rows of MGRIT's iterate; returned
+    as y_next) — the F-sweep's ``Φ + g`` without a copy or a sum after it; with ``add``,
+    ``K * x + add (+ g)`` likewise (the adjoint's F-sweep; ``into`` and ``g`` need ``add`` or
+    ``step``). Rows the kernel cannot address (not evenly spaced C-ordered images: no
+    :func:`~refbraid.backends.cupy_conv_columns.row_layout`) are not written: the result is
+    then new and without g. Off a GPU the
     column-matrix GEMM and that kernel's reference in NumPy (on the stand-in counted as the
     kernel's one launch)."""
     if not real_cupy(x):
         return _convolution_on_host(x, W, flip, add, step, into, g)
     import cupy  # pragma: no cover - needs a GPU (the emulator runs this branch)
 
+    if into is not None and row_layout(into) is None:  # rows the kernel cannot address
+        into = g = None
     *lead, B, C, H, Wd = x.shape
     O, s = W.shape[-3 if flip else -4], W.shape[-1]
     th, tw, chunk = tiling
@@ -275,8 +279,7 @@ def convolution(x, W, tiling: tuple[int, int, int], flip: bool = False, add=None
     base, offset, row_stride = _rows(cupy, x, lead)
     z = (cupy.empty((*lead, B, O, H, Wd), dtype=x.dtype)
          if step is not None or into is None else base)  # (base: a pointer never written)
-    # where the sum (+ add, or the step's y_next) (+ g) goes: new, or the rows ``into`` (the
-    # caller checked they have a row_layout)
+    # where the sum (+ add, or the step's y_next) (+ g) goes: new, or the rows ``into``
     dest = (z if step is None else cupy.empty_like(z), 0, size) if into is None \
         else row_layout(into)
     epilogue, act, plus = "sum", "identity", (base, 0, 0)

@@ -81,6 +81,12 @@ def activation_adjoint(z, dy, act: str):
     return ACT_ADJOINT_KERNEL(act, z, dy)
 
 
+def _writable_rows(Y, out, add) -> bool:
+    """Whether MGRIT's F-sweep rows ``out`` (and its right-hand side ``add``) are given and
+    of Y's float dtype: the fused kernels then write ``result + add`` there."""
+    return out is not None and one_float_dtype(Y, out, *(() if add is None else (add,)))
+
+
 def _step_sizes(like, h):
     """The k step sizes as a Python float when all equal (a kernel argument: no copy), else
     an array (k, 1, …, 1) of ``like``'s rank on its device (one host→device copy per distinct
@@ -177,7 +183,7 @@ def dense_step_batched(Y, W, b, h, act: str, out=None, add=None):
     Wt = array_namespace(W).permute_dims(W, (0, 2, 1))
     P = product(Y, Wt if routes_batched(Y, Wt) else transposed_once(W))  # k,B,C
     args = (P, b[:, None, :], Y, _step_sizes(Y, h))
-    if out is None or not one_float_dtype(Y, out, *(() if add is None else (add,))):
+    if not _writable_rows(Y, out, add):
         Z, Y_next = BIAS_ACT_EULER(act, *args)
     elif add is None:
         Z, Y_next = BIAS_ACT_EULER.into(act, (None, out), *args)
@@ -201,7 +207,7 @@ def dense_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True
     if not one_float_dtype(Y, Z, dY_next, W):
         return reference_batched.dense_step_batched_adjoint(Y, Z, dY_next, W, h, act, grads)
     S = SCALED_ACT_ADJOINT(act, Z, dY_next, _step_sizes(dY_next, h))  # k,B,C
-    if out is None or grads or not one_float_dtype(Y, out, *(() if add is None else (add,))):
+    if grads or not _writable_rows(Y, out, add):
         return _products(S, Y, dY_next, W, grads)
     P = product(S, W)
     if add is None:  # dY_next + S W (addition commutes exactly: the same bits) into the rows
@@ -316,7 +322,7 @@ def conv_step_batched(Y, W, b, h, act: str, out=None, add=None):
     check_activation(act)
     if not _conv_kernels(Y, W, b):
         return reference_conv_step.conv_step_batched(Y, W, b, h, act)
-    if out is not None and not one_float_dtype(Y, out, *(() if add is None else (add,))):
+    if not _writable_rows(Y, out, add):
         out = add = None
     Z, Y_next = cupy_conv.ode_step(Y, W, b, _step_sizes(Y, h), act, into=out, g=add)
     return Y_next, Z
@@ -336,7 +342,7 @@ def conv_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True,
     if not _conv_kernels(Y, W, Z, dY_next):
         return reference_conv_step.conv_step_batched_adjoint(Y, Z, dY_next, W, h, act, grads)
     S = SCALED_ACT_ADJOINT(act, Z, dY_next, _step_sizes(dY_next, h))  # k,B,C,H,W
-    if out is not None and not one_float_dtype(Y, out, *(() if add is None else (add,))):
+    if not _writable_rows(Y, out, add):
         out = add = None
     return cupy_conv.conv2d_adjoint(Y, W, S, grads, add=dY_next, into=out, g=add)
 

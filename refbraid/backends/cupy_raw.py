@@ -80,40 +80,27 @@ def on_host(name: str, fn, *args):
     """``fn`` (a reference kernel) on the NumPy storage of stand-in arrays, its outputs back
     on the stand-in, reported as ONE launch ``name`` to the active launch counter (plain
     NumPy arrays pass straight through)."""
-    from .standin_array import ndarray as DeviceArray
-
-    device = [a for a in args if isinstance(a, DeviceArray)]
-    if not device:
-        return fn(*args)
-    raw = [a._a if isinstance(a, DeviceArray) else a for a in args]
-    outs = fn(*raw)
-    outs = outs if isinstance(outs, tuple) else (outs,)
-    # the kernel writes new memory: a reference output that views an input is copied (else
-    # the counter would take it for the input and forget who wrote that)
-    outs = tuple(o.copy() if any(np.may_share_memory(o, r) for r in raw
-                                 if isinstance(r, np.ndarray)) else o for o in outs)
-    t = current()
-    if t is not None:
-        for o in outs:
-            t.fresh(o)
-        t.launch([a._a for a in device], list(outs), name)
-    outs = tuple(DeviceArray(o) for o in outs)
-    return outs if len(outs) > 1 else outs[0]
+    return on_host_into(name, fn, None, *args)
 
 
 def on_host_into(name: str, fn, into, *args):
     """:func:`on_host` for a kernel that writes some of its outputs into given arrays (MGRIT's
     rows of an iterate): output i goes into the stand-in array ``into[i]`` where that is not
     None — its storage written, that memory reported as the launch's write — else into new
-    memory. Returns the outputs (the given arrays where given)."""
+    memory (``into`` None: all new). Returns the outputs (the given arrays where given)."""
     from .standin_array import ndarray as DeviceArray
 
+    device = [a for a in args if isinstance(a, DeviceArray)]
+    if not device and into is None:
+        return fn(*args)
     raw = [a._a if isinstance(a, DeviceArray) else a for a in args]
     outs = fn(*raw)
     outs = outs if isinstance(outs, tuple) else (outs,)
     t, written, results = current(), [], []
-    for o, target in zip(outs, into, strict=True):
+    for o, target in zip(outs, into or (None,) * len(outs), strict=True):
         if target is None:
+            # the kernel writes new memory: a reference output that views an input is copied
+            # (else the counter would take it for the input and forget who wrote that)
             o = o.copy() if any(np.may_share_memory(o, r) for r in raw
                                 if isinstance(r, np.ndarray)) else o
             if t is not None:
@@ -125,5 +112,5 @@ def on_host_into(name: str, fn, into, *args):
             written.append(target._a)
             results.append(target)
     if t is not None:
-        t.launch([a._a for a in args if isinstance(a, DeviceArray)], written, name)
+        t.launch([a._a for a in device], written, name)
     return tuple(results) if len(results) > 1 else results[0]

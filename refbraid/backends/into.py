@@ -36,6 +36,12 @@ def writes_rows(fn) -> bool:
     return takes_out(fn) and takes_out(fn, "add")
 
 
+def rows_options(fn, out, add) -> dict:
+    """``{"out": out, "add": add}`` where ``out`` is given and ``fn`` :func:`writes_rows`,
+    else ``{}``: the keywords to call ``fn`` with."""
+    return {"out": out, "add": add} if out is not None and writes_rows(fn) else {}
+
+
 def plus(result, add, out=None):
     """``result + add``: into ``result`` itself when it is ``out`` (an array the caller gave
     to be written) and NumPy allows (one dtype), else a new array. The same sum either way;

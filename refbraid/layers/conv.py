@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backends.device_batching import values_on
-from ..backends.into import add_into, euler_act_into, plus, writes_rows
+from ..backends.into import add_into, euler_act_into, plus, rows_options
 from ..backends.reference import check_activation
 from .init import (
     check_adjoint,
@@ -115,8 +115,7 @@ class ConvStep:
         them, ``Y_next + add`` is written into ``out`` (returned as Y_next); else ignored
         (layers/forward_into.py writes)."""
         if "conv_step_batched" in bk.overrides:
-            into = out is not None and writes_rows(bk.conv_step_batched)
-            kw = {"out": out, "add": add} if into else {}
+            kw = rows_options(bk.conv_step_batched, out, add)
             return bk.conv_step_batched(Y, params["W"], params["b"], h, self.activation, **kw)
         h = values_on(Y, h, Y.dtype)[:, None, None, None, None]  # copied once per content
         Z = bk.conv2d_batched(Y, params["W"], params["b"])  # k,B,C,H,W
@@ -129,8 +128,7 @@ class ConvStep:
         (``conv_step_batched_adjoint``) where the backend overrides it. ``out``, ``add``: as
         :meth:`forward_batched`'s, for dY."""
         if "conv_step_batched_adjoint" in bk.overrides:
-            into = out is not None and writes_rows(bk.conv_step_batched_adjoint)
-            kw = {"out": out, "add": add} if into else {}
+            kw = rows_options(bk.conv_step_batched_adjoint, out, add)
             dY, dW, db = bk.conv_step_batched_adjoint(Y, Z, dY_next, params["W"], h,
                                                       self.activation, grads, **kw)
             return dY, ({"W": dW, "b": db} if grads else None)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backends.into import add_into, euler_act_into, writes_rows
+from ..backends.into import add_into, euler_act_into, rows_options
 from ..backends.reference import check_activation
 from .init import (
     check_adjoint,
@@ -106,8 +106,7 @@ class DenseStep:
         and right-hand side): where the backend's kernel takes them, ``Y_next + add`` is
         written into ``out`` (returned as Y_next); else ignored (layers/forward_into.py
         writes)."""
-        into = out is not None and writes_rows(bk.dense_step_batched)
-        kw = {"out": out, "add": add} if into else {}
+        kw = rows_options(bk.dense_step_batched, out, add)
         return bk.dense_step_batched(Y, params["W"], params["b"], h, self.activation, **kw)
 
     def adjoint_batched(self, params, Y, Z, dY_next, h, bk, grads: bool = True, out=None,
@@ -115,8 +114,7 @@ class DenseStep:
         """:meth:`adjoint` of k steps at once: ``S = h σ'(Z) ⊙ dY_next``, ``dY = dY_next + S W``,
         with grads ``dW = Sᵀ Y``, ``db = Σ_B S`` per row. Returns (dY, dparams stacked or None).
         ``out``, ``add``: as :meth:`forward_batched`'s, for dY."""
-        into = out is not None and writes_rows(bk.dense_step_batched_adjoint)
-        kw = {"out": out, "add": add} if into else {}
+        kw = rows_options(bk.dense_step_batched_adjoint, out, add)
         dY, dW, db = bk.dense_step_batched_adjoint(Y, Z, dY_next, params["W"], h,
                                                    self.activation, grads, **kw)
         return dY, (None if dW is None else {"W": dW, "b": db})

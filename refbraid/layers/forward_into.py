@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from ..backends.into import plus, takes_out
+from ..backends.into import plus, rows_options, takes_out
 
 
 @lru_cache(maxsize=64)
@@ -57,36 +57,32 @@ def adjoint_into(layer, params, cache, dy_next, h: float, bk, grads: bool = True
 def written_into(result, out, add=None):
     """``result + add`` (add None: ``result``) in ``out``: nothing to do when ``result`` is
     ``out`` (a kernel wrote it there), else the copy or the ``numpy.add`` (CuPy's on CuPy
-    arrays) an F-sweep makes of a new result. Returns ``out``."""
-    if result is not out:
-        if add is None:
-            out[...] = result
-        else:
-            np.add(result, add, out=out)
+    arrays) an F-sweep makes of a new result. Returns ``out`` (out None: ``result``)."""
+    if out is None or result is out:
+        return result
+    if add is None:
+        out[...] = result
+    else:
+        np.add(result, add, out=out)
     return out
 
 
-def _rows_kw(layer, method: str, out, add) -> dict:
-    """``{"out": out, "add": add}`` where ``layer.method`` takes both (it may write them)."""
-    cls = type(layer)
-    return {"out": out, "add": add} if _takes(cls, method) and _takes(cls, method, "add") else {}
-
-
-def forward_batched_into(layer, params, Y, h, bk, out, add=None):
+def forward_batched_into(layer, params, Y, h, bk, out=None, add=None):
     """``layer.forward_batched(params, Y, h, bk)`` with its ``Y_next + add`` (add None: 0)
     written into ``out`` (MGRIT's F-sweep rows, a view): by the layer's own ``out=`` and
     ``add=`` where its ``forward_batched`` takes them and its backend could write there (it
     returns ``out`` then), else by :func:`written_into` — the copy or the sum the F-sweep made
-    before. Returns ``(out, Z)``."""
-    Y_next, Z = layer.forward_batched(params, Y, h, bk, **_rows_kw(layer, "forward_batched",
-                                                                  out, add))
+    before. Returns ``(out, Z)`` (out None: the layer's own ``(Y_next, Z)``)."""
+    Y_next, Z = layer.forward_batched(params, Y, h, bk, **rows_options(
+        type(layer).forward_batched, out, add))
     return written_into(Y_next, out, add), Z
 
 
-def adjoint_batched_into(layer, params, Y, Z, dY_next, h, bk, grads: bool, out, add=None):
+def adjoint_batched_into(layer, params, Y, Z, dY_next, h, bk, grads: bool, out=None,
+                         add=None):
     """``layer.adjoint_batched(params, Y, Z, dY_next, h, bk, grads)`` with its ``dY + add``
     written into ``out`` as :func:`forward_batched_into` writes ``Y_next``. Returns ``(out,
     parameter gradients)``."""
     dY, g = layer.adjoint_batched(params, Y, Z, dY_next, h, bk, grads,
-                                  **_rows_kw(layer, "adjoint_batched", out, add))
+                                  **rows_options(type(layer).adjoint_batched, out, add))
     return written_into(dY, out, add), g

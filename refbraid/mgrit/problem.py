@@ -313,10 +313,8 @@ class CountingStep:
         s_starts, s_stops = np.asarray(s_starts), np.asarray(s_stops)
         starts, stops = (s_starts, s_stops) if flip is None else (flip - s_starts, flip - s_stops)
         t0 = perf_counter()
-        if out is not None:
-            out = self.problem.batched_step(U, starts, stops, out=out, add=add)
-        else:
-            out = self.problem.batched_step(U, starts, stops)
+        rows = {} if out is None else {"out": out, "add": add}
+        out = self.problem.batched_step(U, starts, stops, **rows)
         t1 = perf_counter()
         self.seconds += t1 - t0
         self.count += k

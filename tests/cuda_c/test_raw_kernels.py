@@ -283,6 +283,13 @@ def test_the_direct_kernel_epilogues_match_the_separate_kernels(dtype, act, monk
             assert (dx is rows) == (form == "direct")  # else new, without g: the caller adds
             want = want_dx + (0 if g is None or form == "im2col" else g)
             _close(dx, want, dtype, f"{form}: dy_next + W *ᵀ s + g (g: {g is not None})")
+    # rows a kernel cannot address (every second column): not written, the result new, no g
+    monkeypatch.setenv(cupy_conv.CONV_ENV, "direct")
+    wide = np.zeros((k, B, C, H, 2 * Wd), dtype)
+    with fake_cupy():
+        z, y_next = cupy_conv.ode_step(Y, W, b, hs, act, into=wide[..., ::2], g=G)
+    assert not wide.any()
+    _close(y_next, want_y, dtype, "rows it cannot write: Φ, new")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
