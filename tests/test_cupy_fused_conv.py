@@ -243,3 +243,33 @@ def test_the_fused_adjoint_passes_the_dot_product_test_and_finite_differences(fo
                 fd = (np.vdot(forward(plus)[0], w) - np.vdot(forward(minus)[0], w)) / (2 * eps)
                 assert abs(fd - grads[name][at]) <= 1e-7 * max(1.0, abs(fd)), (
                     f"ConvStep cupy fused adjoint: d{name} at {at}: {grads[name][at]} vs {fd}")
+
+
+@pytest.mark.parametrize("form, written", [("direct", (True, True)), ("im2col", (True, False))])
+def test_a_step_writes_y_next_plus_g_into_a_row_of_the_iterate(form, written, monkeypatch):
+    """The coarsest solve hands a step (forward and adjoint, one at a time) a row of its block
+    and the right-hand side there: the direct kernels write ``result + g`` into the row in
+    their own launch (one launch forward, two adjoint, as without the row), and so does the
+    column-matrix form's bias_act_euler_add forward; its adjoint returns a new sum. The same
+    bits as the step followed by ``+ g`` either way."""
+    from refbraid.backends import cupy_conv
+
+    monkeypatch.setenv(cupy_conv.CONV_ENV, form)
+    layer, params, Y, dY = _case(np.float32, 4)
+    h = float(STEPS[0])
+    with launch_count.counting("cupy") as bk:
+        p = {n: bk.asarray(v[0]) for n, v in params.items()}
+        y, g, dy = bk.asarray(Y[0]), bk.asarray(Y[1]), bk.asarray(dY[0])
+        block = bk.xp.zeros((3, *y.shape), dtype=y.dtype)
+        y_next, cache = layer.forward(p, y, h, bk)
+        dy_prev, _ = layer.adjoint(p, cache, dy, h, bk, False)
+        for j, (run, want) in enumerate([
+                (lambda: layer.forward(p, y, h, bk, out=block[1], add=g)[0], y_next + g),
+                (lambda: layer.adjoint(p, cache, dy, h, bk, False, out=block[2], add=g)[0],
+                 dy_prev + g)]):
+            row = block[j + 1]
+            got = run()
+            np.testing.assert_array_equal(to_host(got), to_host(want))
+            assert (to_host(row).tobytes() == to_host(want).tobytes()) is written[j]
+            if form == "direct":
+                assert _launches(run) == j + 1  # as many as without the row

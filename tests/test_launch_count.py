@@ -284,8 +284,10 @@ def test_the_f_sweeps_write_the_iterate_rows_in_the_step_kernel(model, monkeypat
     """On cupy an F-sweep's ``Φ + g`` is written into MGRIT's iterate by the step's own fused
     kernel (the batched step's ``out=``, ``add=``; forward and adjoint sweeps; the dense
     adjoint's sum ``(s W + dy_next) + g`` one ``sum_plus`` launch, or an ``add`` into the rows
-    without g): the same gradient bit for bit as when the sweep copies (or adds) a new result
-    into the rows, and one launch fewer per such sweep."""
+    without g), and the C-point residual's rows by the step (batched.residual_at: no stacked
+    block, no ``+ g`` on level 0): the same gradient bit for bit as when the sweep copies (or
+    adds) a new result into the rows, and one launch fewer per such sweep (per residual: the
+    first row set, the concatenation and the ``+ g`` gone)."""
     from refbraid.backends.host import to_host
     from refbraid.mgrit.problem import CountingStep
     from refbraid.network import to_backend
@@ -313,6 +315,7 @@ def test_the_f_sweeps_write_the_iterate_rows_in_the_step_kernel(model, monkeypat
     for k, v in copied[1].items():
         np.testing.assert_array_equal(into[1][k], v, err_msg=k)
     fewer = copied[2].launches - into[2].launches
-    sweeps = ("setitem", "add", "sum_plus")  # the launches that put a sweep's Φ (+ g) in place
+    # the launches that put a sweep's Φ (+ g) (and a residual's) in place
+    sweeps = ("setitem", "add", "sum_plus", "concat", "zeros_like")
     assert fewer > 0 and fewer == sum(copied[2].by_name.get(n, 0) - into[2].by_name.get(n, 0)
                                       for n in sweeps), (into[2].by_name, copied[2].by_name)

@@ -283,31 +283,43 @@ def conv2d_adjoint_batched(X, W, dZ, grads: bool = True):
 # as reference.conv2d adds it); the convolutions agree with the reference's to round-off.
 def conv_step(y, W, b, h: float, act: str, out=None, add=None):
     """reference_conv_step.conv_step: ``z = W * y + b``, ``y_next = y + h σ(z)`` (``+ add``);
-    returns (y_next, z), y_next new (``out`` is not written)."""
+    returns (y_next, z). With ``out`` (a row of MGRIT's iterate: the coarsest solve's)
+    ``y_next + add`` is written there by the convolution's own launch where it can
+    (cupy_conv.ode_step; y_next is ``out`` then), else y_next is new."""
     from . import cupy_conv, reference, reference_conv_step
-    from .into import plus
 
     reference.check_activation(act)
     if b is None or not _conv_kernels(y, W, b):
         return reference_conv_step.conv_step(y, W, b, h, act, add=add)
-    z, y_next = cupy_conv.ode_step(y, W, b, h, act)
-    return plus(y_next, add), z
+    into = out if _writable_rows(y, out, add) else None
+    z, y_next = cupy_conv.ode_step(y, W, b, h, act, into=into, g=None if into is None else add)
+    return _plus_unless_written(y_next, add, into), z
+
+
+def _plus_unless_written(result, add, into):
+    """``result + add``, or ``result`` itself where a kernel wrote ``result + add`` into the
+    rows ``into`` (``result is into``)."""
+    from .into import plus
+
+    return result if into is not None and result is into else plus(result, add)
 
 
 def conv_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True, out=None,
                       add=None):
     """reference_conv_step.conv_step_adjoint: ``s = h σ'(z) ⊙ dy_next`` in one launch, ``dy =
-    dy_next + W *ᵀ s`` (``+ add``); returns (dy, dW, db), dW and db None unless ``grads``."""
+    dy_next + W *ᵀ s`` (``+ add``); returns (dy, dW, db), dW and db None unless ``grads``.
+    ``out``: as :func:`conv_step`'s, for dy (by the transposed convolution's launch)."""
     from . import cupy_conv, reference, reference_conv_step
     from .cupy_fused import SCALED_ACT_ADJOINT
-    from .into import plus
 
     reference.check_activation(act)
     if not _conv_kernels(y, W, z, dy_next):
         return reference_conv_step.conv_step_adjoint(y, z, dy_next, W, h, act, grads, add=add)
+    into = out if _writable_rows(dy_next, out, add) else None
     dy, dW, db = cupy_conv.conv2d_adjoint(y, W, SCALED_ACT_ADJOINT(act, z, dy_next, h), grads,
-                                          add=dy_next)
-    dy = plus(dy, add)
+                                          add=dy_next, into=into,
+                                          g=None if into is None else add)
+    dy = _plus_unless_written(dy, add, into)
     return (dy, dW, db) if grads else (dy, None, None)
 
 

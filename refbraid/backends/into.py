@@ -70,6 +70,26 @@ def euler_act_into(bk, y, z, h: float, act: str, out=None):
     return bk.euler_act(y, z, h, act)
 
 
+def one_array_library(*arrays) -> bool:
+    """Whether ``arrays`` are all NumPy or all CuPy arrays, of one dtype: then ``numpy.add(a,
+    b, out=c)`` is one operation of that library into ``c`` (on CuPy arrays NumPy dispatches
+    to CuPy's ``add``: one launch on a GPU, where a new sum copied in would be two), with the
+    additions of ``a + b``."""
+    from array_api_compat import is_cupy_array, is_numpy_array
+
+    same = all(map(is_numpy_array, arrays)) or all(map(is_cupy_array, arrays))
+    return same and len({a.dtype for a in arrays}) == 1
+
+
+def in_place_ok(out, *others) -> bool:
+    """Whether ``out`` may receive an elementwise result of ``others``: NumPy arrays of one
+    dtype and shape, ``out`` a fresh array (owns its data) overlapping none of them."""
+    return (isinstance(out, np.ndarray) and out.flags.owndata
+            and all(isinstance(a, np.ndarray) and a.dtype == out.dtype
+                    and a.shape == out.shape and not np.may_share_memory(a, out)
+                    for a in others))
+
+
 def add_into(a, b, out=None):
     """``a + b``, written into ``out`` (``numpy.add(a, b, out=out)``, the same additions) when
     all three are NumPy arrays of one dtype and shape and ``out`` overlaps neither; else new."""

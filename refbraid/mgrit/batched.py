@@ -15,7 +15,8 @@ What makes batching possible is that the updates of one sweep are independent:
 * C-relaxation, the C-point residual, and the FAS operator ``(A v)[k] = v[k] - Φ(v[k-1])``
   read only the *old* iterate: one batched call ``(P u)[K] = Φ(u[K - 1]) + g[K]`` for all
   positions K, the previous block's ``ghost`` stacked in front when the block's first point
-  needs it.
+  needs it. A step that writes rows (``out=``/``add=``) writes the residual's rows in place
+  (:func:`residual_at`): no stacked block, no separate ``+ g``.
 
 The coarsest level's forward substitution is sequential by nature and stays per-point.
 Under a communicator each rank batches over its own block (the ghost comes from its
@@ -36,9 +37,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from array_api_compat import is_cupy_array, is_numpy_array
 
+from ..backends.into import in_place_ok, one_array_library
+from ..backends.portable import empty_on
 from .arrays import namespace
+from .coarse import fas_sum
 from .relax import Stepped, copy, row_slice, rows_view
 
 
@@ -95,27 +98,18 @@ def f_relax(u, g, points, sweeps: list, step, inplace: bool = False):
     for sw in sweeps:
         # the rows of one sweep are evenly spaced: slices (views), no gathered copies
         if (step.batched_into and isinstance(sw.rows, slice)
-                and (g is None or _adds_into_rows(out, out, g))):
+                and (g is None or one_array_library(out, g))):
             # Φ (+ g) written into u's rows by the step itself: a step kernel that can write
             # there saves the copy (or the sum) a new result would need
             step.many(out[sw.prev, ...], sw.starts, sw.stops, out=out[sw.rows, ...],
                       add=None if g is None else g[sw.rows, ...])
             continue
         val = step.many(out[sw.prev, ...], sw.starts, sw.stops)
-        if g is not None and isinstance(sw.rows, slice) and _adds_into_rows(out, val, g):
+        if g is not None and isinstance(sw.rows, slice) and one_array_library(out, val, g):
             np.add(val, g[sw.rows, ...], out=out[sw.rows, ...])  # Φ + g straight into u
         else:
             out[sw.rows, ...] = val if g is None else val + g[sw.rows, ...]
     return out
-
-
-def _adds_into_rows(u, val, g) -> bool:
-    """Whether ``Φ + g`` may be added straight into rows of ``u`` (through a slice, a view):
-    all NumPy or all CuPy arrays (``numpy.add(…, out=)`` dispatches to CuPy's ``add``: one
-    launch on a GPU instead of a sum and a copy) of one dtype, so the same additions as a new
-    sum copied in."""
-    same_library = all(map(is_numpy_array, (u, val, g))) or all(map(is_cupy_array, (u, val, g)))
-    return same_library and u.dtype == val.dtype == g.dtype
 
 
 def propagate_at(u, g, points, positions, step, ghost=None, ghost_point=None):
@@ -148,3 +142,83 @@ def propagate_at(u, g, points, positions, step, ghost=None, ghost_point=None):
         head = g[:1, ...] if g is not None else xp.zeros_like(u[:1, ...])
         return xp.concat([head, out + rows_view(g, inner) if g is not None else out], axis=0)
     return out + rows_view(g, pos) if g is not None else out
+
+
+def residual_at(u, g, points, c_pos, step, ghost=None, ghost_point=None,
+                unforced: bool = False):
+    """The C-point residual ``r[j] = Φ(u[c_j − 1]) + g[c_j] − u[c_j]`` of a block, shape
+    (c, *S): :func:`propagate_at` at the C-positions minus ``u[C]``, the same values.
+
+    Where the step writes rows (:attr:`~refbraid.mgrit.problem.CountingStep.batched_into`)
+    and the arrays allow (NumPy or CuPy alike, one dtype; evenly spaced C-positions, as
+    MGRIT's are), the rows are made where they end::
+
+        r[0]  = g[0]                   (the initial point)   or   Φ(ghost) + g[0]  (Stepped)
+        r[1:] = Φ(u[C[1:] − 1]) + g[C[1:]]                   written by the step itself
+        r    -= u[C]                                         in place
+
+    instead of the block ``(P u)[C]`` stacked from the ghost's row and the step's rows, then
+    ``+ g`` and ``− u[C]`` each into a new block: on a GPU two whole-block launches (and their
+    memory traffic) fewer. ``unforced``: g is zero except at the initial point (level 0 of an
+    unforced problem), so ``+ g`` is left out on the other rows (``Φ + 0 = Φ``; only a zero's
+    sign can differ). Otherwise (a plain ghost to step here, another array library, a step
+    that returns new arrays) :func:`propagate_at` and a subtraction, as before.
+    """
+    rows = row_slice(c_pos)
+    c = len(c_pos)
+    uc = u[rows, ...] if rows is not None else None
+    initial = c and int(points[0]) == 0
+    fits = (step.batched_into and uc is not None and c and int(c_pos[0]) == 0
+            and (isinstance(ghost, Stepped) if not initial else g is not None)
+            and one_array_library(u, *(() if g is None else (g,))))
+    if not fits:
+        pu = propagate_at(u, g, points, c_pos, step, ghost, ghost_point)
+        uc = rows_view(u, c_pos)
+        return np.subtract(pu, uc, out=pu) if in_place_ok(pu, uc) else pu - uc
+    xp = namespace(u)
+    r = empty_on(u, uc.shape)
+    head = g[:1, ...] if initial else xp.asarray(ghost.value)[None, ...]
+    if initial or g is None or unforced:
+        r[:1, ...] = head
+    else:
+        np.add(head, g[:1, ...], out=r[:1, ...])
+    if c > 1:
+        inner = np.asarray(c_pos[1:], dtype=np.int64)
+        add = None if (g is None or unforced) else g[row_slice(inner), ...]
+        step.many(u[row_slice(inner - 1), ...], points[inner - 1], points[inner],
+                  out=r[1:, ...], add=add)
+    return np.subtract(r, uc, out=r)
+
+
+def fas_rhs(rr, v, points, step, ghost=None, ghost_point=None, out=None):
+    """The FAS right-hand side of a coarse block, ``g_Δ[j] = rr[j] + (v[j] − Φ_Δ(v[j − 1]))``
+    (``rr`` the restricted residual, ``v`` the restricted C-values; at s = 0 ``Φ_Δ`` is 0),
+    as :func:`refbraid.mgrit.coarse.fas_rhs` computes it: the same values.
+
+    ``out``: an array for g_Δ (a workspace's), else a new one. Where the step writes rows
+    (as for :func:`residual_at`) ``Φ_Δ`` is made in ``out`` itself::
+
+        out[0]  = 0 (the initial point)   or   Φ_Δ(ghost) (a Stepped ghost)
+        out[1:] = Φ_Δ(v[:-1])              written by the step
+        out     = rr + (v − out)           in place
+
+    (no stacked block of ``Φ_Δ``, no temporaries); otherwise :func:`propagate_at`, then the
+    difference and the sum into ``out`` where NumPy allows.
+    """
+    n = v.shape[0]
+    initial = n and int(points[0]) == 0
+    fits = (step.batched_into and n and (initial or isinstance(ghost, Stepped))
+            and one_array_library(v, rr) and rr.shape == v.shape
+            and (out is None or (one_array_library(v, out) and out.shape == v.shape)))
+    if not fits:
+        return fas_sum(rr, v, propagate_at(v, None, points, range(n), step, ghost, ghost_point),
+                       out)
+    g = empty_on(v, v.shape) if out is None else out
+    if initial:
+        g[:1, ...] = 0
+    else:
+        g[:1, ...] = namespace(v).asarray(ghost.value)[None, ...]
+    if n > 1:
+        step.many(v[:-1, ...], points[:-1], points[1:], out=g[1:, ...], add=None)
+    np.subtract(v, g, out=g)
+    return np.add(rr, g, out=g)

@@ -29,9 +29,10 @@ Shape legend: n points in the block, c C-points, S the state shape.
 from __future__ import annotations
 
 import numpy as np
+from array_api_compat import is_cupy_array
 
-from ..backends.into import add_into
-from ..backends.portable import stack_rows
+from ..backends.into import add_into, in_place_ok, one_array_library
+from ..backends.portable import empty_on, stack_rows
 from .relax import StepFn, _write_row, copy, propagate_at, row_slice, set_rows, take_rows
 
 
@@ -75,6 +76,17 @@ def fas_rhs(r, v, coarse_points, coarse_step: StepFn, ghost=None, ghost_point=No
                                       propagate), out)
 
 
+def fas_sum(rr, v, phi, out=None):
+    """``g_Δ = rr + (v − Φ_Δ)`` given the block ``phi`` of ``Φ_Δ(v[j − 1])`` (:func:`fas_rhs`'s
+    arithmetic): into ``out`` (a fresh array for NumPy ``v`` without one) where NumPy allows,
+    the difference and then the sum in place, no temporaries; else new arrays."""
+    g = np.empty(v.shape, dtype=v.dtype) if out is None and isinstance(v, np.ndarray) else out
+    if g is not None and in_place_ok(g, v, phi, rr):
+        np.subtract(v, phi, out=g)
+        return np.add(rr, g, out=g)
+    return add_into(rr, v - phi, out)
+
+
 def correct(u, c_pos, w, v, inplace: bool = False, interpolate=None):
     """FAS correction ``u[C] += w - v`` (``u[C] += P(w - v)`` with ``interpolate`` = P on
     the stacked differences); F-points are left for the interpolating F-sweep.
@@ -88,6 +100,10 @@ def correct(u, c_pos, w, v, inplace: bool = False, interpolate=None):
     if rows is not None and isinstance(out, np.ndarray):
         view = out[rows, ...]  # NumPy view of the C-rows: corrected in place
         view += d
+        return out
+    if rows is not None and is_cupy_array(out) and is_cupy_array(d) and out.dtype == d.dtype:
+        view = out[rows, ...]  # a CuPy view too: one launch adds into it (no sum, then copy)
+        np.add(view, d, out=view)
         return out
     if rows is not None:  # other array-API arrays: one strided read, add and write
         out[rows, ...] = out[rows, ...] + d
@@ -107,24 +123,24 @@ def forward_substitution(g, points, step: StepFn, ghost=None, ghost_point=None, 
     """Exact solve of ``A(u) = g`` on a block: ``u[0] = g[0]`` (or ``Φ(ghost) + g[0]``),
     ``u[j] = Φ(u[j-1]) + g[j]``. The coarsest-level solve and the sequential oracle.
 
-    NumPy arrays: each row ``Φ(u[j-1]) + g[j]`` goes straight into a preallocated block
-    (``out`` when given: g's shape and dtype), the next step reading the row it wrote; a step
-    that takes ``add=`` (a CountingStep's ``takes_add``) writes the sum itself as it writes Φ
-    (one pass, the same sum). The same numbers as a list of rows and a stack. A step that
-    changes dtype or shape sends the rest down the list path (as
-    :func:`~refbraid.mgrit.relax.propagate_at`); other arrays take the list path."""
+    NumPy (and CuPy) arrays: each row ``Φ(u[j-1]) + g[j]`` goes straight into a preallocated
+    block (``out`` when given: g's shape and dtype), the next step reading the row it wrote; a
+    step that takes ``add=`` (a CountingStep's ``takes_add``) writes the sum itself as it
+    writes Φ (one pass, the same sum; on a GPU one launch where a sum and a copy would be
+    three). The same numbers as a list of rows and a stack. A step that changes dtype or shape
+    sends the rest down the list path (as :func:`~refbraid.mgrit.relax.propagate_at`); other
+    arrays take the list path."""
     first = propagate_at(g, g, points, [0], step, ghost, ghost_point)[0, ...]
     p = [int(s) for s in points]
-    if isinstance(g, np.ndarray) and isinstance(first, np.ndarray) and first.dtype == g.dtype:
-        block = np.empty(g.shape, dtype=g.dtype) if out is None else out
+    if one_array_library(g, first):
+        block = empty_on(g, g.shape) if out is None else out
         block[0, ...] = first
         adds = getattr(step, "takes_add", False)  # Φ + g written by the step (its add=)
         for j in range(1, len(p)):
             row, g_row = block[j, ...], g[j, ...]
             val = (step(block[j - 1, ...], p[j - 1], p[j], out=row, add=g_row) if adds
                    else step(block[j - 1, ...], p[j - 1], p[j]))
-            if not (isinstance(val, np.ndarray) and val.dtype == block.dtype
-                    and val.shape == block.shape[1:]):
+            if not (one_array_library(val, block) and tuple(val.shape) == block.shape[1:]):
                 rows = [*block[:j], val if adds else val + g_row]
                 return _substitute_rest(rows, g, p, step)
             _write_row(row, val, None if adds else g_row)  # nothing where the step wrote it

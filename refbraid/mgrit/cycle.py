@@ -193,7 +193,9 @@ class Cycler:
             from ..backends.numba_cpu_sums import sum_of_squares  # numba on first use only
 
             return sum_of_squares(r)
-        total = xp.sum(xp.abs(r) ** 2)
+        # real: Σ r·r, one temporary (|r| ** 2 makes two and reads r's size three times)
+        total = (xp.sum(xp.square(r)) if xp.isdtype(r.dtype, "real floating")
+                 else xp.sum(xp.abs(r) ** 2))
         return host_float(total) if on_host else total
 
     def norm(self, r) -> float:

@@ -21,8 +21,9 @@ arrays (CuPy, the ``cuda`` backend's) the textbook's block operations, one launc
 a row loop would launch per row: there the residual and the FAS right-hand side are formed in
 place where NumPy allows, and the correction is applied as a block before the first sweep.
 Either way FCF forms only the residuals someone reads and nested iteration skips the copies
-it never reads; on NumPy rows, when the first down-cycle is skipped, it writes each coarse
-level straight into the C-rows of the level above (no injection: :meth:`nested_iteration`).
+it never reads; on NumPy rows and with batched sweeps, when the first down-cycle is skipped,
+it writes each coarse level straight into the C-rows of the level above (no injection:
+:meth:`nested_iteration`).
 When the solver knows a level-0 relaxation is its last (``watch_finite``), the row-by-row
 sweep also checks each (large) F-row it writes for NaN/inf (``f_rows_finite``), so
 the solver's finiteness check of the solution reads only the C-rows afterwards. Every value
@@ -32,10 +33,12 @@ equals the textbook cycle's bit for bit (fused.py's docstring; tests/mgrit/test_
 from __future__ import annotations
 
 import numpy as np
+from array_api_compat import is_cupy_array
 
-from ..backends.into import add_into
+from ..backends.into import in_place_ok
 from ..backends.portable import empty_on
-from .coarse import correct
+from . import batched
+from .coarse import correct, fas_sum
 from .cycle import Cycler, LevelState, exchange_stepped
 from .fused import (
     WATCH_MIN_ROW,
@@ -46,16 +49,16 @@ from .fused import (
     restrict_fas,
     sweep_residual,
 )
-from .relax import c_relax, copy, rows_view
+from .relax import c_relax, copy, row_slice, rows_view
 
 
-def _in_place_ok(out, *others) -> bool:
-    """Whether ``out`` may receive an elementwise result of ``others``: NumPy arrays of one
-    dtype and shape, ``out`` a fresh array (owns its data) overlapping none of them."""
-    return (isinstance(out, np.ndarray) and out.flags.owndata
-            and all(isinstance(a, np.ndarray) and a.dtype == out.dtype
-                    and a.shape == out.shape and not np.may_share_memory(a, out)
-                    for a in others))
+def _view_of(rows, u, c_pos) -> bool:
+    """Whether ``rows`` (``rows_view(u, c_pos)``) is a view of ``u``'s C-rows that writes
+    reach ``u`` through: NumPy's (checked), or CuPy's for evenly spaced positions (a
+    slice of a CuPy array is a view)."""
+    if isinstance(rows, np.ndarray):
+        return rows.base is not None and np.may_share_memory(rows, u)
+    return is_cupy_array(rows) and is_cupy_array(u) and row_slice(c_pos) is not None
 
 
 class FusedCycler(Cycler):
@@ -94,9 +97,13 @@ class FusedCycler(Cycler):
             super()._f_relax(s)
             if not residual:
                 return None
+            if self.batched:  # the residual's rows written where they end (batched.py)
+                ghost = exchange_stepped(self.comm, s, s.u[-1, ...])
+                return batched.residual_at(s.u, s.g, s.points, s.c_pos, s.step, ghost,
+                                           s.ghost_point, unforced=self._unforced0 and ell == 0)
             pu = self._propagate_c(s)  # a new block (Φ + g)
             uc = rows_view(s.u, s.c_pos)
-            return np.subtract(pu, uc, out=pu) if _in_place_ok(pu, uc) else pu - uc
+            return np.subtract(pu, uc, out=pu) if in_place_ok(pu, uc) else pu - uc
         watch = (FiniteWatch(s.step.problem.carries_nonfinite)
                  if residual and ell == 0 and self.watch_finite
                  and s.u[0, ...].size >= WATCH_MIN_ROW else None)
@@ -139,16 +146,17 @@ class FusedCycler(Cycler):
 
     def nested_iteration(self, vcycles: int) -> None:
         """:meth:`Cycler.nested_iteration`; without V-cycles on the way up (the skipped first
-        down-cycle), on NumPy rows, with F-relaxation on level 0 and no final FC relaxation,
-        each coarse level's iterate *is* the C-rows of the level above (a strided view): the
+        down-cycle), on NumPy rows or with batched sweeps (NumPy or CuPy blocks), with
+        F-relaxation on level 0 and no final FC relaxation, each coarse level's iterate *is*
+        the C-rows of the level above (a strided view): the
         coarsest solve and the F-sweeps write their values where injection would copy them,
         and injection has nothing left to do. The same values in the same rows, one pass over
         every C-row less per level. Level 0's C-rows then change only after each coarse
         level has its own iterate again (the first coarse correction gives it one), so a
         coarse level's values stay its own."""
         s = self.settings
-        self._alias_down = (vcycles == 0 and self._rows and s.sweeps_on(0) == 0
-                            and not s.final_fc_relax)
+        self._alias_down = (vcycles == 0 and (self._rows or self.batched)
+                            and s.sweeps_on(0) == 0 and not s.final_fc_relax)
         try:
             super().nested_iteration(vcycles)
         finally:
@@ -160,9 +168,8 @@ class FusedCycler(Cycler):
         coarsest solve; above it, injection into the C-points, then the F-sweep), so the
         textbook's copy down is never read. Where :meth:`nested_iteration` allows, the
         C-rows themselves (a view of the level above: nothing to inject later)."""
-        above = self.states[ell - 1].u
-        if (self._alias_down and isinstance(c_rows, np.ndarray) and c_rows.base is not None
-                and np.may_share_memory(c_rows, above)):
+        above = self.states[ell - 1]
+        if self._alias_down and _view_of(c_rows, above.u, above.c_pos):
             self._aliases[ell] = c_rows
             return c_rows
         self._aliases.pop(ell, None)
@@ -195,14 +202,11 @@ class FusedCycler(Cycler):
             u_out = None if ws is None else ws.empty("u", ell + 1, v, v.shape)
             return restrict_fas(v, rr, c.points, c.step, ghost_v, c.ghost_point, u_out, g_out)
         w = self._level_copy(ell + 1, v)
+        if self.batched:  # Φ_Δ written into the right-hand side's rows (batched.py)
+            return w, batched.fas_rhs(rr, v, c.points, c.step, ghost_v, c.ghost_point, g_out)
         phi = self._propagate(v, None, c.points, range(len(c.points)), c.step, ghost_v,
                               c.ghost_point)
-        g = np.empty(v.shape, dtype=v.dtype) if g_out is None and isinstance(v, np.ndarray) \
-            else g_out
-        if g is not None and _in_place_ok(g, v, phi, rr):
-            np.subtract(v, phi, out=g)
-            return w, np.add(rr, g, out=g)
-        return w, add_into(rr, v - phi, g_out)
+        return w, fas_sum(rr, v, phi, g_out)
 
     def coarse_correction(self, ell: int, r, kind: str) -> None:
         """FAS restriction to ℓ+1 and the coarse cycle(s) as in :meth:`Cycler.coarse_correction`;

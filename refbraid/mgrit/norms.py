@@ -16,14 +16,32 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from ..backends.host import to_host
+from ..backends.host import all_finite, to_host
 from ..parallel.comm import allreduce_sums
 from .arrays import namespace
 from .record import IterationRecord
 from .settings import MGRITSettings
+
+
+@dataclass(frozen=True, eq=False)
+class FiniteBySum:
+    """A device block's finiteness, told by its sum: ``total`` (``Σ u``, a 0-d device array
+    left where it was reduced) is finite whenever every value is — one NaN or ±inf makes it
+    NaN or ±inf — so one read of the block answers, where ``all(isfinite(u))`` writes and
+    reads a block of flags as well. A total that is not finite (a NaN/inf, or finite values
+    whose sum overflows) is checked again exactly (:meth:`settle`)."""
+
+    total: Any
+    block: Any
+
+    def settle(self, total: float) -> bool:
+        """Whether the block is finite, given ``total`` brought to the host."""
+        return math.isfinite(total) or all_finite(self.block)
 
 
 class PendingNorms:
@@ -42,15 +60,18 @@ class PendingNorms:
         self._items.append((local_sq, store))
 
     def resolve(self, comm, finite=True, keep: bool = False) -> bool:
-        """Bring the kept sums and this rank's ``finite`` (a bool, or a 0-d boolean device
-        array) to the host, the device ones in one transfer; reduce the sums and the count of
-        ranks whose block is not finite in one collective (every rank calls it with as many
-        values); store the norms. Returns whether every rank's block is finite. ``keep``:
-        keep the sums for another resolution (a captured solve's, after each replay)."""
+        """Bring the kept sums and this rank's ``finite`` (a bool, a 0-d boolean device
+        array, or a :class:`FiniteBySum`) to the host, the device ones in one transfer;
+        reduce the sums and the count of ranks whose block is not finite in one collective
+        (every rank calls it with as many values); store the norms. Returns whether every
+        rank's block is finite. ``keep``: keep the sums for another resolution (a captured
+        solve's, after each replay)."""
         items = self._items
         if not keep:
             self._items = []
-        *mine, ok = _on_host([sq for sq, _ in items] + [finite])
+        by_sum = isinstance(finite, FiniteBySum)
+        *mine, ok = _on_host([sq for sq, _ in items] + [finite.total if by_sum else finite])
+        ok = finite.settle(ok) if by_sum else ok
         # the count of non-finite blocks (not of finite ones: the reduction group may be
         # larger than the solve's communicator, e.g. data-parallel groups)
         *sums, bad = allreduce_sums(comm, [*mine, 0.0 if ok else 1.0])

@@ -17,6 +17,7 @@ from ..backends.host import all_finite as holds_only_finite
 from .arrays import namespace
 from .cycle import Cycler
 from .fused import FiniteWatch
+from .norms import FiniteBySum
 from .record import IterationRecord, MGRITResult
 
 
@@ -68,11 +69,13 @@ def block_finite(cycler: Cycler, u, c_pos, c_rows_rewritten: bool = False) -> bo
 
 def solution_finite(cycler: Cycler, u, c_pos, c_rows_rewritten: bool = False):
     """Whether this rank's solution block holds only finite values (:func:`block_finite`);
-    for a device block the 0-d boolean device array of that answer, left where it was
-    reduced (copied with the deferred sums)."""
+    for a device block the answer left where it was reduced (copied with the deferred sums):
+    a real block's sum (:class:`~refbraid.mgrit.norms.FiniteBySum`), else the 0-d boolean."""
     if isinstance(u, np.ndarray) or not u.shape[0]:
         return block_finite(cycler, u, c_pos, c_rows_rewritten)
     xp = namespace(u)
+    if xp.isdtype(u.dtype, "real floating"):
+        return FiniteBySum(xp.sum(u), u)
     return xp.all(xp.isfinite(u))
 
 

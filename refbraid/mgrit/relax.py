@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.device_batching import index_on
+from ..backends.into import one_array_library
 from ..backends.portable import stack_rows
 from ..indexing import even_slice
 from .arrays import namespace
@@ -205,15 +206,14 @@ def f_relax(u, g, points, f_pos, step: StepFn, inplace: bool = False):
     return out
 
 
-def _write_row(row: np.ndarray, val, g_row) -> None:
-    """``row[...] = val (+ g_row)`` for a NumPy row: nothing when the step wrote ``val`` into
-    ``row`` already, the sum added straight into ``row`` when the dtypes agree (else the
-    sum of a new array, cast on assignment, as before)."""
+def _write_row(row, val, g_row) -> None:
+    """``row[...] = val (+ g_row)`` for a NumPy (or CuPy) row: nothing when the step wrote
+    ``val`` into ``row`` already, the sum added straight into ``row`` when the arrays are of
+    one library and dtype (else the sum of a new array, cast on assignment, as before)."""
     if g_row is None:
         if val is not row:
             row[...] = val
-    elif (isinstance(val, np.ndarray) and isinstance(g_row, np.ndarray)
-          and val.dtype == g_row.dtype == row.dtype):
+    elif one_array_library(val, g_row, row):
         np.add(val, g_row, out=row)
     else:
         row[...] = val + g_row

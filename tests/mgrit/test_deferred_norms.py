@@ -188,3 +188,32 @@ def test_the_finiteness_count_holds_when_norms_reduce_over_a_larger_group():
 
     assert PendingNorms().resolve(TwoGroups(), finite=True) is True
     assert PendingNorms().resolve(TwoGroups(), finite=False) is False
+
+
+@pytest.mark.parametrize("case", ["finite", "nan", "inf", "overflowing sum"])
+def test_a_device_block_is_finite_by_its_sum_and_rechecked_when_the_sum_is_not(case):
+    """solution_finite's device answer is the block's sum (one read of the block, no block of
+    flags): finite values give a finite sum; a NaN or inf makes it non-finite and the exact
+    check confirms; finite values whose float32 sum overflows are rechecked and found finite.
+    One transfer when the sum is finite, one more only to recheck."""
+    from refbraid.backends import launch_count
+    from refbraid.backends.launch_model import tracking
+    from refbraid.mgrit.norms import FiniteBySum
+    from refbraid.mgrit.outcome import solution_finite
+
+    block = np.ones((6, 5), np.float32)
+    if case == "nan":
+        block[3, 2] = np.nan
+    elif case == "inf":
+        block[5, 4] = -np.inf
+    elif case == "overflowing sum":
+        block[:] = 3e38
+    with launch_count.counting("cupy") as cbk, tracking() as t:
+        u = cbk.asarray(block)
+        flag = solution_finite(None, u, np.arange(0, 6, 2))
+        assert isinstance(flag, FiniteBySum)
+        syncs = t.tally.syncs
+        finite = PendingNorms().resolve(SerialComm(), finite=flag)
+        rechecked = t.tally.syncs - syncs == 2
+    assert finite is (case in ("finite", "overflowing sum"))
+    assert rechecked is (case != "finite")

@@ -53,7 +53,10 @@ SETTINGS = [
     MGRITSettings(levels=3, cfactor=4, relax="FCF", abs_tol=None, max_iter=3, fmg=True),
     MGRITSettings(levels=4, cfactor=2, relax=("FCF", "F", "FCF"), abs_tol=None, max_iter=2,
                   cycle="F", skip_first_down=True),
+    # TorchBraid's: nested iteration writes each coarse level into the C-rows above it
+    MGRITSettings.torchbraid(max_iter=2, abs_tol=None),
 ]
+SETTINGS_IDS = ["L2-F", "L3-FCF-fmg", "L4-Fcycle-skip", "torchbraid"]
 
 
 def assert_same(a, b, exact: bool, what: str):
@@ -63,7 +66,7 @@ def assert_same(a, b, exact: bool, what: str):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-13, err_msg=what)
 
 
-@pytest.mark.parametrize("settings", SETTINGS, ids=["L2-F", "L3-FCF-fmg", "L4-Fcycle-skip"])
+@pytest.mark.parametrize("settings", SETTINGS, ids=SETTINGS_IDS)
 @pytest.mark.parametrize("name", list(PROBLEMS))
 def test_batched_equals_per_step_serial(name, settings):
     make, exact = PROBLEMS[name]
@@ -235,7 +238,7 @@ def _writing_into_rows(problem: Problem, calls: list) -> Problem:
     return dataclasses.replace(problem, batched_step=batched_step)
 
 
-@pytest.mark.parametrize("settings", SETTINGS, ids=["L2-F", "L3-FCF-fmg", "L4-Fcycle-skip"])
+@pytest.mark.parametrize("settings", SETTINGS, ids=SETTINGS_IDS)
 @pytest.mark.parametrize("name", ["dahlquist", "linear_forward", "linear_adjoint", "heat"])
 def test_a_batched_step_that_writes_the_f_sweep_rows_gives_the_same_bits(name, settings):
     """A ``batched_step`` taking ``out=`` and ``add=`` is handed the F-sweep's rows of the
@@ -258,3 +261,53 @@ def test_a_batched_step_with_out_but_no_add_is_not_handed_the_rows():
         problem, batched_step=lambda U, starts, stops, out=None: problem.batched_step(
             U, starts, stops))
     assert not CountingStep(only_out).batched_into
+
+
+@pytest.mark.parametrize("name", ["dahlquist", "linear_forward", "heat"])
+@pytest.mark.parametrize("size,layout", UNEVEN[:2], ids=["P2", "P3"])
+def test_a_step_writing_rows_on_thread_ranks_with_uneven_blocks(name, size, layout):
+    """Later blocks start with a Stepped ghost: the residual's first row is the ghost's value
+    (+ g there), its other rows written by the step; the solution equals one rank's."""
+    problem = _writing_into_rows(PROBLEMS[name][0](), [])
+    s = MGRITSettings(levels=3, cfactor=4, relax="FCF", abs_tol=None, max_iter=3, fmg=True)
+    serial = solve(problem, s)
+
+    def body(comm):
+        res = solve(problem, s, comm=comm, layout=layout)
+        return gather_solution(res, comm), res.norms
+
+    out = run_ranks(size, body)
+    np.testing.assert_array_equal(out[0][0], serial.solution)
+    np.testing.assert_allclose(out[0][1], serial.norms, rtol=1e-12)
+
+
+@pytest.mark.parametrize("first", [0, 8], ids=["initial", "ghost"])
+@pytest.mark.parametrize("unforced", [False, True])
+def test_the_residual_written_row_by_row_equals_the_stacked_block(first, unforced):
+    """batched.residual_at with a step that writes rows = propagate_at − u[C] (the stacked
+    block); unforced: g zero but at the initial point, its `+ g` left out (the same values)."""
+    from refbraid.mgrit import batched
+    from refbraid.mgrit.relax import Stepped
+
+    calls = []
+    problem = _writing_into_rows(_linear("backward", 21), calls)
+    points = np.arange(first, first + 14)
+    c_pos = np.arange(0, 14, 4)
+    rng = np.random.default_rng(3)
+    u, g = rng.standard_normal((14, 3)), rng.standard_normal((14, 3))
+    if unforced:
+        g[points != 0] = 0.0
+    ghost = None if first == 0 else rng.standard_normal(3)
+    step = CountingStep(problem)
+    want = (batched.propagate_at(u, g, points, c_pos, step, ghost, first - 1)
+            - u[c_pos])
+    stepped = None if ghost is None else Stepped(step(ghost, first - 1, first))
+    calls.clear()
+    got = batched.residual_at(u, g, points, c_pos, step, stepped, first - 1, unforced=unforced)
+    np.testing.assert_array_equal(got, want)
+    assert calls == [not unforced]  # the rows after the first written by the step
+    assert not np.may_share_memory(got, u)
+    # a plain ghost is stepped here: the stacked block, as before
+    if ghost is not None:
+        np.testing.assert_array_equal(
+            batched.residual_at(u, g, points, c_pos, step, ghost, first - 1), want)
