@@ -148,3 +148,31 @@ def test_cupy_launches_before_and_after():
         batched = launch_count.count(lambda: bk.dense_step_batched_adjoint(
             *dev, np.full(K, 0.1), "tanh", False))
         assert batched.launches == 3
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cupy_steps_write_y_next_plus_g_into_a_row_of_the_iterate(dtype):
+    """The coarsest solve hands a dense step (forward, and the adjoint without the weight
+    gradient) a row of its block and the right-hand side there: ``y_next + g`` written by
+    bias_act_euler_add (one launch after the GEMM, as without the row), ``dy_next + s W``
+    made in the row by the copy and the GEMM, then ``+ g`` in place (three launches, where a
+    new sum and its copy made four). The same bits as the step followed by ``+ g``."""
+    from refbraid.layers import DenseStep
+
+    layer = DenseStep(C, "tanh")
+    params = layer.init(np.random.default_rng(1), dtype)
+    y, g, dy = (_data(dtype, B, C, seed=s) for s in (2, 3, 4))
+    with launch_count.counting("cupy") as bk:
+        p = {n: bk.asarray(v) for n, v in params.items()}
+        yd, gd, dyd = bk.asarray(y), bk.asarray(g), bk.asarray(dy)
+        block = bk.xp.zeros((3, B, C), dtype=dtype)
+        y_next, cache = layer.forward(p, yd, 0.25, bk)
+        dy_prev, _ = layer.adjoint(p, cache, dyd, 0.25, bk, False)
+        cases = [
+            (lambda: layer.forward(p, yd, 0.25, bk, out=block[1], add=gd)[0], y_next + gd, 2),
+            (lambda: layer.adjoint(p, cache, dyd, 0.25, bk, False, out=block[2], add=gd)[0],
+             dy_prev + gd, 3)]
+        for j, (run, want, launches) in enumerate(cases):
+            assert run() is not None
+            np.testing.assert_array_equal(to_host(block[j + 1]), to_host(want))
+            assert launch_count.count(run).launches == launches

@@ -32,7 +32,7 @@ import math
 
 import numpy as np
 
-from .cupy_raw import address, compiled, on_host, real_cupy
+from .cupy_raw import compiled, on_host, real_cupy, row_layout
 from .portable import contiguous, namespace, zeros_on
 
 #: the largest column matrix (bytes) the cupy backend builds; larger inputs take the reference
@@ -122,36 +122,6 @@ def columns(x, s: int):
             base, cols, np.int64(offset), np.int64(row_stride), np.int32(B), np.int32(C),
             np.int32(H), np.int32(Wd), np.int32(s)))
     return cols
-
-
-def row_layout(x):
-    """``(base, offset, row_stride)`` when x (..., B, C, H, W) is rows of C-ordered images
-    evenly spaced in a C-contiguous array ``base`` (MGRIT's every m-th state of a level:
-    a strided view): lead row l starts ``offset + l · row_stride`` elements into it. None
-    otherwise (the kernel then reads a contiguous copy)."""
-    item = x.itemsize
-    *lead, B, C, H, Wd = x.shape
-    inner = (C * H * Wd * item, H * Wd * item, Wd * item, item)
-    if any(n > 1 and st != want for n, st, want in zip(x.shape[-4:], x.strides[-4:], inner,
-                                                        strict=True)):
-        return None
-    row_stride, rows = 0, 1  # bytes between lead rows; rows spanned so far, innermost first
-    for n, st in reversed(list(zip(lead, x.strides[:-4], strict=True))):
-        if n == 1:
-            continue
-        if rows == 1:
-            row_stride = st
-        elif st != row_stride * rows:
-            return None
-        rows *= n
-    base = x
-    while getattr(base, "base", None) is not None and isinstance(base.base, type(x)):
-        base = base.base
-    offset = address(x) - address(base)
-    if (not base.flags.c_contiguous or base.dtype != x.dtype or row_stride < 0
-            or row_stride % item or offset < 0 or offset % item):
-        return None
-    return base, offset // item, row_stride // item
 
 
 def strided_columns(x, s: int):

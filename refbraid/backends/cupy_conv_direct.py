@@ -30,7 +30,7 @@ in a fixed-order tree in double; the blocks with c = 0 sum db too.
 
 Traffic: each reads its inputs and writes its outputs once (the column-matrix form writes
 and reads s² copies of the input). The input rows of a batched call may be MGRIT's strided
-rows of a level: read in place (:func:`refbraid.backends.cupy_conv_columns.row_layout`).
+rows of a level: read in place (:func:`refbraid.backends.cupy_raw.row_layout`).
 
 Off a GPU (the CuPy stand-in) each kernel is its NumPy equivalent (a column-matrix GEMM),
 charged one launch. Round-off: the kernels sum a point's products in their own order (input
@@ -47,9 +47,9 @@ import math
 
 import numpy as np
 
-from .cupy_conv_columns import row_layout, strided_columns
+from .cupy_conv_columns import strided_columns
 from .cupy_fused import ACT, BIAS_ACT_EULER
-from .cupy_raw import BLOCK_REDUCTIONS, compiled, on_host, on_host_into, real_cupy
+from .cupy_raw import BLOCK_REDUCTIONS, compiled, on_host, on_host_into, real_cupy, row_layout
 from .portable import contiguous
 
 #: threads of one block of the weight-gradient kernel (a power of two: its block sums)
@@ -262,7 +262,7 @@ def convolution(x, W, tiling: tuple[int, int, int], flip: bool = False, add=None
     as y_next) — the F-sweep's ``Φ + g`` without a copy or a sum after it; with ``add``,
     ``K * x + add (+ g)`` likewise (the adjoint's F-sweep; ``into`` and ``g`` need ``add`` or
     ``step``). Rows the kernel cannot address (not evenly spaced C-ordered images: no
-    :func:`~refbraid.backends.cupy_conv_columns.row_layout`) are not written: the result is
+    :func:`~refbraid.backends.cupy_raw.row_layout`) are not written: the result is
     then new and without g. Off a GPU the
     column-matrix GEMM and that kernel's reference in NumPy (on the stand-in counted as the
     kernel's one launch)."""
@@ -341,7 +341,7 @@ def _convolution_on_host(x, W, flip, add, step, into, g):
 
 
 def _rows(cupy, a, lead):
-    """``(base, offset, row_stride)`` of a's lead rows (cupy_conv_columns.row_layout), or of
+    """``(base, offset, row_stride)`` of a's lead rows (cupy_raw.row_layout), or of
     a contiguous copy of a when its rows are not evenly spaced C-ordered images."""
     layout = row_layout(a)
     if layout is None:

@@ -47,7 +47,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .cupy_raw import on_host, on_host_into, real_cupy
+from .cupy_raw import on_host, on_host_into, real_cupy, row_layout
 from .launch_model import current
 
 _ON: list[bool] = [True]
@@ -208,7 +208,12 @@ class AddColumnSums(Fused):
     double; db rounded to T once). So k ⌈C/32⌉ blocks of 1024 threads, not k·C threads
     walking all B rows each (a 1024 × 256 state had 256 threads on a 132-multiprocessor
     GPU). The order of the sum depends on B alone: a row's db is the same bits whether it
-    is computed alone or in a stack. A CuPy ``RawKernel`` on a GPU."""
+    is computed alone or in a stack. A CuPy ``RawKernel`` on a GPU.
+
+    ``dy_next`` is read, and ``dy`` written, by row offset and row stride into their
+    C-contiguous base arrays (cupy_raw.row_layout): MGRIT's every m-th state in place, no
+    copy. :meth:`into_rows` writes ``(dy_next + p) + g`` (g None: 0; MGRIT's right-hand side,
+    read the same way) into given rows — an adjoint F-sweep's rows of the iterate."""
 
     THREADS = 1024  # 32 columns × 32 row groups
 
@@ -218,6 +223,17 @@ class AddColumnSums(Fused):
 
     def __call__(self, p, dy_next, s):
         return super().__call__("identity", p, dy_next, s)
+
+    def into_rows(self, p, dy_next, s, out, g=None):
+        """(out, db): ``(dy_next + p) + g`` written into the rows ``out`` (dy_next's shape and
+        dtype; g None: ``dy_next + p``) and the column sums of s, in one launch."""
+        if real_cupy(p):  # pragma: no cover - needs a GPU (the emulator runs this branch)
+            return self._cupy("identity", p, dy_next, s, out, g)
+        if g is None:
+            return on_host_into(self.name, lambda *raw: self.reference("identity", *raw),
+                                (out, None), p, dy_next, s)
+        return on_host_into(self.name, _add_column_sums_plus_ref, (out, None), p, dy_next, s,
+                            g)
 
     def source(self, act: str) -> str:
         return ("  __shared__ double part[1024];\n"
@@ -229,7 +245,10 @@ class AddColumnSums(Fused):
                 "  if (c < C) {\n"
                 "    for (long long n = r; n < B; n += 32) {\n"
                 "      long long i = (j * B + n) * C + c;\n"
-                "      dy[i] = dy_next[i] + p[i];\n"
+                "      long long e = n * C + c;\n"
+                "      T v = dy_next[dn_off + j * dn_stride + e] + p[i];\n"
+                "      if (has_g) v = v + g[g_off + j * g_stride + e];\n"
+                "      dy[dy_off + j * dy_stride + e] = v;\n"
                 "      acc += s[i];\n"
                 "    }\n"
                 "  }\n"
@@ -244,10 +263,12 @@ class AddColumnSums(Fused):
     def cuda_kernel(self, act: str = "identity", T: str = "double") -> str:
         return (f"typedef {T} T;\n"
                 f'extern "C" __global__ void {self.name}(const T* p, const T* dy_next, '
-                f"const T* s, T* dy, T* db, long long k, long long B, long long C) {{\n"
+                f"long long dn_off, long long dn_stride, const T* s, T* dy, long long dy_off, "
+                f"long long dy_stride, const T* g, long long g_off, long long g_stride, "
+                f"int has_g, T* db, long long k, long long B, long long C) {{\n"
                 f"{self.source(act)}}}\n")
 
-    def _cupy(self, act, p, dy_next, s):  # pragma: no cover - needs a GPU
+    def _cupy(self, act, p, dy_next, s, out=None, g=None):  # pragma: no cover - needs a GPU
         import cupy
 
         T = {"float64": "double", "float32": "float"}[p.dtype.name]
@@ -255,12 +276,46 @@ class AddColumnSums(Fused):
         if kernel is None:
             kernel = cupy.RawKernel(self.cuda_kernel(act, T), self.name)
             self._kernels[T] = kernel
-        p, dy_next, s = (cupy.ascontiguousarray(a) for a in (p, dy_next, s))
+        p, s = cupy.ascontiguousarray(p), cupy.ascontiguousarray(s)
         k, (B, C) = (1 if p.ndim == 2 else p.shape[0]), p.shape[-2:]
-        dy, db = cupy.empty_like(p), cupy.empty(p.shape[:-2] + (C,), dtype=p.dtype)
+        rows = _row_args(cupy, dy_next)
+        dy = cupy.empty_like(p) if out is None else out
+        dest = row_layout(dy, 2) if out is not None else (dy, 0, B * C)
+        if dest is None:  # rows the kernel cannot address: a new dy, then copied there
+            dy, db = self._cupy(act, p, dy_next, s)
+            return _copied_plus(out, dy, g), db
+        plus = _row_args(cupy, g) if g is not None else (p, 0, 0)
+        db = cupy.empty(p.shape[:-2] + (C,), dtype=p.dtype)
         kernel((k * ((C + 31) // 32),), (self.THREADS,),
-               (p, dy_next, s, dy, db, np.int64(k), np.int64(B), np.int64(C)))
+               (p, rows[0], np.int64(rows[1]), np.int64(rows[2]), s, dest[0],
+                np.int64(dest[1]), np.int64(dest[2]), plus[0], np.int64(plus[1]),
+                np.int64(plus[2]), np.int32(g is not None), db, np.int64(k), np.int64(B),
+                np.int64(C)))
         return dy, db
+
+
+def _row_args(cupy, a):  # pragma: no cover - needs a GPU (the emulator runs this branch)
+    """(base, offset, row stride) of the (k, B, C) rows ``a`` (cupy_raw.row_layout), or of a
+    contiguous copy where they are not evenly spaced C-ordered states."""
+    layout = row_layout(a, 2)
+    if layout is None:
+        a = cupy.ascontiguousarray(a)
+        layout = a, 0, a.shape[-2] * a.shape[-1]
+    return layout
+
+
+def _copied_plus(out, dy, g):  # pragma: no cover - needs a GPU
+    """``dy + g`` (g None: dy) written into ``out``: what the kernel would have written."""
+    if g is None:
+        out[...] = dy
+    else:
+        np.add(dy, g, out=out)
+    return out
+
+
+def _add_column_sums_plus_ref(p, dy_next, s, g):
+    dy, db = _add_column_sums_ref("identity", p, dy_next, s)
+    return dy + g, db  # (dy_next + p) + g: the F-sweep's Φ + g after the step's own rounding
 
 
 class GemmAccumulate:

@@ -66,6 +66,40 @@ def address(a) -> int:
     return int(ptr) if ptr is not None else int(a.__array_interface__["data"][0])
 
 
+def row_layout(x, inner: int = 4):
+    """``(base, offset, row_stride)`` when x (..., *item) — its last ``inner`` axes one
+    C-ordered item: an image (B, C, H, W), a state (B, C) — is rows of such items evenly
+    spaced in a C-contiguous array ``base`` (MGRIT's every m-th state of a level: a strided
+    view): lead row l starts ``offset + l · row_stride`` elements into it. None otherwise (a
+    kernel then reads a contiguous copy, or writes a new array)."""
+    item = x.itemsize
+    dims = x.shape[x.ndim - inner:]
+    want = [item]
+    for n in reversed(dims[1:]):
+        want.insert(0, want[0] * n)
+    if any(n > 1 and st != w for n, st, w in zip(dims, x.strides[x.ndim - inner:], want,
+                                                  strict=True)):
+        return None
+    row_stride, rows = 0, 1  # bytes between lead rows; rows spanned so far, innermost first
+    for n, st in reversed(list(zip(x.shape[:x.ndim - inner], x.strides[:x.ndim - inner],
+                                   strict=True))):
+        if n == 1:
+            continue
+        if rows == 1:
+            row_stride = st
+        elif st != row_stride * rows:
+            return None
+        rows *= n
+    base = x
+    while getattr(base, "base", None) is not None and isinstance(base.base, type(x)):
+        base = base.base
+    offset = address(x) - address(base)
+    if (not base.flags.c_contiguous or base.dtype != x.dtype or row_stride < 0
+            or row_stride % item or offset < 0 or offset % item):
+        return None
+    return base, offset // item, row_stride // item
+
+
 def compiled(source, name: str, dtype, cache: dict = {}):  # noqa: B006 - one per process
     """The CuPy ``RawKernel`` ``name`` of ``source(name, T)`` for ``dtype`` (built once)."""
     import cupy

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backends.into import add_into, euler_act_into, rows_options
+from ..backends.into import add_into, euler_act_into, plus, rows_options
 from ..backends.reference import check_activation
 from .init import (
     check_adjoint,
@@ -62,38 +62,44 @@ class DenseStep:
         return {"W": uniform_fan_in(rng, (C, C), C, dtype),
                 "b": uniform_fan_in(rng, (C,), C, dtype)}
 
-    def forward(self, params, y, h: float, bk, out=None):
-        """y_next = y + h σ(y Wᵀ + b); returns (y_next, cache). ``out``: an array to write
-        y_next into where the backend can (backends/into.py; else y_next is new). A backend
-        that overrides the catalogue kernel ``dense_step`` (cupy: the GEMM, then bias,
-        activation and Euler update in one kernel) computes the step whole; the others
+    def forward(self, params, y, h: float, bk, out=None, add=None):
+        """y_next = y + h σ(y Wᵀ + b) (+ add); returns (y_next, cache). ``out``: an array to
+        write y_next into where the backend can (backends/into.py; else y_next is new);
+        ``add``: a state to add to y_next (MGRIT's right-hand side row: in the step's own
+        kernel where the backend's takes it, else a sum after it — the same numbers). A
+        backend that overrides the catalogue kernel ``dense_step`` (cupy: the GEMM, then
+        bias, activation and Euler update in one kernel) computes the step whole; the others
         compose ``linear`` and ``euler_act``, the same arithmetic."""
         h = check_step_size("h", h)
         check_features("y", y, params["W"].shape[1])
         check_dtype("y", y, params)
         if "dense_step" in bk.overrides:  # one GEMM and one fused kernel (a GPU backend)
-            y_next, z = bk.dense_step(y, params["W"], params["b"], h, self.activation)
-            return y_next, (y, z)
+            kw = rows_options(bk.dense_step, out, add)  # its kernel writes y_next + add
+            y_next, z = bk.dense_step(y, params["W"], params["b"], h, self.activation, **kw)
+            return (y_next if kw else plus(y_next, add, out)), (y, z)
         z = bk.linear(y, params["W"], params["b"])  # B,C
-        return euler_act_into(bk, y, z, h, self.activation, out), (y, z)
+        return plus(euler_act_into(bk, y, z, h, self.activation, out), add, out), (y, z)
 
-    def adjoint(self, params, cache, dy_next, h: float, bk, grads: bool = True, out=None):
-        """dy = dy_next + (h σ'(z) ⊙ dy_next) W; with grads, also dW, db. Returns (dy, dparams).
-        ``out``: where dy may be written (NumPy, backends/into.py; else dy is new). Whole
-        (``dense_step_adjoint``: GEMMs and two fused kernels) where the backend overrides it
-        (cupy, cuda)."""
+    def adjoint(self, params, cache, dy_next, h: float, bk, grads: bool = True, out=None,
+                add=None):
+        """dy = dy_next + (h σ'(z) ⊙ dy_next) W (+ add); with grads, also dW, db. Returns
+        (dy, dparams). ``out``: where dy may be written (NumPy, backends/into.py; else dy is
+        new); ``add`` as in :meth:`forward`. Whole (``dense_step_adjoint``: GEMMs and two
+        fused kernels) where the backend overrides it (cupy, cuda)."""
         y, z = cache
         h = check_step_size("h", h)
         check_adjoint("dy_next", dy_next, y.shape)
         if "dense_step_adjoint" in bk.overrides:  # GEMMs and fused kernels (a GPU backend)
+            kw = rows_options(bk.dense_step_adjoint, out, add)
             dy, dW, db = bk.dense_step_adjoint(y, z, dy_next, params["W"], h, self.activation,
-                                               grads)
+                                               grads, **kw)
+            dy = dy if kw else plus(dy, add, out)
             return dy, (None if dW is None else {"W": dW, "b": db})
         s = h * bk.activation_adjoint(z, dy_next, self.activation)  # B,C
         if not grads:
-            return add_into(dy_next, bk.matmul(s, params["W"]), out), None
+            return plus(add_into(dy_next, bk.matmul(s, params["W"]), out), add, out), None
         ds_W, dW, db = bk.linear_adjoint(y, params["W"], s)
-        return add_into(dy_next, ds_W, out), {"W": dW, "b": db}
+        return plus(add_into(dy_next, ds_W, out), add, out), {"W": dW, "b": db}
 
 
     # -- k steps at once (MGRIT's batched sweeps; NumPy, numba and cuda backends) ---------

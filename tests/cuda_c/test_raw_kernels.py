@@ -25,6 +25,7 @@ from refbraid.backends import (
     cupy_gru,
     cupy_heads,
     cupy_layernorm,
+    cupy_raw,
     cupy_softmax,
     reference,
 )
@@ -177,13 +178,13 @@ def test_the_column_kernel_reads_strided_rows_in_place():
     """Evenly spaced rows of a C-contiguous array are read where they lie (offset and stride
     into the base array); rows that are not (or transposed images) are not."""
     u = np.zeros((9, 2, 3, 4, 5))
-    base, offset, stride = cupy_conv_columns.row_layout(u[2::3])
+    base, offset, stride = cupy_raw.row_layout(u[2::3])
     assert base is u and offset == 2 * u[0].size and stride == 3 * u[0].size
-    assert cupy_conv_columns.row_layout(u[:, :, :, :2]) is None
-    assert cupy_conv_columns.row_layout(np.swapaxes(u, -1, -2)) is None
+    assert cupy_raw.row_layout(u[:, :, :, :2]) is None
+    assert cupy_raw.row_layout(np.swapaxes(u, -1, -2)) is None
     v = np.zeros((4, 3, 2, 3, 4, 5))
-    assert cupy_conv_columns.row_layout(v[:, 1:]) is None  # lead axes with a gap between them
-    assert cupy_conv_columns.row_layout(v[1:3])[1:] == (v[0].size, v[0, 0].size)
+    assert cupy_raw.row_layout(v[:, 1:]) is None  # lead axes with a gap between them
+    assert cupy_raw.row_layout(v[1:3])[1:] == (v[0].size, v[0, 0].size)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -353,22 +354,46 @@ def test_the_fused_elementwise_bodies_match_their_reference_paths(dtype):
                        f"{kernel.name} {act}")
     # more rows than row groups, a partial tile of columns: the kernel's launch as _cupy's
     k, B, C = 2, 70, 40
-    kernel = RawKernel(cupy_fused.ADD_COLUMN_SUMS.cuda_kernel("identity", T), "add_column_sums")
     p, dy_next, s = (rng.standard_normal((k, B, C)).astype(dtype) for _ in range(3))
-
-    def add_column_sums(p, dy_next, s):
-        k = p.shape[0]
-        dy, db = np.empty_like(p), np.empty((k, C), dtype=dtype)
-        kernel((k * -(-C // 32),), (cupy_fused.ADD_COLUMN_SUMS.THREADS,),
-               (p, dy_next, s, dy, db, np.int64(k), np.int64(B), np.int64(C)))
-        return dy, db
-
-    dy, db = add_column_sums(p, dy_next, s)
+    with fake_cupy():
+        dy, db = cupy_fused.ADD_COLUMN_SUMS._cupy("identity", p, dy_next, s)
+        alone = cupy_fused.ADD_COLUMN_SUMS._cupy("identity", *(a[1:] for a in (p, dy_next, s)))
     want_dy, want_db = cupy_fused.ADD_COLUMN_SUMS.reference("identity", p, dy_next, s)
     np.testing.assert_array_equal(dy, want_dy)
     _close(db, want_db, dtype, "add_column_sums db")
-    alone = add_column_sums(*(np.ascontiguousarray(a[1:]) for a in (p, dy_next, s)))[1]
-    np.testing.assert_array_equal(alone[0], db[1])  # a row's sum: the same bits in a stack
+    np.testing.assert_array_equal(alone[1][0], db[1])  # a row's sum: the same bits in a stack
+
+
+@pytest.mark.parametrize("with_g", [False, True], ids=["no g", "g"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_column_sum_kernel_reads_and_writes_strided_rows_in_place(dtype, with_g):
+    """MGRIT's adjoint F-sweep with the weight gradient: dy_next is every m-th state of the
+    iterate and ``(dy_next + p) + g`` goes into other rows of it (g: rows of the right-hand
+    side), read and written by offset and row stride: the same bits as the contiguous
+    kernel's dy plus g, the rows between left alone, db unchanged; rows the kernel cannot
+    address (a transposed state) get the same values through a copy."""
+    from refbraid.backends import cupy_fused
+
+    k, B, C, m = 3, 37, 33, 4
+    rng = np.random.default_rng(7)
+    u, rhs = (rng.standard_normal((k * m + 1, B, C)).astype(dtype) for _ in range(2))
+    p, s = (rng.standard_normal((k, B, C)).astype(dtype) for _ in range(2))
+    dy_next, rows, g = u[0:k * m:m], u[1::m][:k], (rhs[1::m][:k] if with_g else None)
+    with fake_cupy():
+        plain_dy, plain_db = cupy_fused.ADD_COLUMN_SUMS._cupy("identity", p, dy_next.copy(), s)
+        want = plain_dy + g if with_g else plain_dy
+        before = u.copy()
+        got, db = cupy_fused.ADD_COLUMN_SUMS.into_rows(p, dy_next, s, rows, g)
+        assert got is rows
+        np.testing.assert_array_equal(u[1::m][:k], want)
+        untouched = np.ones(len(u), bool)
+        untouched[1:k * m:m] = False
+        np.testing.assert_array_equal(u[untouched], before[untouched])
+        np.testing.assert_array_equal(db, plain_db)
+        other = np.zeros((k, C, B), dtype).transpose(0, 2, 1)  # not C-ordered states
+        assert cupy_raw.row_layout(other, 2) is None
+        got, _ = cupy_fused.ADD_COLUMN_SUMS.into_rows(p, dy_next, s, other, g)
+        np.testing.assert_array_equal(other, want)
 
 
 @pytest.mark.parametrize("batched", [True, False], ids=["batched", "per-step"])
