@@ -42,7 +42,7 @@ from ..backends.into import in_place_ok, one_array_library
 from ..backends.portable import empty_on
 from .arrays import namespace
 from .coarse import fas_sum
-from .relax import Stepped, copy, row_slice, rows_view
+from .relax import Stepped, copy, row_slice, rows_view, set_rows
 
 
 def f_sweeps(f_pos) -> list[np.ndarray]:
@@ -150,8 +150,7 @@ def residual_at(u, g, points, c_pos, step, ghost=None, ghost_point=None,
     (c, *S): :func:`propagate_at` at the C-positions minus ``u[C]``, the same values.
 
     Where the step writes rows (:attr:`~refbraid.mgrit.problem.CountingStep.batched_into`)
-    and the arrays allow (NumPy or CuPy alike, one dtype; evenly spaced C-positions, as
-    MGRIT's are), the rows are made where they end::
+    and the arrays allow (:func:`_propagate_into`), the rows are made where they end::
 
         r[0]  = g[0]                   (the initial point)   or   Φ(ghost) + g[0]  (Stepped)
         r[1:] = Φ(u[C[1:] − 1]) + g[C[1:]]                   written by the step itself
@@ -165,29 +164,54 @@ def residual_at(u, g, points, c_pos, step, ghost=None, ghost_point=None,
     that returns new arrays) :func:`propagate_at` and a subtraction, as before.
     """
     rows = row_slice(c_pos)
+    if rows is not None:
+        uc = u[rows, ...]
+        r = empty_on(u, uc.shape)
+        if _propagate_into(r, u, g, points, c_pos, step, ghost, unforced):
+            return np.subtract(r, uc, out=r)
+    pu = propagate_at(u, g, points, c_pos, step, ghost, ghost_point)
+    uc = rows_view(u, c_pos)
+    return np.subtract(pu, uc, out=pu) if in_place_ok(pu, uc) else pu - uc
+
+
+def c_relax_at(u, g, points, c_pos, step, ghost=None, ghost_point=None,
+               unforced: bool = False):
+    """C-relaxation ``u[c_j] = Φ(u[c_j − 1]) + g[c_j]`` in place (``relax.c_relax`` of
+    :func:`propagate_at`'s block: the same values; ``unforced`` as in :func:`residual_at`).
+    Where the step writes rows the C-rows of ``u`` are its output (:func:`_propagate_into`):
+    no block of ``(P u)[C]``, no ``+ g`` apart, no copy into ``u``. Returns ``u``."""
+    rows = row_slice(c_pos)
+    if rows is not None and _propagate_into(u[rows, ...], u, g, points, c_pos, step, ghost,
+                                            unforced):
+        return u
+    pu = propagate_at(u, g, points, c_pos, step, ghost, ghost_point)
+    return set_rows(u, c_pos, pu, inplace=True)
+
+
+def _propagate_into(out, u, g, points, c_pos, step, ghost, unforced: bool) -> bool:
+    """``out[j] = (P u)[c_j] = Φ(u[c_j − 1]) + g[c_j]`` written row by row where it ends —
+    ``out[0]`` from g (the initial point) or a Stepped ghost, the other rows by the step's
+    own ``out=``/``add=`` (``+ g`` left out where ``unforced``) — when the step writes rows
+    and the arrays allow: NumPy or CuPy alike, one dtype, the block starting with a C-point
+    and C-positions evenly spaced (``out`` and these rows of u may be the same memory: the
+    step reads F-rows only). Returns whether it did (else nothing is written)."""
     c = len(c_pos)
-    uc = u[rows, ...] if rows is not None else None
     initial = c and int(points[0]) == 0
-    fits = (step.batched_into and uc is not None and c and int(c_pos[0]) == 0
+    if not (step.batched_into and c and int(c_pos[0]) == 0
             and (isinstance(ghost, Stepped) if not initial else g is not None)
-            and one_array_library(u, *(() if g is None else (g,))))
-    if not fits:
-        pu = propagate_at(u, g, points, c_pos, step, ghost, ghost_point)
-        uc = rows_view(u, c_pos)
-        return np.subtract(pu, uc, out=pu) if in_place_ok(pu, uc) else pu - uc
-    xp = namespace(u)
-    r = empty_on(u, uc.shape)
-    head = g[:1, ...] if initial else xp.asarray(ghost.value)[None, ...]
+            and one_array_library(u, out, *(() if g is None else (g,)))):
+        return False
+    head = g[:1, ...] if initial else namespace(u).asarray(ghost.value)[None, ...]
     if initial or g is None or unforced:
-        r[:1, ...] = head
+        out[:1, ...] = head
     else:
-        np.add(head, g[:1, ...], out=r[:1, ...])
+        np.add(head, g[:1, ...], out=out[:1, ...])
     if c > 1:
         inner = np.asarray(c_pos[1:], dtype=np.int64)
         add = None if (g is None or unforced) else g[row_slice(inner), ...]
         step.many(u[row_slice(inner - 1), ...], points[inner - 1], points[inner],
-                  out=r[1:, ...], add=add)
-    return np.subtract(r, uc, out=r)
+                  out=out[1:, ...], add=add)
+    return True
 
 
 def fas_rhs(rr, v, points, step, ghost=None, ghost_point=None, out=None):

@@ -128,22 +128,28 @@ def forward_substitution(g, points, step: StepFn, ghost=None, ghost_point=None, 
     step that takes ``add=`` (a CountingStep's ``takes_add``) writes the sum itself as it
     writes Φ (one pass, the same sum; on a GPU one launch where a sum and a copy would be
     three). The same numbers as a list of rows and a stack. A step that changes dtype or shape
-    sends the rest down the list path (as :func:`~refbraid.mgrit.relax.propagate_at`); other
-    arrays take the list path."""
+    sends the rest down the list path (as :func:`~refbraid.mgrit.relax.propagate_at`), and so
+    does a step on CuPy arrays that returns a new array rather than writing the row (on a GPU
+    one stack at the end is fewer launches than a copy per row); other arrays take the list
+    path."""
     first = propagate_at(g, g, points, [0], step, ghost, ghost_point)[0, ...]
     p = [int(s) for s in points]
     if one_array_library(g, first):
         block = empty_on(g, g.shape) if out is None else out
-        block[0, ...] = first
+        device = not isinstance(block, np.ndarray)
         adds = getattr(step, "takes_add", False)  # Φ + g written by the step (its add=)
+        prev = first
         for j in range(1, len(p)):
             row, g_row = block[j, ...], g[j, ...]
-            val = (step(block[j - 1, ...], p[j - 1], p[j], out=row, add=g_row) if adds
-                   else step(block[j - 1, ...], p[j - 1], p[j]))
-            if not (one_array_library(val, block) and tuple(val.shape) == block.shape[1:]):
-                rows = [*block[:j], val if adds else val + g_row]
+            val = (step(prev, p[j - 1], p[j], out=row, add=g_row) if adds
+                   else step(prev, p[j - 1], p[j]))
+            if (not (one_array_library(val, block) and tuple(val.shape) == block.shape[1:])
+                    or (device and val is not row)):
+                rows = [first, *block[1:j], val if adds else val + g_row]
                 return _substitute_rest(rows, g, p, step)
             _write_row(row, val, None if adds else g_row)  # nothing where the step wrote it
+            prev = row
+        block[0, ...] = first
         return block
     return _substitute_rest([first], g, p, step)
 

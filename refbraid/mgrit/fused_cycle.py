@@ -132,7 +132,10 @@ class FusedCycler(Cycler):
         for i in range(sweeps):
             want = first and i == 0
             ghost = exchange_stepped(self.comm, s, s.u[-1, ...])
-            if not self._rows:
+            if self.batched and not want:  # Φ + g written into u[C] (batched.py)
+                s.u = batched.c_relax_at(s.u, s.g, s.points, s.c_pos, s.step, ghost,
+                                         s.ghost_point, unforced=self._unforced0 and ell == 0)
+            elif not self._rows:
                 pu = self._propagate(s.u, s.g, s.points, s.c_pos, s.step, ghost, s.ghost_point)
                 if want:
                     r_first = pu - rows_view(s.u, s.c_pos)

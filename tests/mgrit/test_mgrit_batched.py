@@ -285,7 +285,8 @@ def test_a_step_writing_rows_on_thread_ranks_with_uneven_blocks(name, size, layo
 @pytest.mark.parametrize("unforced", [False, True])
 def test_the_residual_written_row_by_row_equals_the_stacked_block(first, unforced):
     """batched.residual_at with a step that writes rows = propagate_at − u[C] (the stacked
-    block); unforced: g zero but at the initial point, its `+ g` left out (the same values)."""
+    block), and batched.c_relax_at = that block in u[C]; unforced: g zero but at the initial
+    point, its `+ g` left out (the same values)."""
     from refbraid.mgrit import batched
     from refbraid.mgrit.relax import Stepped
 
@@ -299,8 +300,8 @@ def test_the_residual_written_row_by_row_equals_the_stacked_block(first, unforce
         g[points != 0] = 0.0
     ghost = None if first == 0 else rng.standard_normal(3)
     step = CountingStep(problem)
-    want = (batched.propagate_at(u, g, points, c_pos, step, ghost, first - 1)
-            - u[c_pos])
+    pu = batched.propagate_at(u, g, points, c_pos, step, ghost, first - 1)
+    want = pu - u[c_pos]
     stepped = None if ghost is None else Stepped(step(ghost, first - 1, first))
     calls.clear()
     got = batched.residual_at(u, g, points, c_pos, step, stepped, first - 1, unforced=unforced)
@@ -311,3 +312,11 @@ def test_the_residual_written_row_by_row_equals_the_stacked_block(first, unforce
     if ghost is not None:
         np.testing.assert_array_equal(
             batched.residual_at(u, g, points, c_pos, step, ghost, first - 1), want)
+    # C-relaxation writes the same rows into u[C] itself, the F-rows untouched
+    relaxed = u.copy()
+    calls.clear()
+    assert batched.c_relax_at(relaxed, g, points, c_pos, step, stepped, first - 1,
+                              unforced=unforced) is relaxed
+    np.testing.assert_array_equal(relaxed[c_pos], pu)
+    np.testing.assert_array_equal(np.delete(relaxed, c_pos, 0), np.delete(u, c_pos, 0))
+    assert calls == [not unforced]
