@@ -279,10 +279,11 @@ assert at64["lp-batched"]["nodes"] < at64["serial"]["nodes"]
 assert at64["lp-batched"]["MB"] > at64["serial"]["MB"]
 
 # %% [markdown]
-# Batching traded kernels for bytes: at N = 64 the layer-parallel graph holds about half of
-# serial backprop's kernels but moves about four times its bytes (MGRIT applies about twice
-# the steps, and each sweep's right-hand sides, residuals and norms are passes over whole
-# states; a conv step here is one kernel that reads its input once).
+# Batching traded kernels for bytes: at N = 64 the layer-parallel graph holds about two
+# fifths of serial backprop's kernels but moves about three times its bytes (MGRIT applies
+# about twice the steps, and its residuals, corrections and norms still pass over whole
+# states, though each step writes its result straight into MGRIT's rows; a conv step here is
+# one kernel that reads its input once).
 # So on one GPU layer-parallel training pays while serial backprop is bound by launches and
 # latency — deep networks of small layers, small batches — and pays less as each layer grows
 # big enough to keep the memory busy by itself. On the H200 the conv net's batched graphs

@@ -143,3 +143,33 @@ def test_the_direct_convolution_kernels_match_numpy_at_their_full_tile_sizes(dty
         assert got.shape == want.shape and got.dtype == want.dtype, name
         np.testing.assert_allclose(got, want, rtol=0, atol=tol * np.max(np.abs(want)),
                                    err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_the_column_sum_kernel_writes_mgrit_rows_on_the_gpu(dtype):
+    """cupy_fused.ADD_COLUMN_SUMS reading dy_next from every m-th state of an iterate and
+    writing ``(dy_next + p) + g`` into other rows of it (offset and row stride, no copies):
+    the contiguous kernel's dy plus g bit for bit, the rows between untouched, db the same."""
+    if "cupy" not in available_backends():
+        pytest.skip("the cupy backend on a real GPU: none here")
+    import cupy
+
+    from refbraid.backends.cupy_fused import ADD_COLUMN_SUMS
+
+    k, B, C, m = 3, 1030, 257, 4
+    rng = np.random.default_rng(8)
+    u, rhs = (cupy.asarray(rng.standard_normal((k * m + 1, B, C)).astype(dtype))
+              for _ in range(2))
+    p, s = (cupy.asarray(rng.standard_normal((k, B, C)).astype(dtype)) for _ in range(2))
+    dy_next, rows, g = u[0:k * m:m], u[1::m][:k], rhs[1::m][:k]
+    plain_dy, plain_db = ADD_COLUMN_SUMS(p, cupy.ascontiguousarray(dy_next), s)
+    want = cupy.asnumpy(plain_dy + g)
+    before = cupy.asnumpy(u)
+    got, db = ADD_COLUMN_SUMS.into_rows(p, dy_next, s, rows, g)
+    after = cupy.asnumpy(u)
+    assert got is rows
+    np.testing.assert_array_equal(after[1::m][:k], want)
+    untouched = np.ones(len(after), bool)
+    untouched[1:k * m:m] = False
+    np.testing.assert_array_equal(after[untouched], before[untouched])
+    np.testing.assert_array_equal(cupy.asnumpy(db), cupy.asnumpy(plain_db))
