@@ -578,13 +578,15 @@ def test_cuda_module_imports_without_numba_cuda():
 
 # ----------------------------------------------------------------------------- cupy specifics
 def test_cupy_module_is_safe_without_a_gpu():
-    from refbraid.backends import cupy_gpu
+    from refbraid.backends import cupy_dense, cupy_gpu
 
     usable = cupy_gpu.is_usable()
     assert isinstance(usable, bool)
     from refbraid.backends import KERNELS
 
-    assert set(cupy_gpu.OVERRIDES) <= set(KERNELS)  # the fused kernels (cupy_fused)
+    # the fused kernels (cupy_fused), the dense steps' among them
+    assert set(cupy_gpu.OVERRIDES) | set(cupy_dense.OVERRIDES) <= set(KERNELS)
+    assert not set(cupy_gpu.OVERRIDES) & set(cupy_dense.OVERRIDES)
     if importlib.util.find_spec("cupy") is None:
         assert usable is False
         with pytest.raises(ImportError, match="cupy"):

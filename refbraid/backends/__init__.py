@@ -129,7 +129,8 @@ _MODULES = {
         "refbraid.backends.numba_cuda_step",  # the dense step's adjoint, fused
     ),
     "cupy": (
-        "refbraid.backends.cupy_gpu",  # fused element-wise chains, im2col convolutions
+        "refbraid.backends.cupy_gpu",  # fused element-wise chains, convolutions
+        "refbraid.backends.cupy_dense",  # the dense ODE step, one or k at once
         "refbraid.backends.cupy_sequence",  # layer norm, softmax, GRU cell
     ),
     "strict": ("refbraid.backends.strict_device",),
