@@ -19,6 +19,7 @@ from .cycle import Cycler
 from .fused import FiniteWatch
 from .norms import FiniteBySum
 from .record import IterationRecord, MGRITResult
+from .relax import row_slice, rows_view
 
 
 class MGRITDiverged(RuntimeError):
@@ -70,13 +71,41 @@ def block_finite(cycler: Cycler, u, c_pos, c_rows_rewritten: bool = False) -> bo
 def solution_finite(cycler: Cycler, u, c_pos, c_rows_rewritten: bool = False):
     """Whether this rank's solution block holds only finite values (:func:`block_finite`);
     for a device block the answer left where it was reduced (copied with the deferred sums):
-    a real block's sum (:class:`~refbraid.mgrit.norms.FiniteBySum`), else the 0-d boolean."""
+    a real block's sum (:class:`~refbraid.mgrit.norms.FiniteBySum`), else the 0-d boolean.
+
+    The sum reads only the last row of each interval (:func:`interval_ends`) where the
+    problem's step carries a NaN/inf (``carries_nonfinite``) and the solve's last pass over
+    the block was an F-sweep (every F-row ``Φ`` of the row before it: a non-finite row makes
+    every later row of its interval non-finite): a 1/m of the block. Its exact recheck, if
+    the sum is not finite, reads the whole block."""
     if isinstance(u, np.ndarray) or not u.shape[0]:
         return block_finite(cycler, u, c_pos, c_rows_rewritten)
     xp = namespace(u)
-    if xp.isdtype(u.dtype, "real floating"):
-        return FiniteBySum(xp.sum(u), u)
-    return xp.all(xp.isfinite(u))
+    if not xp.isdtype(u.dtype, "real floating"):
+        return xp.all(xp.isfinite(u))
+    state = cycler.states[0]
+    if (state.step.problem.carries_nonfinite and not c_rows_rewritten
+            and not state.coarsest):
+        return FiniteBySum(_sum_of_rows(xp, u, interval_ends(c_pos, u.shape[0])), u)
+    return FiniteBySum(xp.sum(u), u)
+
+
+def _sum_of_rows(xp, u, positions: list[int]):
+    """``Σ u[positions]`` through strided views: one sum when the positions are evenly
+    spaced, else the evenly spaced ones and the last apart (a block whose last interval is
+    shorter: a view and a row, not a gathered copy)."""
+    if row_slice(positions) is not None or len(positions) < 3 \
+            or row_slice(positions[:-1]) is None:
+        return xp.sum(rows_view(u, positions))
+    return xp.sum(rows_view(u, positions[:-1])) + xp.sum(u[positions[-1], ...])
+
+
+def interval_ends(c_pos, n: int) -> list[int]:
+    """The positions of the last row of each interval of a block of ``n`` rows whose
+    C-points are at ``c_pos``: the row before each C-point (none before position 0) and the
+    block's last row (rows before the first C-point end an interval begun on the rank
+    before)."""
+    return sorted({int(c) - 1 for c in np.asarray(c_pos).tolist() if int(c) > 0} | {n - 1})
 
 
 def divergence_level(records: list[IterationRecord], cycler: Cycler) -> int:

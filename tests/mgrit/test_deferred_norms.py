@@ -196,6 +196,8 @@ def test_a_device_block_is_finite_by_its_sum_and_rechecked_when_the_sum_is_not(c
     flags): finite values give a finite sum; a NaN or inf makes it non-finite and the exact
     check confirms; finite values whose float32 sum overflows are rechecked and found finite.
     One transfer when the sum is finite, one more only to recheck."""
+    from types import SimpleNamespace
+
     from refbraid.backends import launch_count
     from refbraid.backends.launch_model import tracking
     from refbraid.mgrit.norms import FiniteBySum
@@ -208,12 +210,54 @@ def test_a_device_block_is_finite_by_its_sum_and_rechecked_when_the_sum_is_not(c
         block[5, 4] = -np.inf
     elif case == "overflowing sum":
         block[:] = 3e38
-    with launch_count.counting("cupy") as cbk, tracking() as t:
+    cycler = SimpleNamespace(states=[SimpleNamespace(
+        coarsest=False, step=SimpleNamespace(problem=SimpleNamespace(carries_nonfinite=False)))])
+    # (the stand-in sums on the host: the overflowing float32 sum warns there)
+    with launch_count.counting("cupy") as cbk, tracking() as t, np.errstate(over="ignore"):
         u = cbk.asarray(block)
-        flag = solution_finite(None, u, np.arange(0, 6, 2))
+        flag = solution_finite(cycler, u, np.arange(0, 6, 2))
         assert isinstance(flag, FiniteBySum)
         syncs = t.tally.syncs
         finite = PendingNorms().resolve(SerialComm(), finite=flag)
         rechecked = t.tally.syncs - syncs == 2
     assert finite is (case in ("finite", "overflowing sum"))
     assert rechecked is (case != "finite")
+
+
+@pytest.mark.parametrize("n_steps", [43, 42], ids=["full last interval", "short last"])
+@pytest.mark.parametrize("carries", [True, False], ids=["interval ends", "every row"])
+@pytest.mark.parametrize("nan_at", [None, 21, 41, "end", 40])
+def test_a_device_solution_holding_a_nan_is_diverged(carries, nan_at, n_steps):
+    """A solve on device arrays (the CuPy stand-in) whose step makes a NaN at one point (21
+    and 41 interior F-points, the grid's end the last interval's end, 40 a C-point):
+    'diverged' with or without ``carries_nonfinite`` (where no residual reads the NaN, by the
+    solution's finiteness check); with it the finiteness sum reads only
+    the last row of each interval (11 of 43–44 rows: one strided view, and the last row
+    apart when the last interval is shorter), without it every row."""
+    from refbraid.backends import launch_count
+    from refbraid.mgrit import Problem
+    from refbraid.mgrit import outcome as outcome_module
+
+    nan_at = n_steps if nan_at == "end" else nan_at
+    read = []
+    real = outcome_module.interval_ends
+
+    def ends(c_pos, n):
+        read.append(real(c_pos, n))
+        return read[-1]
+
+    settings = MGRITSettings(levels=2, cfactor=4, abs_tol=None, max_iter=2,
+                             on_divergence="flag")
+    with launch_count.counting("cupy") as bk, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(outcome_module, "interval_ends", ends)
+
+        def step(u, a, b):
+            return u * 0.9 + (np.nan if b == nan_at else 0.0)
+
+        u0 = bk.asarray(np.ones(3))
+        got = solve(Problem(step, u0, n_steps, carries_nonfinite=carries), settings)
+    assert (got.status == "diverged") is (nan_at is not None), (nan_at, got.status)
+    if nan_at in (41, n_steps):  # rows no residual reads: only the finiteness check sees it
+        assert "non-finite values in the solution" in got.message
+    want = [*range(3, 40, 4), n_steps]
+    assert read == ([want] if carries else [])
