@@ -173,3 +173,30 @@ def test_the_column_sum_kernel_writes_mgrit_rows_on_the_gpu(dtype):
     untouched[1:k * m:m] = False
     np.testing.assert_array_equal(after[untouched], before[untouched])
     np.testing.assert_array_equal(cupy.asnumpy(db), cupy.asnumpy(plain_db))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_the_residual_kernel_on_the_gpu(dtype):
+    """cupy_residual.subtract_sum_squares with all its blocks (65 states of 64 × 1024
+    values, u every 4th state of an iterate, read in place): r − u bit for bit,
+    Σ r² to round-off of NumPy's in double, and the same bits at every launch (the last
+    block adds the partial sums in a fixed order; its counter is back at 0 each time)."""
+    if "cupy" not in available_backends():
+        pytest.skip("the cupy backend on a real GPU: none here")
+    import cupy
+
+    from refbraid.backends import cupy_residual
+
+    rng = np.random.default_rng(12)
+    u = rng.standard_normal((4 * 65, 64, 1024)).astype(dtype)
+    r = rng.standard_normal((65, 64, 1024)).astype(dtype)
+    want = r - u[::4]
+    ud = cupy.asarray(u)
+    sums = []
+    for _ in range(3):
+        rd = cupy.asarray(r)
+        sums.append(float(cupy_residual.subtract_sum_squares(rd, ud[::4])))
+        np.testing.assert_array_equal(cupy.asnumpy(rd), want)
+    assert sums[0] == sums[1] == sums[2]
+    assert sums[0] == pytest.approx(float(np.sum(np.square(want, dtype=np.float64))),
+                                    rel=1e-12)

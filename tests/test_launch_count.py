@@ -285,9 +285,10 @@ def test_the_f_sweeps_write_the_iterate_rows_in_the_step_kernel(model, monkeypat
     kernel (the batched step's ``out=``, ``add=``; forward and adjoint sweeps; the dense
     adjoint's sum ``(s W + dy_next) + g`` one ``sum_plus`` launch, or an ``add`` into the rows
     without g), and the C-point residual's rows by the step (batched.residual_at: no stacked
-    block, no ``+ g`` on level 0): the same gradient bit for bit as when the sweep copies (or
-    adds) a new result into the rows, and one launch fewer per such sweep (per residual: the
-    first row set, the concatenation and the ``+ g`` gone)."""
+    block, no ``+ g`` on level 0; its ``− u[C]`` and Σ r² in one launch): the same gradient
+    bit for bit as when the sweep copies (or adds) a new result into the rows, and one launch
+    fewer per such sweep (per residual: the first row set, the concatenation and the ``+ g``
+    gone, the subtraction, square and sum one launch)."""
     from refbraid.backends.host import to_host
     from refbraid.mgrit.problem import CountingStep
     from refbraid.network import to_backend
@@ -316,6 +317,7 @@ def test_the_f_sweeps_write_the_iterate_rows_in_the_step_kernel(model, monkeypat
         np.testing.assert_array_equal(into[1][k], v, err_msg=k)
     fewer = copied[2].launches - into[2].launches
     # the launches that put a sweep's Φ (+ g) (and a residual's) in place
-    sweeps = ("setitem", "add", "sum_plus", "concat", "zeros_like")
+    sweeps = ("setitem", "add", "sum_plus", "concat", "zeros_like",
+              "subtract", "square", "sum", "residual_sum_squares")
     assert fewer > 0 and fewer == sum(copied[2].by_name.get(n, 0) - into[2].by_name.get(n, 0)
                                       for n in sweeps), (into[2].by_name, copied[2].by_name)

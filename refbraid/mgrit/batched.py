@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+from array_api_compat import is_cupy_array
 
 from ..backends.into import in_place_ok, one_array_library
 from ..backends.portable import empty_on
@@ -163,15 +164,31 @@ def residual_at(u, g, points, c_pos, step, ghost=None, ghost_point=None,
     sign can differ). Otherwise (a plain ghost to step here, another array library, a step
     that returns new arrays) :func:`propagate_at` and a subtraction, as before.
     """
+    return residual_and_squares(u, g, points, c_pos, step, ghost, ghost_point, unforced,
+                                squares=False)[0]
+
+
+def residual_and_squares(u, g, points, c_pos, step, ghost=None, ghost_point=None,
+                         unforced: bool = False, squares: bool = True):
+    """``(r, Σ r²)``: :func:`residual_at`'s r, and where its rows were written in place on
+    CuPy arrays (a GPU, or the CuPy stand-in) with ``squares``, the last pass ``r −= u[C]``
+    and the sum of squares its norm needs in one launch
+    (:func:`refbraid.backends.cupy_residual.subtract_sum_squares`: a 0-d float64 array where
+    r lives, summed in double in a fixed order); else ``Σ r²`` is None (the caller reduces
+    r as before)."""
     rows = row_slice(c_pos)
     if rows is not None:
         uc = u[rows, ...]
         r = empty_on(u, uc.shape)
         if _propagate_into(r, u, g, points, c_pos, step, ghost, unforced):
-            return np.subtract(r, uc, out=r)
+            if squares and is_cupy_array(r):
+                from ..backends.cupy_residual import subtract_sum_squares
+
+                return r, subtract_sum_squares(r, uc)
+            return np.subtract(r, uc, out=r), None
     pu = propagate_at(u, g, points, c_pos, step, ghost, ghost_point)
     uc = rows_view(u, c_pos)
-    return np.subtract(pu, uc, out=pu) if in_place_ok(pu, uc) else pu - uc
+    return (np.subtract(pu, uc, out=pu) if in_place_ok(pu, uc) else pu - uc), None
 
 
 def c_relax_at(u, g, points, c_pos, step, ghost=None, ghost_point=None,

@@ -35,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 from array_api_compat import is_cupy_array
 
+from ..backends.host import host_float
 from ..backends.into import in_place_ok
 from ..backends.portable import empty_on
 from . import batched
@@ -67,6 +68,9 @@ class FusedCycler(Cycler):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._pending: dict[int, Correction] = {}  # level -> correction for its next F-sweep
+        #: id(r) -> (r, Σ r²) for residuals whose sum of squares their last pass made (a
+        #: device residual: batched.residual_and_squares), until local_sq takes it
+        self._squares: dict[int, tuple] = {}
         # the row-by-row forms: NumPy states, per-point sweeps (else block operations)
         self._rows = (not self.batched and bool(self.states)
                       and isinstance(self.states[0].step.problem.u0, np.ndarray))
@@ -99,8 +103,12 @@ class FusedCycler(Cycler):
                 return None
             if self.batched:  # the residual's rows written where they end (batched.py)
                 ghost = exchange_stepped(self.comm, s, s.u[-1, ...])
-                return batched.residual_at(s.u, s.g, s.points, s.c_pos, s.step, ghost,
-                                           s.ghost_point, unforced=self._unforced0 and ell == 0)
+                r, sq = batched.residual_and_squares(
+                    s.u, s.g, s.points, s.c_pos, s.step, ghost, s.ghost_point,
+                    unforced=self._unforced0 and ell == 0)
+                if sq is not None:  # Σ r² made with r's last pass: local_sq takes it
+                    self._squares[id(r)] = (r, sq)
+                return r
             pu = self._propagate_c(s)  # a new block (Φ + g)
             uc = rows_view(s.u, s.c_pos)
             return np.subtract(pu, uc, out=pu) if in_place_ok(pu, uc) else pu - uc
@@ -117,6 +125,14 @@ class FusedCycler(Cycler):
 
     def _f_relax(self, s: LevelState) -> None:
         self._sweep(s, residual=False)
+
+    def local_sq(self, r, on_host: bool = True):
+        """:meth:`Cycler.local_sq`, taking the sum of squares a residual's last pass made
+        where there is one (the same sum up to its order of additions)."""
+        known = self._squares.pop(id(r), None)
+        if known is None or known[0] is not r:
+            return super().local_sq(r, on_host)
+        return host_float(known[1]) if on_host else known[1]
 
     def relax(self, ell: int, snapshot: bool = False, first: bool = True):
         """As :meth:`Cycler.relax`; ``first=False`` skips the first residual of an FCF

@@ -76,6 +76,11 @@ static void sync_threads() {
 #define __device__ static
 #define __shared__ static
 #define __syncthreads() sync_threads()
+// blocks run one after another and a block's threads never preempt each other
+#define __threadfence() ((void)0)
+static inline unsigned int atomicAdd(unsigned int* p, unsigned int v) {
+  unsigned int old = *p; *p = old + v; return old;
+}
 static inline double __longlong_as_double(long long v) { double d; memcpy(&d, &v, 8); return d; }
 """
 
@@ -370,7 +375,8 @@ def fake_cupy() -> Iterator[types.ModuleType]:
     fake.cublas.gemm = _gemm
     fake.lib = np.lib
     fake.cuda = types.SimpleNamespace(
-        get_current_stream=lambda: types.SimpleNamespace(ptr=0))  # the null stream
+        get_current_stream=lambda: types.SimpleNamespace(ptr=0),  # the null stream
+        Device=lambda: types.SimpleNamespace(id=0))
     names = ("cupy", "cupy.cublas")
     saved = {n: sys.modules.get(n) for n in names}
     sys.modules.update({"cupy": fake, "cupy.cublas": fake.cublas})

@@ -418,3 +418,39 @@ def test_a_layer_parallel_gradient_on_the_emulated_gpu_equals_numpy(model, batch
     for k, v in want.items():
         np.testing.assert_allclose(got[k], v, rtol=0, atol=1e-10 * max(1.0, np.max(np.abs(v))),
                                    err_msg=k)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_residual_kernel_subtracts_in_place_and_sums_squares_in_a_fixed_order(dtype):
+    """cupy_residual's kernel on every m-th state of an iterate (read in place), with more
+    blocks than one (their partial sums added by the last block to finish): r − u exactly,
+    Σ r² as NumPy's in double to round-off, the same bits at a second launch (the counter of
+    finished blocks back at 0); u that is not evenly spaced rows (a transposed view) gives
+    the same through a copy, and states of one value (r 1-D) too."""
+    from refbraid.backends import cupy_residual
+
+    rng = np.random.default_rng(11)
+    m, c = 4, 9
+    u = rng.standard_normal((m * c, 7, 33)).astype(dtype)
+    r = rng.standard_normal((c, 7, 33)).astype(dtype)  # 2079 values: 9 blocks of 256
+    want = r - u[::m]
+    want_sq = float(np.sum(np.square(want, dtype=np.float64)))
+    with fake_cupy():
+        got, again = r.copy(), r.copy()
+        sq = cupy_residual.subtract_sum_squares(got, u[::m])
+        sq2 = cupy_residual.subtract_sum_squares(again, u[::m])
+        flipped = np.ascontiguousarray(np.swapaxes(u[::m], 1, 2))
+        t = np.swapaxes(flipped, 1, 2)  # u[::m]'s values, not C-ordered states
+        assert cupy_raw.row_layout(t, 2) is None
+        third = r.copy()
+        sq3 = cupy_residual.subtract_sum_squares(third, t)
+        r1, u1 = rng.standard_normal(300).astype(dtype), rng.standard_normal(300).astype(dtype)
+        got1 = r1.copy()
+        sq1 = cupy_residual.subtract_sum_squares(got1, u1)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(third, want)
+    assert float(sq) == pytest.approx(want_sq, rel=1e-12)
+    assert float(sq) == float(sq2) == float(sq3)
+    np.testing.assert_array_equal(got1, r1 - u1)
+    assert float(sq1) == pytest.approx(float(np.sum(np.square(r1 - u1, dtype=np.float64))),
+                                       rel=1e-12)
