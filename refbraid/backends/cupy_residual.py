@@ -64,8 +64,9 @@ extern "C" __global__ void {name}(T* r, const T* u, long long u_off, long long u
   }}
   __syncthreads();
   if (!last) return;
-  double mine = 0;
-  for (long long b = threadIdx.x; b < gridDim.x; b += blockDim.x) mine += partial[b];
+  double mine = 0;  // volatile: the other blocks' partial sums from memory, not a cache
+  const volatile double* sums = partial;
+  for (long long b = threadIdx.x; b < gridDim.x; b += blockDim.x) mine += sums[b];
   double sum = block_sum(buf, mine);
   if (threadIdx.x == 0) {{
     total[0] = sum;
