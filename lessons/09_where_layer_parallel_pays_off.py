@@ -280,7 +280,7 @@ assert at64["lp-batched"]["MB"] > at64["serial"]["MB"]
 
 # %% [markdown]
 # Batching traded kernels for bytes: at N = 64 the layer-parallel graph holds about two
-# fifths of serial backprop's kernels but moves about three times its bytes (MGRIT applies
+# fifths of serial backprop's kernels but moves nearly three times its bytes (MGRIT applies
 # about twice the steps, and its residuals, corrections and norms still pass over whole
 # states, though each step writes its result straight into MGRIT's rows; a conv step here is
 # one kernel that reads its input once).
