@@ -20,6 +20,11 @@ Batched sweeps (a problem with ``batched_step``) keep their one call per sweep, 
 arrays (CuPy, the ``cuda`` backend's) the textbook's block operations, one launch each where
 a row loop would launch per row: there the residual and the FAS right-hand side are formed in
 place where NumPy allows, and the correction is applied as a block before the first sweep.
+A batched step that writes rows (``out=``/``add=``: the layer-parallel propagators) writes
+the residual's, C-relaxation's and the FAS right-hand side's rows itself
+(:func:`~refbraid.mgrit.batched.residual_at`, ``c_relax_at``, ``fas_rhs``: no stacked block
+of ``(P u)[C]``), and on CuPy arrays the residual's last pass ``− u[C]`` also makes the
+``Σ r²`` its norm needs (``batched.residual_and_squares``; :meth:`local_sq` takes it).
 Either way FCF forms only the residuals someone reads and nested iteration skips the copies
 it never reads; on NumPy rows and with batched sweeps, when the first down-cycle is skipped,
 it writes each coarse level straight into the C-rows of the level above (no injection:
@@ -167,9 +172,9 @@ class FusedCycler(Cycler):
         """:meth:`Cycler.nested_iteration`; without V-cycles on the way up (the skipped first
         down-cycle), on NumPy rows or with batched sweeps (NumPy or CuPy blocks), with
         F-relaxation on level 0 and no final FC relaxation, each coarse level's iterate *is*
-        the C-rows of the level above (a strided view): the
-        coarsest solve and the F-sweeps write their values where injection would copy them,
-        and injection has nothing left to do. The same values in the same rows, one pass over
+        the C-rows of the level above (a strided view): the coarsest solve and the F-sweeps
+        write their values where injection would copy them, and injection has nothing left
+        to do. The same values in the same rows, one pass over
         every C-row less per level. Level 0's C-rows then change only after each coarse
         level has its own iterate again (the first coarse correction gives it one), so a
         coarse level's values stay its own."""
