@@ -115,6 +115,7 @@ def test_every_fused_kernel_compiles_and_fits_its_blocks_on_real_gpus(T):
         cupy_layernorm,
         cupy_residual,
         cupy_softmax,
+        ordered_sums,
     )
 
     unfit = []
@@ -127,7 +128,7 @@ def test_every_fused_kernel_compiles_and_fits_its_blocks_on_real_gpus(T):
                 compiled.append((f"{kernel.name}_{act}", threads,
                                  _nvrtc_compile(kernel.cuda_kernel(act, T), arch)))
         for module in (cupy_layernorm, cupy_gru, cupy_softmax, cupy_heads, cupy_conv_columns,
-                       cupy_conv_direct, cupy_residual):
+                       cupy_conv_direct, cupy_residual, ordered_sums):
             for name in module.KERNELS:
                 compiled.append((name, module.THREADS,
                                  _nvrtc_compile(module.cuda_source(name, T), arch)))

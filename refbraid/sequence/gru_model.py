@@ -40,6 +40,7 @@ from ..backends import Backend, get_backend
 from ..backends.device_batching import chunk_rows, index_on
 from ..backends.dtypes import dtype_kind
 from ..backends.host import all_finite
+from ..backends.ordered_sums import add_rows_in_order
 from ..backends.portable import zeros_on
 from ..layer_parallel import LayerParallelInfo, LayerParallelSettings
 from ..layers import Classifier, GRUCell, GRUSequence
@@ -200,7 +201,9 @@ class GRUModel:
         """∂L/∂θ = Σ_k (∂Φ(h[k]; k → k+1)/∂θ)ᵀ λ[k+1] (independent per k, then summed).
 
         Where :func:`batchable`, the terms come from :meth:`GRUCell.weight_gradients_batched`
-        on chunks of positions and are added in the same order: the same bits."""
+        on chunks of positions and are added in the same order
+        (:func:`~refbraid.backends.ordered_sums.add_rows_in_order`: one launch per weight and
+        chunk on a GPU): the same bits."""
         dcell = {k: bk.xp.zeros_like(cell[k]) for k in CELL_WEIGHTS}
         xt = time_major(x)
         if batchable(self, bk):
@@ -212,9 +215,8 @@ class GRUModel:
                                                      self.dt, bk)
                 after = adjoints[index_on(adjoints, at + 1), ...]
                 d = self.step.weight_gradients_batched(cell, cache, after, self.dt, bk)
-                for j in range(at.size):
-                    for name in CELL_WEIGHTS:
-                        dcell[name] += d[name][j, ...]
+                for name in CELL_WEIGHTS:  # the terms in the order of k: one pass each
+                    add_rows_in_order(dcell[name], d[name])
             return dcell
         for k in range(self.seq_len):
             _, cache = self.step.step(cell, states[k, ...], self.dt, xt[k, ...], bk)

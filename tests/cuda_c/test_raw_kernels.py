@@ -454,3 +454,34 @@ def test_the_residual_kernel_subtracts_in_place_and_sums_squares_in_a_fixed_orde
     np.testing.assert_array_equal(got1, r1 - u1)
     assert float(sq1) == pytest.approx(float(np.sum(np.square(r1 - u1, dtype=np.float64))),
                                        rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_ordered_row_sum_kernel_gives_the_loops_bits(dtype):
+    """ordered_sums.add_rows_in_order's CUDA C (a thread per element running through the k
+    rows in order) against ``acc += rows[j]`` for j in order: bit for bit, values of very
+    different sizes (where another order would round differently); the CuPy stand-in's
+    reference path the same bits, counted as one launch; a non-contiguous acc by the loop."""
+    from refbraid.backends import launch_count, ordered_sums
+    from refbraid.backends.host import to_host
+
+    rng = np.random.default_rng(13)
+    k, shape = 37, (9, 31)
+    rows = (rng.standard_normal((k, *shape)) * 10.0 ** rng.integers(-6, 7, (k, 1, 1)))
+    rows, acc = rows.astype(dtype), rng.standard_normal(shape).astype(dtype)
+    want = acc.copy()
+    for j in range(k):
+        want += rows[j]
+    with fake_cupy():
+        got = acc.copy()
+        ordered_sums.add_rows_in_order(got, rows)
+        strided = np.zeros((9, 62), dtype)[:, ::2]
+        strided[...] = acc
+        ordered_sums.add_rows_in_order(strided, rows)
+    assert got.tobytes() == want.tobytes()
+    np.testing.assert_array_equal(strided, want)
+    with launch_count.counting("cupy") as bk:
+        dacc, drows = bk.asarray(acc), bk.asarray(rows)
+        assert launch_count.count(lambda: ordered_sums.add_rows_in_order(dacc, drows)
+                                  ).launches == 1
+        assert to_host(dacc).tobytes() == want.tobytes()
