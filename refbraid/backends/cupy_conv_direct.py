@@ -49,7 +49,15 @@ import numpy as np
 
 from .cupy_conv_columns import strided_columns
 from .cupy_fused import ACT, BIAS_ACT_EULER
-from .cupy_raw import BLOCK_REDUCTIONS, compiled, on_host, on_host_into, real_cupy, row_layout
+from .cupy_raw import (
+    BLOCK_REDUCTIONS,
+    compiled,
+    on_host,
+    on_host_into,
+    real_cupy,
+    row_args,
+    row_layout,
+)
 from .portable import contiguous
 
 #: threads of one block of the weight-gradient kernel (a power of two: its block sums)
@@ -276,7 +284,7 @@ def convolution(x, W, tiling: tuple[int, int, int], flip: bool = False, add=None
     O, s = W.shape[-3 if flip else -4], W.shape[-1]
     th, tw, chunk = tiling
     size = B * O * H * Wd  # of one lead row of the result
-    base, offset, row_stride = _rows(cupy, x, lead)
+    base, offset, row_stride = row_args(x)
     z = (cupy.empty((*lead, B, O, H, Wd), dtype=x.dtype)
          if step is not None or into is None else base)  # (base: a pointer never written)
     # where the sum (+ add, or the step's y_next) (+ g) goes: new, or the rows ``into``
@@ -285,16 +293,16 @@ def convolution(x, W, tiling: tuple[int, int, int], flip: bool = False, add=None
     epilogue, act, plus = "sum", "identity", (base, 0, 0)
     extra, bias, hs, h, per_row = (base, 0, 0), base, base, 0.0, 0
     if add is not None:
-        epilogue, extra = "add", _rows(cupy, add, lead)
+        epilogue, extra = "add", row_args(add)
     if step is not None:
         b, y, h, act = step
-        epilogue, extra, bias = "step", _rows(cupy, y, lead), cupy.ascontiguousarray(b)
+        epilogue, extra, bias = "step", row_args(y), cupy.ascontiguousarray(b)
         if isinstance(h, (int, float, np.floating)):
             h = float(h)
         else:
             hs, h, per_row = cupy.ascontiguousarray(cupy.reshape(h, (-1,))), 0.0, 1
     if g is not None:
-        plus = _rows(cupy, g, lead)
+        plus = row_args(g)
     tiles = -(-H // th) * -(-Wd // tw)
     blocks = math.prod(lead) * B * -(-O // OUT_PER_THREAD) * tiles
     kernel = compiled(lambda name, T: cuda_source(name, T, epilogue=epilogue, act=act,
@@ -340,16 +348,6 @@ def _convolution_on_host(x, W, flip, add, step, into, g):
     return on_host_into("conv_direct", kernel, (None, into), *args)
 
 
-def _rows(cupy, a, lead):
-    """``(base, offset, row_stride)`` of a's lead rows (cupy_raw.row_layout), or of
-    a contiguous copy of a when its rows are not evenly spaced C-ordered images."""
-    layout = row_layout(a)
-    if layout is None:
-        a = cupy.ascontiguousarray(a)
-        layout = a, 0, a.size // max(math.prod(lead), 1)
-    return layout
-
-
 def _direct_on_host(x, W, flip: bool):
     """What the ``conv_direct`` kernel sums, in NumPy (the column-matrix GEMM)."""
     if flip:
@@ -375,7 +373,7 @@ def weight_gradient(x, dz, s: int):
     O = dz.shape[-3]
     dW = cupy.empty((*lead, O, C, s, s), dtype=x.dtype)
     db = cupy.empty((*lead, O), dtype=x.dtype)
-    (xb, x_offset, x_stride), (gb, g_offset, g_stride) = (_rows(cupy, a, lead) for a in (x, dz))
+    (xb, x_offset, x_stride), (gb, g_offset, g_stride) = (row_args(a) for a in (x, dz))
     kernel = compiled(lambda name, T: cuda_source(name, T, s), "conv_weight_grad", x.dtype)
     kernel((math.prod(lead) * O * C,), (THREADS,), (
         xb, gb, dW, db, np.int64(x_offset), np.int64(x_stride), np.int64(g_offset),

@@ -47,7 +47,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .cupy_raw import on_host, on_host_into, real_cupy, row_layout
+from .cupy_raw import on_host, on_host_into, real_cupy, row_args, row_layout
+from .into import written_into
 from .launch_model import current
 
 _ON: list[bool] = [True]
@@ -278,13 +279,13 @@ class AddColumnSums(Fused):
             self._kernels[T] = kernel
         p, s = cupy.ascontiguousarray(p), cupy.ascontiguousarray(s)
         k, (B, C) = (1 if p.ndim == 2 else p.shape[0]), p.shape[-2:]
-        rows = _row_args(cupy, dy_next)
+        rows = row_args(dy_next, 2)
         dy = cupy.empty_like(p) if out is None else out
         dest = row_layout(dy, 2) if out is not None else (dy, 0, B * C)
         if dest is None:  # rows the kernel cannot address: a new dy, then copied there
             dy, db = self._cupy(act, p, dy_next, s)
-            return _copied_plus(out, dy, g), db
-        plus = _row_args(cupy, g) if g is not None else (p, 0, 0)
+            return written_into(dy, out, g), db
+        plus = row_args(g, 2) if g is not None else (p, 0, 0)
         db = cupy.empty(p.shape[:-2] + (C,), dtype=p.dtype)
         kernel((k * ((C + 31) // 32),), (self.THREADS,),
                (p, rows[0], np.int64(rows[1]), np.int64(rows[2]), s, dest[0],
@@ -292,25 +293,6 @@ class AddColumnSums(Fused):
                 np.int64(plus[2]), np.int32(g is not None), db, np.int64(k), np.int64(B),
                 np.int64(C)))
         return dy, db
-
-
-def _row_args(cupy, a):  # pragma: no cover - needs a GPU (the emulator runs this branch)
-    """(base, offset, row stride) of the (k, B, C) rows ``a`` (cupy_raw.row_layout), or of a
-    contiguous copy where they are not evenly spaced C-ordered states."""
-    layout = row_layout(a, 2)
-    if layout is None:
-        a = cupy.ascontiguousarray(a)
-        layout = a, 0, a.shape[-2] * a.shape[-1]
-    return layout
-
-
-def _copied_plus(out, dy, g):  # pragma: no cover - needs a GPU
-    """``dy + g`` (g None: dy) written into ``out``: what the kernel would have written."""
-    if g is None:
-        out[...] = dy
-    else:
-        np.add(dy, g, out=out)
-    return out
 
 
 def _add_column_sums_plus_ref(p, dy_next, s, g):

@@ -12,6 +12,7 @@ the kernel costs a GPU. :mod:`.cupy_fused`'s element-wise kernels take the same 
 
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy as np
@@ -74,9 +75,7 @@ def row_layout(x, inner: int = 4):
     kernel then reads a contiguous copy, or writes a new array)."""
     item = x.itemsize
     dims = x.shape[x.ndim - inner:]
-    want = [item]
-    for n in reversed(dims[1:]):
-        want.insert(0, want[0] * n)
+    want = [item * math.prod(dims[i + 1:]) for i in range(len(dims))]  # C-order strides
     if any(n > 1 and st != w for n, st, w in zip(dims, x.strides[x.ndim - inner:], want,
                                                   strict=True)):
         return None
@@ -98,6 +97,19 @@ def row_layout(x, inner: int = 4):
             or row_stride % item or offset < 0 or offset % item):
         return None
     return base, offset // item, row_stride // item
+
+
+def row_args(a, inner: int = 4):
+    """:func:`row_layout` of ``a``, or where its rows are not evenly spaced C-ordered items
+    that of a contiguous copy (``(copy, 0, item size)``): what a kernel reading rows by
+    offset and row stride is handed."""
+    layout = row_layout(a, inner)
+    if layout is None:
+        import cupy  # pragma: no cover - needs a GPU (the emulator runs this branch)
+
+        a = cupy.ascontiguousarray(a)
+        layout = a, 0, math.prod(a.shape[a.ndim - inner:])
+    return layout
 
 
 def compiled(source, name: str, dtype, cache: dict = {}):  # noqa: B006 - one per process

@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from .cupy_raw import BLOCK_REDUCTIONS, compiled, on_host_into, real_cupy, row_layout
+from .cupy_raw import BLOCK_REDUCTIONS, compiled, on_host_into, real_cupy, row_args
 
 #: threads of a block, and the most blocks one launch uses (each sums ≥ THREADS elements)
 THREADS = 256
@@ -91,11 +91,7 @@ def subtract_sum_squares(r, u):
 
     n = r.size
     item = r.shape[1:]
-    layout = row_layout(u, len(item)) if r.ndim > 1 else None
-    if layout is None:
-        u = cupy.ascontiguousarray(u)
-        layout = u, 0, math.prod(item)
-    base, offset, stride = layout
+    base, offset, stride = row_args(u, len(item))
     blocks = max(1, min(MAX_BLOCKS, -(-n // THREADS)))
     partial = cupy.empty(blocks, dtype=np.float64)
     total = cupy.empty((), dtype=np.float64)

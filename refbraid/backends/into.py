@@ -15,6 +15,7 @@ import inspect
 from functools import lru_cache
 
 import numpy as np
+from array_api_compat import is_cupy_array, is_numpy_array
 
 _INTO = ("numpy", "numba")  # backends whose euler_act takes out=
 
@@ -70,13 +71,24 @@ def euler_act_into(bk, y, z, h: float, act: str, out=None):
     return bk.euler_act(y, z, h, act)
 
 
+def written_into(result, out, add=None):
+    """``result + add`` (add None: ``result``) in ``out``: nothing to do when ``result`` is
+    ``out`` (a kernel wrote it there), else the copy or the ``numpy.add`` (CuPy's on CuPy
+    arrays) an F-sweep makes of a new result. Returns ``out`` (out None: ``result``)."""
+    if out is None or result is out:
+        return result
+    if add is None:
+        out[...] = result
+    else:
+        np.add(result, add, out=out)
+    return out
+
+
 def one_array_library(*arrays) -> bool:
     """Whether ``arrays`` are all NumPy or all CuPy arrays, of one dtype: then ``numpy.add(a,
     b, out=c)`` is one operation of that library into ``c`` (on CuPy arrays NumPy dispatches
     to CuPy's ``add``: one launch on a GPU, where a new sum copied in would be two), with the
     additions of ``a + b``."""
-    from array_api_compat import is_cupy_array, is_numpy_array
-
     same = all(map(is_numpy_array, arrays)) or all(map(is_cupy_array, arrays))
     return same and len({a.dtype for a in arrays}) == 1
 

@@ -40,32 +40,28 @@ extern "C" __global__ void {name}(T* acc, const T* rows, long long k, long long 
 """
 
 
-def _in_order(acc, rows):
-    out = acc.copy()
+def _add_each(acc, rows):
+    """The loop itself, in place; returns ``acc``."""
     for j in range(rows.shape[0]):
-        out += rows[j, ...]
-    return out
+        acc += rows[j, ...]
+    return acc
 
 
 def add_rows_in_order(acc, rows) -> None:
     """``acc += rows[j]`` for j = 0, 1, …, k−1, in place (module docstring)."""
     fused = (is_cupy_array(acc) and is_cupy_array(rows) and acc.dtype == rows.dtype
              and acc.dtype.kind == "f" and tuple(rows.shape[1:]) == tuple(acc.shape))
-    if not fused:
-        for j in range(rows.shape[0]):
-            acc += rows[j, ...]
-        return
-    if not real_cupy(acc):
-        on_host_into("add_rows_in_order", _in_order, (acc,), acc, rows)
-        return
-    import cupy  # pragma: no cover - needs a GPU (the emulator runs this branch)
+    if not fused or (real_cupy(acc) and not acc.flags.c_contiguous):
+        _add_each(acc, rows)
+    elif not real_cupy(acc):
+        on_host_into("add_rows_in_order", lambda a, r: _add_each(a.copy(), r), (acc,), acc,
+                     rows)
+    else:  # pragma: no cover - needs a GPU (the emulator runs this branch)
+        import cupy
 
-    if not acc.flags.c_contiguous:
-        for j in range(rows.shape[0]):
-            acc += rows[j, ...]
-        return
-    rows = cupy.ascontiguousarray(rows)
-    n = acc.size
-    if n and rows.shape[0]:
-        compiled(cuda_source, "add_rows_in_order", acc.dtype)(
-            (-(-n // THREADS),), (THREADS,), (acc, rows, np.int64(rows.shape[0]), np.int64(n)))
+        rows = cupy.ascontiguousarray(rows)
+        n = acc.size
+        if n and rows.shape[0]:
+            compiled(cuda_source, "add_rows_in_order", acc.dtype)(
+                (-(-n // THREADS),), (THREADS,),
+                (acc, rows, np.int64(rows.shape[0]), np.int64(n)))

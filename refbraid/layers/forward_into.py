@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import numpy as np
-
-from ..backends.into import plus, rows_options, takes_out
+from ..backends.into import plus, rows_options, takes_out, written_into
 
 
 @lru_cache(maxsize=64)
@@ -52,19 +50,6 @@ def adjoint_into(layer, params, cache, dy_next, h: float, bk, grads: bool = True
     kw = _options(type(layer), "adjoint", out, add)
     dy, grads_ = layer.adjoint(params, cache, dy_next, h, bk, grads=grads, **kw)
     return (dy if "add" in kw else plus(dy, add, out)), grads_
-
-
-def written_into(result, out, add=None):
-    """``result + add`` (add None: ``result``) in ``out``: nothing to do when ``result`` is
-    ``out`` (a kernel wrote it there), else the copy or the ``numpy.add`` (CuPy's on CuPy
-    arrays) an F-sweep makes of a new result. Returns ``out`` (out None: ``result``)."""
-    if out is None or result is out:
-        return result
-    if add is None:
-        out[...] = result
-    else:
-        np.add(result, add, out=out)
-    return out
 
 
 def forward_batched_into(layer, params, Y, h, bk, out=None, add=None):

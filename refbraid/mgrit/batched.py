@@ -215,14 +215,15 @@ def _propagate_into(out, u, g, points, c_pos, step, ghost, unforced: bool) -> bo
     c = len(c_pos)
     initial = c and int(points[0]) == 0
     if not (step.batched_into and c and int(c_pos[0]) == 0
-            and (isinstance(ghost, Stepped) if not initial else g is not None)
+            and (initial or isinstance(ghost, Stepped))
             and one_array_library(u, out, *(() if g is None else (g,)))):
         return False
-    head = g[:1, ...] if initial else namespace(u).asarray(ghost.value)[None, ...]
-    if initial or g is None or unforced:
-        out[:1, ...] = head
+    if initial:  # (P u)[0] = g[0] (0 without g: propagate_at's zeros)
+        out[:1, ...] = 0 if g is None else g[:1, ...]
+    elif g is None or unforced:
+        out[:1, ...] = namespace(u).asarray(ghost.value)[None, ...]
     else:
-        np.add(head, g[:1, ...], out=out[:1, ...])
+        np.add(namespace(u).asarray(ghost.value)[None, ...], g[:1, ...], out=out[:1, ...])
     if c > 1:
         inner = np.asarray(c_pos[1:], dtype=np.int64)
         add = None if (g is None or unforced) else g[row_slice(inner), ...]
@@ -247,19 +248,10 @@ def fas_rhs(rr, v, points, step, ghost=None, ghost_point=None, out=None):
     difference and the sum into ``out`` where NumPy allows.
     """
     n = v.shape[0]
-    initial = n and int(points[0]) == 0
-    fits = (step.batched_into and n and (initial or isinstance(ghost, Stepped))
-            and one_array_library(v, rr) and rr.shape == v.shape
-            and (out is None or (one_array_library(v, out) and out.shape == v.shape)))
-    if not fits:
-        return fas_sum(rr, v, propagate_at(v, None, points, range(n), step, ghost, ghost_point),
-                       out)
     g = empty_on(v, v.shape) if out is None else out
-    if initial:
-        g[:1, ...] = 0
-    else:
-        g[:1, ...] = namespace(v).asarray(ghost.value)[None, ...]
-    if n > 1:
-        step.many(v[:-1, ...], points[:-1], points[1:], out=g[1:, ...], add=None)
-    np.subtract(v, g, out=g)
-    return np.add(rr, g, out=g)
+    if (one_array_library(v, rr) and rr.shape == g.shape == v.shape
+            and _propagate_into(g, v, None, points, np.arange(n), step, ghost, False)):
+        np.subtract(v, g, out=g)
+        return np.add(rr, g, out=g)
+    return fas_sum(rr, v, propagate_at(v, None, points, range(n), step, ghost, ghost_point),
+                   g)

@@ -29,7 +29,6 @@ Shape legend: n points in the block, c C-points, S the state shape.
 from __future__ import annotations
 
 import numpy as np
-from array_api_compat import is_cupy_array
 
 from ..backends.into import add_into, in_place_ok, one_array_library
 from ..backends.portable import empty_on, stack_rows
@@ -97,13 +96,9 @@ def correct(u, c_pos, w, v, inplace: bool = False, interpolate=None):
     if interpolate is not None:
         d = interpolate(d)
     rows = row_slice(c_pos)
-    if rows is not None and isinstance(out, np.ndarray):
-        view = out[rows, ...]  # NumPy view of the C-rows: corrected in place
+    if rows is not None and (isinstance(out, np.ndarray) or one_array_library(out, d)):
+        view = out[rows, ...]  # a NumPy (or CuPy) view of the C-rows: corrected in place
         view += d
-        return out
-    if rows is not None and is_cupy_array(out) and is_cupy_array(d) and out.dtype == d.dtype:
-        view = out[rows, ...]  # a CuPy view too: one launch adds into it (no sum, then copy)
-        np.add(view, d, out=view)
         return out
     if rows is not None:  # other array-API arrays: one strided read, add and write
         out[rows, ...] = out[rows, ...] + d
