@@ -200,3 +200,30 @@ def test_the_residual_kernel_on_the_gpu(dtype):
     assert sums[0] == sums[1] == sums[2]
     assert sums[0] == pytest.approx(float(np.sum(np.square(want, dtype=np.float64))),
                                     rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_the_plus_difference_kernel_writes_in_place_on_the_gpu(dtype):
+    """cupy_fused.plus_difference as MGRIT calls it: ``u[C] + (w − v)`` into the C-rows (a
+    strided view that is also the first input) and ``r + (v − g)`` into g (also the third
+    input): NumPy's two operations bit for bit (additions only: nothing to contract), and
+    CuPy copying no input that is the output (the result would be the same; the launch
+    count would not: one launch)."""
+    if "cupy" not in available_backends():
+        pytest.skip("the cupy backend on a real GPU: none here")
+    import cupy
+
+    from refbraid.backends.cupy_fused import plus_difference
+
+    rng = np.random.default_rng(13)
+    u = rng.standard_normal((4 * 33, 64, 256)).astype(dtype)
+    w, v, r = (rng.standard_normal((33, 64, 256)).astype(dtype) for _ in range(3))
+    ud, wd, vd, rd = (cupy.asarray(a) for a in (u, w, v, r))
+    rows = ud[::4]
+    assert plus_difference(rows, rows, wd, vd)
+    want = u.copy()
+    want[::4] += w - v
+    np.testing.assert_array_equal(cupy.asnumpy(ud), want)
+    g = cupy.asarray(u[:33])
+    assert plus_difference(g, rd, vd, g)
+    np.testing.assert_array_equal(cupy.asnumpy(g), r + (v - u[:33]))

@@ -21,6 +21,8 @@ float against a T array)::
     scaled_act_adjoint_copy  s as scaled_act_adjoint, and a copy of dy  (adjoint without
                         the weight gradient, one step: then ``gemm_accumulate`` adds s W
                         into the copy, cuBLAS's GEMM with β = 1)
+    plus_difference     out = a + (b − c)                             (MGRIT's FAS right-hand
+                        side r + (v − Φ_Δ) and its correction u[C] + (w − v), in place)
 
 with σ, σ' in :data:`ACT` / :data:`ACT_ADJOINT` (tanh, relu, gelu, identity); the last is a
 ``RawKernel`` with a block of 32 × 32 threads per 32 columns (an element-wise kernel cannot
@@ -352,7 +354,30 @@ def _add_column_sums_ref(act, p, dy_next, s):
 
 ADD_COLUMN_SUMS = AddColumnSums()
 
+#: ``out = a + (b − c)``: two of MGRIT's passes over whole levels in one launch, with the
+#: additions of the two NumPy operations they replace — the FAS right-hand side
+#: ``g_Δ = r + (v − Φ_Δ(v))`` and the correction ``u[C] ← u[C] + (w − v)``.
+PLUS_DIFFERENCE = Fused("plus_difference", "T a, T b, T c", "T out", "out = a + (b - c)",
+                        lambda act, a, b, c: a + (b - c))
+
+
+def plus_difference(out, a, b, c) -> bool:
+    """``out = a + (b − c)`` in one launch (:data:`PLUS_DIFFERENCE`) where the fused kernels
+    take the arrays — CuPy's, or the stand-in's, all of ``out``'s shape and of one floating
+    dtype, while switched on (:func:`fused`); returns False, writing nothing, where they do
+    not. ``out`` may be ``a`` or ``c`` itself (the same array object: each element is read
+    before it is written, and CuPy copies no input that *is* an output)."""
+    from array_api_compat import is_cupy_array
+
+    arrays = (out, a, b, c)
+    if not (all(map(is_cupy_array, arrays)) and one_float_dtype(*arrays)
+            and all(x.shape == out.shape for x in arrays)):
+        return False
+    PLUS_DIFFERENCE.into("identity", (out,), a, b, c)
+    return True
+
 #: Every fused kernel (the compile check walks this).
 KERNELS = (ACTIVATION, EULER_ACT, ACT_ADJOINT_KERNEL, BIAS_ACT_EULER, BIAS_ACT_EULER_ADD,
-           SUM_PLUS, SCALED_ACT_ADJOINT, ADD_COLUMN_SUMS, SCALED_ACT_ADJOINT_COPY)
+           SUM_PLUS, SCALED_ACT_ADJOINT, ADD_COLUMN_SUMS, SCALED_ACT_ADJOINT_COPY,
+           PLUS_DIFFERENCE)
 

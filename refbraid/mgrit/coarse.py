@@ -29,6 +29,7 @@ Shape legend: n points in the block, c C-points, S the state shape.
 from __future__ import annotations
 
 import numpy as np
+from array_api_compat import is_cupy_array
 
 from ..backends.into import add_into, in_place_ok, one_array_library
 from ..backends.portable import empty_on, stack_rows
@@ -83,6 +84,11 @@ def fas_sum(rr, v, phi, out=None):
     if g is not None and in_place_ok(g, v, phi, rr):
         np.subtract(v, phi, out=g)
         return np.add(rr, g, out=g)
+    if g is not None and is_cupy_array(g):
+        from ..backends.cupy_fused import plus_difference
+
+        if plus_difference(g, rr, v, phi):  # the same two operations, one launch
+            return g
     return add_into(rr, v - phi, out)
 
 
@@ -90,12 +96,20 @@ def correct(u, c_pos, w, v, inplace: bool = False, interpolate=None):
     """FAS correction ``u[C] += w - v`` (``u[C] += P(w - v)`` with ``interpolate`` = P on
     the stacked differences); F-points are left for the interpolating F-sweep.
 
-    Returns a corrected copy, or corrects ``u`` itself with ``inplace``."""
+    Returns a corrected copy, or corrects ``u`` itself with ``inplace``. On CuPy arrays the
+    difference and the sum are one launch (``cupy_fused.plus_difference``: the same
+    additions)."""
     out = u if inplace else copy(u)
+    rows = row_slice(c_pos)
+    if interpolate is None and rows is not None and is_cupy_array(out):
+        from ..backends.cupy_fused import plus_difference
+
+        view = out[rows, ...]
+        if plus_difference(view, view, w, v):
+            return out
     d = w - v
     if interpolate is not None:
         d = interpolate(d)
-    rows = row_slice(c_pos)
     if rows is not None and (isinstance(out, np.ndarray) or one_array_library(out, d)):
         view = out[rows, ...]  # a NumPy (or CuPy) view of the C-rows: corrected in place
         view += d
