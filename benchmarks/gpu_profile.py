@@ -67,8 +67,8 @@ def device_activity(one) -> str:
 
 def profile_one(bname: str, mode: str, case, dtype, simulator: bool = False) -> str:
     """The report of one backend and mode (see the module docstring)."""
-    from benchmarks.gpu import backend, median_ms, synchronise
     from benchmarks.gpu_cases import gradient_case, gradient_settings
+    from benchmarks.gpu_timing import backend, median_ms, synchronise
     from refbraid.backends.device_batching import sweeps_batched
     from refbraid.network import to_backend
     from refbraid.training.gradients import mgrit_gradient, sequential_gradient

@@ -37,9 +37,10 @@ from typing import Any
 from .backends import Backend, get_backend
 from .backends.capture_state import is_recording_graph
 from .backends.host import loss_value
+from .input_checks import check_inputs
 from .mgrit import GradientWorkspace, MGRITResult, MGRITSettings, Problem, solve
 from .mgrit.transfer import SpatialCoarsening
-from .network import Network, Params, check_inputs, group, set_rows_from
+from .network import Network, Params, group, set_rows_from
 from .propagators import (  # noqa: F401  (the propagators: re-exported)
     AdjointPropagator,
     CachingForward,
@@ -216,7 +217,7 @@ def mgrit_forward(net: Network, params: Params, x, settings: MGRITSettings,
     its accuracy is measured with (as TorchBraid does). ``propagator`` (e.g. a
     :class:`CachingForward`) replaces the plain :class:`ForwardPropagator`; ``transfer`` is
     the spatial transfer (``LayerParallelSettings.forward_transfer``). ``params`` and ``x``
-    are checked first (:func:`refbraid.network.check_inputs`).
+    are checked first (:func:`refbraid.input_checks.check_inputs`).
     """
     bk = get_backend(bk)
     check_inputs(net, params, x)
@@ -248,7 +249,7 @@ def layer_parallel_gradient(
     GradientWorkspace; the next call with it overwrites info's trajectories). The loss is
     evaluated on the MGRIT forward solution, the gradient is the exact gradient of that
     approximate forward pass when the adjoint solve has converged. ``params``, ``x`` and
-    ``labels`` are checked first (:func:`refbraid.network.check_inputs`).
+    ``labels`` are checked first (:func:`refbraid.input_checks.check_inputs`).
     """
     bk = get_backend(bk)
     settings = as_settings(settings)

@@ -249,7 +249,7 @@ def test_the_torch_baseline_of_the_gpu_suite_is_refbraids_ode_body(model):
     """The ``gpu`` suite's PyTorch serial backprop (timed on a GPU only) runs here on the CPU:
     its N steps are refbraid's DenseStep / ConvStep with the same weights (tanh, h = T/N)."""
     torch = pytest.importorskip("torch")
-    from benchmarks.gpu import torch_ode_backprop
+    from benchmarks.gpu_timing import torch_ode_backprop
     from refbraid.backends import get_backend
     from refbraid.layers import ConvStep, DenseStep
 
@@ -271,7 +271,7 @@ def test_the_gpu_suite_times_the_batched_gradient_with_cupys_matmul_too(monkeypa
     """``LP batched, CuPy matmul``: the same batched gradient with its batched products
     through CuPy's ``matmul`` (the A/B of refbraid's strided-batched GEMM), checked against
     the per-step gradient; on the counting stand-in, CuPy's way makes its operand copies."""
-    from benchmarks import gpu
+    from benchmarks import gpu_timing
     from benchmarks.gpu_cases import TINY_GRADIENT_CASES, gradient_case, gradient_settings
     from refbraid.backends import launch_count
     from refbraid.backends.cupy_blas import GEMM_ENV
@@ -281,18 +281,18 @@ def test_the_gpu_suite_times_the_batched_gradient_with_cupys_matmul_too(monkeypa
     from refbraid.training.gradients import mgrit_gradient
 
     monkeypatch.delenv(GEMM_ENV, raising=False)
-    monkeypatch.setattr(gpu, "synchronise", lambda name: None)
+    monkeypatch.setattr(gpu_timing, "synchronise", lambda name: None)
     net, params, x, y, size = gradient_case(*TINY_GRADIENT_CASES[0], np.float64)
     with launch_count.counting("cupy") as bk:
         args = (to_backend(params, bk), bk.asarray(x), bk.asarray(y))
         lp = mgrit_gradient(net, gradient_settings(True), bk)
         per_step = lp(*args)[1]
-        (row,) = gpu.cupy_matmul_row(lp, bk, args, per_step, size, "float64", 1.0, 0, 1)
+        (row,) = gpu_timing.cupy_matmul_row(lp, bk, args, per_step, size, "float64", 1.0, 0, 1)
         assert GEMM_ENV not in os.environ  # restored
         with sweeps_batched(True):
             with tracking() as ours:
                 lp(*args)
-            with gpu.cupy_matmul(), tracking() as cupys:
+            with gpu_timing.cupy_matmul(), tracking() as cupys:
                 lp(*args)
     assert row[0] == "LP batched, CuPy matmul" and row[3] == bk.name and float(row[6]) < 1e-12
     copies = [t.tally.by_name.get("ascontiguousarray", 0) for t in (ours, cupys)]
@@ -304,7 +304,7 @@ def test_the_gpu_suite_times_the_conv_gradients_with_column_matrices_too(monkeyp
     eager and replayed from CUDA graphs, with column-matrix convolutions (the A/B of the
     direct kernels), each checked against the direct one; on the counting stand-in the
     column matrices and their GEMMs are there, the direct kernels not."""
-    from benchmarks import gpu
+    from benchmarks import gpu_timing
     from benchmarks.gpu_cases import TINY_GRADIENT_CASES, gradient_case, gradient_settings
     from refbraid.backends import launch_count
     from refbraid.backends.cupy_conv import CONV_ENV
@@ -314,20 +314,20 @@ def test_the_gpu_suite_times_the_conv_gradients_with_column_matrices_too(monkeyp
     from refbraid.training.gradients import mgrit_gradient, sequential_gradient
 
     monkeypatch.delenv(CONV_ENV, raising=False)
-    monkeypatch.setattr(gpu, "synchronise", lambda name: None)
+    monkeypatch.setattr(gpu_timing, "synchronise", lambda name: None)
     conv = next(c for c in TINY_GRADIENT_CASES if c[0] == "conv")
     net, params, x, y, size = gradient_case(*conv, np.float64)
     settings = gradient_settings(True)
     with launch_count.counting("cupy") as bk:
         args = (to_backend(params, bk), bk.asarray(x), bk.asarray(y))
         per_step = mgrit_gradient(net, settings, bk)(*args)[1]
-        rows = list(gpu.im2col_rows(net, settings, bk, args, per_step, size, "float64", 1.0,
-                                    0, 1))
+        rows = list(gpu_timing.im2col_rows(net, settings, bk, args, per_step, size, "float64",
+                                           1.0, 0, 1))
         assert CONV_ENV not in os.environ  # restored
         with sweeps_batched(True):
             with tracking() as direct:
                 sequential_gradient(net, bk)(*args)
-            with gpu.im2col_convolutions(), tracking() as im2col:
+            with gpu_timing.im2col_convolutions(), tracking() as im2col:
                 sequential_gradient(net, bk)(*args)
     assert [r[0] for r in rows] == [
         "LP batched, im2col conv", "refbraid serial, im2col conv",
@@ -343,14 +343,14 @@ def test_a_gpu_case_that_raises_is_a_failed_row_and_the_others_go_on(monkeypatch
     with the error, every other row is measured, the runner keeps them in its table and JSON
     and exits 1."""
     import benchmarks.__main__ as runner
-    from benchmarks import gpu
+    from benchmarks import gpu, gpu_timing
 
-    rows = list(gpu.layer_rows(["numpy", "no-such-backend"], np.float64, True, 0, 1))
+    rows = list(gpu_timing.layer_rows(["numpy", "no-such-backend"], np.float64, True, 0, 1))
     failed = [r for r in rows if str(r[6]).startswith("FAILED")]
     assert failed and {r[3] for r in failed} == {"no-such-backend"}
     assert "no-such-backend" in failed[0][6]  # the error's own words
     assert len([r for r in rows if r[3] == "numpy"]) == len(failed)  # every layer measured
-    grads = list(gpu.gradient_rows(["no-such-backend", "numpy"], np.float64, True, 0, 1))
+    grads = list(gpu_timing.gradient_rows(["no-such-backend", "numpy"], np.float64, True, 0, 1))
     assert [r[0] for r in grads if r[3] == "numpy"] == ["LP per-step", "LP batched",
                                                         "refbraid serial"] * 2
 
@@ -363,7 +363,7 @@ def test_a_gpu_case_that_raises_is_a_failed_row_and_the_others_go_on(monkeypatch
     saved = json.loads(out.read_text())
     assert len(saved["results"]) == 1
     assert any(n.startswith("FAILED") for n in saved["notes"]["gpu"])
-    steps = gpu.step_rows(["numpy", "no-such-backend"], np.float64, True, 0, 1)
+    steps = gpu_timing.step_rows(["numpy", "no-such-backend"], np.float64, True, 0, 1)
     assert [str(r[6]).startswith("FAILED") for r in steps] == [False, True]
 
 
@@ -372,10 +372,10 @@ def test_a_gpu_worker_that_crashes_keeps_the_rows_it_finished(monkeypatch, tmp_p
     the rows it already streamed with it: they are kept, a FAILED note quotes the crash's
     last line, and the runner exits 1."""
     import benchmarks.__main__ as runner
-    from benchmarks import gpu
+    from benchmarks import gpu, gpu_timing
     from benchmarks.harness import WorkerFailed
 
-    ok = next(gpu.layer_rows(["numpy"], np.float64, True, 0, 1))
+    ok = next(gpu_timing.layer_rows(["numpy"], np.float64, True, 0, 1))
 
     def crashed(*args, **kwargs):
         raise WorkerFailed("failed (exit 1):\nCUDAError: LAUNCH_OUT_OF_RESOURCES",

@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pytest
 
-from refbraid.backends import cupy_standin, launch_count
+from refbraid.backends import launch_count
 from refbraid.backends.capture_state import (
     HostReadDeferred,
     host_reads_deferred,
@@ -25,6 +25,7 @@ from refbraid.backends.device_batching import sweeps_batched
 from refbraid.backends.graphs import record
 from refbraid.backends.host import host_float, to_host
 from refbraid.backends.portable import stack_rows
+from refbraid.backends.standin_rules import CaptureViolation
 from refbraid.layer_parallel import LayerParallelSettings, place_batched_runs, strided_runs
 from refbraid.mgrit import MGRITSettings, Problem, solve
 from refbraid.network import to_backend
@@ -95,11 +96,11 @@ def test_what_a_capture_cannot_do_is_refused(cupylike):
         record(lambda: host_float(a.sum()), cupylike.xp)
     with host_reads_deferred():  # a warm-up may copy over (filling caches); a recording not
         cupylike.asarray(np.ones(2))
-    with recording_graph(), pytest.raises(cupy_standin.standin_array.CaptureViolation):
+    with recording_graph(), pytest.raises(CaptureViolation):
         cupylike.asarray(np.ones(2))
     rows = [a * k for k in range(9)]
     with recording_graph():
-        with pytest.raises(cupy_standin.standin_array.CaptureViolation, match="address"):
+        with pytest.raises(CaptureViolation, match="address"):
             cupylike.xp.stack(rows)
         stacked = stack_rows(rows)  # one row assignment each while recording
     np.testing.assert_array_equal(to_host(stacked), to_host(cupylike.xp.stack(rows)))

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from conftest import BACKEND_PARAMS, backend_or_skip
 
+from refbraid.input_checks import check_batch
 from refbraid.layers import Classifier, ConvLift, ConvStep, DenseLift, DenseStep
-from refbraid.network import Network, backprop, check_batch, init_params, loss_and_logits
+from refbraid.network import Network, backprop, init_params, loss_and_logits
 from refbraid.verify import check_network, default_networks
 
 NETWORKS = default_networks()

@@ -27,7 +27,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from . import standin_array
-from .standin_array import DEVICE, forbid_host_conversions, ndarray, run, to_device
+from .standin_array import ndarray, run, to_device
+from .standin_rules import DEVICE, forbid_host_conversions
 from .strict_device import erf_values
 
 __all__ = ["DEVICE", "forbid_host_conversions", "install", "is_standin", "module", "ndarray",

@@ -45,54 +45,32 @@ data, ``permute_dims``, slicing)
 =====================================  ============================================================
 
 Inside :func:`~refbraid.backends.capture_state.recording_graph` (the contract of a CUDA graph
-capture) every copy between host and device raises :class:`CaptureViolation`, and so does a
-``stack``/``concat`` of more than 8 arrays of one dtype: CuPy copies a table of their
-addresses from the host for it (its single-kernel concatenation), which a capture would
-record pointing at host memory that is freed afterwards.
+capture) every copy between host and device raises
+:class:`~refbraid.backends.standin_rules.CaptureViolation`, and so does a ``stack``/``concat``
+of more than 8 arrays of one dtype (:mod:`.standin_rules` says why).
+
+The rules (the device, the refused host conversions, the capture check, which functions are
+views, each operator's reported name) are :mod:`.standin_rules`; this module is the array and
+:func:`run`, the one door every operation on it passes.
 """
 
 from __future__ import annotations
 
-import contextlib
-import numbers
-from collections.abc import Iterator
-
 import numpy as np
 
-from .capture_state import is_recording_graph
 from .launch_model import current
 from .portable import POINTER_TABLE_ABOVE
-from .strict_device import HostConversionError
-
-IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. Please use `.get()` to "
-            "construct a NumPy array explicitly.")
-
-#: NumPy functions that return a view of their input (no launch when they do).
-VIEWS = frozenset({"reshape", "permute_dims", "transpose", "expand_dims", "squeeze",
-                   "broadcast_to", "swapaxes", "moveaxis", "matrix_transpose", "ravel",
-                   "atleast_1d", "atleast_2d", "atleast_3d", "broadcast_arrays", "unstack",
-                   "split", "flip", "as_strided"})
-#: Functions that make new memory without writing it.
-EMPTY = frozenset({"empty", "empty_like"})
-
-
-class _Device:
-    """``ndarray.device``: the one (pretend) GPU, as CuPy's ``cupy.cuda.Device(0)``."""
-
-    id = 0
-
-    def __repr__(self) -> str:
-        return "<CUDA Device 0>"
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, _Device)
-
-    def __hash__(self) -> int:
-        return 0
-
-
-DEVICE = _Device()
-_state = {"guard": False}
+from .standin_rules import (
+    DEVICE,
+    EMPTY,
+    IMPLICIT,
+    VIEWS,
+    _capture_check,
+    _guarded,
+    _is_basic,
+    _refuse_host,
+    _reported,
+)
 
 
 def module_function(name: str):
@@ -101,20 +79,7 @@ def module_function(name: str):
     return None
 
 
-@contextlib.contextmanager
-def forbid_host_conversions() -> Iterator[None]:
-    """Within the block every implicit host conversion of a stand-in array raises."""
-    before = _state["guard"]
-    _state["guard"] = True
-    try:
-        yield
-    finally:
-        _state["guard"] = before
-
-
 # ----------------------------------------------------------------------------- the one door
-def _refuse_host(x):
-    raise TypeError(f"Unsupported type {type(x)}")
 
 
 def _unwrap(x, reads: list, host_ok: bool = False):
@@ -155,16 +120,6 @@ def storage_of(v) -> list[np.ndarray]:
     if isinstance(v, (list, tuple)):
         return [a for x in v for a in storage_of(x)]
     return []
-
-
-class CaptureViolation(RuntimeError):
-    """Host↔device traffic inside ``recording_graph`` (module docstring)."""
-
-
-def _capture_check(what: str) -> None:
-    if is_recording_graph():
-        raise CaptureViolation(f"{what} inside recording_graph() (a CUDA graph capture would "
-                               f"record it pointing at host memory, or fail).")
 
 
 def run(name: str, fn, args=(), kwargs=None):
@@ -212,12 +167,6 @@ def to_device(values, dtype=None) -> ndarray:
     return ndarray(a)
 
 
-def _is_basic(index) -> bool:
-    items = index if isinstance(index, tuple) else (index,)
-    return all(i is None or i is Ellipsis or isinstance(i, (slice, numbers.Integral))
-               for i in items)
-
-
 def _index(index, reads: list):
     """The NumPy index of ``index``: stand-in arrays' storage (read by the launch), host
     index arrays and lists copied over (a host→device copy each)."""
@@ -235,18 +184,6 @@ def _index(index, reads: list):
                 t.to_device(np.array(i, copy=True))
         out.append(i)
     return tuple(out) if isinstance(index, tuple) else out[0]
-
-
-def _guarded(name: str, convert):
-    def method(self, *args):
-        if _state["guard"]:
-            raise HostConversionError(
-                f"implicit host conversion `{name}` of a device array (shape {self.shape}); "
-                "use refbraid.backends.host.to_host")
-        return convert(self.get(), *args)
-
-    method.__name__ = name
-    return method
 
 
 class ndarray:  # noqa: N801 - the name CuPy (and array-api-compat's detection) uses
@@ -364,24 +301,6 @@ class ndarray:  # noqa: N801 - the name CuPy (and array-api-compat's detection) 
         return mine(*args, **kwargs)
 
     __hash__ = None
-
-
-#: The array API's name of each operator, as a launch is reported (``a @ b`` is ``matmul``).
-OPERATOR_NAMES = {"add": "add", "sub": "subtract", "mul": "multiply", "truediv": "divide",
-                  "floordiv": "floor_divide", "mod": "remainder", "pow": "power",
-                  "matmul": "matmul", "and": "bitwise_and", "or": "bitwise_or",
-                  "xor": "bitwise_xor", "lshift": "bitwise_left_shift",
-                  "rshift": "bitwise_right_shift", "lt": "less", "le": "less_equal",
-                  "gt": "greater", "ge": "greater_equal", "eq": "equal", "ne": "not_equal"}
-
-
-def _reported(op: str) -> str:
-    """``__radd__``, ``__iadd__``, ``__add__`` → ``add`` (the function the launch runs)."""
-    bare = op.strip("_")
-    for prefix in ("", "r", "i"):
-        if bare.startswith(prefix) and bare[len(prefix):] in OPERATOR_NAMES:
-            return OPERATOR_NAMES[bare[len(prefix):]]
-    return op
 
 
 def _binary(op: str):

@@ -24,9 +24,10 @@ import numpy as np
 from ..backends import Backend, get_backend
 from ..backends.host import host_float
 from ..backends.portable import copy_of, namespace
+from ..input_checks import check_batch
 from ..layer_parallel import LayerParallelSettings, mgrit_forward
 from ..mgrit import GradientWorkspace, Problem
-from ..network import Network, Params, backprop, check_batch, group, row
+from ..network import Network, Params, backprop, group, row
 from ..parallel.mpi import Topology, split_world
 from ..parallel.ops import RowExchange
 from ..propagators import CachingForward, CapturingAdjoint

@@ -137,8 +137,9 @@ def from_state_dict(state_dict: Mapping, spec: NetSpec | dict, dtype=np.float64)
 
 
 def net_param_shapes(net: Network) -> dict[str, tuple]:
-    """Shapes refbraid expects for ``net``'s weights (from :func:`refbraid.network.param_spec`)."""
-    from ..network import param_spec
+    """Shapes refbraid expects for ``net``'s weights (from
+    :func:`refbraid.input_checks.param_spec`)."""
+    from ..input_checks import param_spec
 
     return {k: tuple(e.shape) for k, e in param_spec(net).items() if e.kind == "weight"}
 

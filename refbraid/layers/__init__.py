@@ -15,7 +15,7 @@ it enters a step; an adjoint's incoming ``d…`` must have exactly the forward o
 (no silent broadcasting of a batch of 1); a forward's input and the floating arrays of its
 params must share one dtype. A layer whose params carry data besides weights (an attention's
 ``memory``, a GRU cell's input ``x``, padding masks) lists them in ``data_entries``, so
-:func:`refbraid.network.check_params` does not take them for weights; data held fixed, with
+:func:`refbraid.input_checks.check_params` does not take them for weights; data held fixed, with
 no gradient returned (batch norm's running statistics in evaluation mode), is also listed in
 ``constant_entries``.
 """

@@ -49,9 +49,10 @@ import numpy as np
 
 from ..backends import Backend, get_backend
 from ..distributed.ownership import BlockPlan
+from ..input_checks import check_inputs
 from ..layer_parallel import LayerParallelSettings, as_settings
 from ..mgrit import Problem, solve
-from ..network import Network, Params, check_inputs, group
+from ..network import Network, Params, group
 from ..parallel.virtual import CostModel, VirtualComm, VirtualRun, simulate
 from ..propagators import CachingForward, CapturingAdjoint
 from .schedule import cost_only_problem, replay_settings, state_sizeof

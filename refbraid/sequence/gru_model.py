@@ -23,7 +23,7 @@ BPTT.
 Parameters: ``cell.W_ih`` (3H, I), ``cell.W_hh`` (3H, H), ``cell.b_ih``, ``cell.b_hh`` (3H,)
 (torch's names without ``weight_``), ``closing.W`` (K, H), ``closing.b`` (K,). Every entry
 point checks them against :meth:`GRUModel.init_params` (names, shapes, one dtype shared with
-``x``, finite values; :func:`refbraid.network.check_param_dict`).
+``x``, finite values; :func:`refbraid.input_checks.check_param_dict`).
 
 Shape legend: B batch, L sequence length, I input features, H hidden size, K classes.
 """
@@ -42,12 +42,13 @@ from ..backends.dtypes import dtype_kind
 from ..backends.host import all_finite
 from ..backends.ordered_sums import add_rows_in_order
 from ..backends.portable import zeros_on
+from ..input_checks import Expected, check_input_dtype, check_param_dict
 from ..layer_parallel import LayerParallelInfo, LayerParallelSettings
 from ..layers import Classifier, GRUCell, GRUSequence
 from ..layers.gru import SCHEMES, time_major
 from ..layers.init import NonFiniteError, check_positive_int, check_step_size
 from ..mgrit import MGRITSettings, Problem, solve
-from ..network import Expected, check_input_dtype, check_param_dict, group
+from ..network import group
 from ..propagators import batchable
 from .losses import cross_entropy
 

@@ -45,10 +45,11 @@ import numpy as np
 
 from ..backends import Backend, get_backend
 from ..backends.portable import full_on
+from ..input_checks import Expected, check_param_dict, param_spec
 from ..layer_parallel import LayerParallelInfo, LayerParallelSettings, mgrit_forward
 from ..layers import DecoderStep, EncoderStep, TokenClassifier, TokenEmbedding
 from ..mgrit import MGRITSettings
-from ..network import Expected, Network, check_param_dict, forward, init_params, param_spec
+from ..network import Network, forward, init_params
 from .block_gradient import block_backprop, block_layer_parallel, for_batch
 from .losses import cross_entropy
 from .model_base import SIZE_FIELDS, LayeredModel

@@ -32,6 +32,7 @@ from ..backends import Backend, get_backend
 from ..backends.device_batching import DeviceCopies, copies_cached, gathers_cached, on_device
 from ..backends.graphs import Recording, record
 from ..backends.host import host_float
+from ..input_checks import check_inputs
 from ..layer_parallel import (
     LayerParallelInfo,
     LayerParallelSettings,
@@ -39,7 +40,7 @@ from ..layer_parallel import (
     layer_parallel_gradient,
 )
 from ..mgrit import GradientWorkspace
-from ..network import Network, backprop, check_inputs
+from ..network import Network, backprop
 
 Params = dict[str, Any]
 

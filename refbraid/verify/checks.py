@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 
 from ..backends import Backend, get_backend
+from ..input_checks import check_batch
 from ..layers.init import check_positive_int
-from ..network import Network, check_batch, init_params
+from ..network import Network, init_params
 from .ops import LayerOp, NetworkOp, StepOp
 from .probes import Args, central_difference, complex_step_tangent
 from .result import (

@@ -5,7 +5,7 @@ as the house style writes it). The classes, each fixed at its root by one shared
 
 1. params whose names, shapes or dtypes differ from ``init_params`` — at every entry point
    (``forward``, ``backprop``, ``mgrit_forward``, ``layer_parallel_gradient``, the sequence
-   models): :func:`refbraid.network.check_params`;
+   models): :func:`refbraid.input_checks.check_params`;
 2. an adjoint ``d…`` that would broadcast (a batch of 1 for a batch of 3), on every layer of
    the verification catalogue: :func:`refbraid.layers.init.check_adjoint`;
 3. float32 and float64 mixed in one call: entry points and every layer's forward;
@@ -30,6 +30,7 @@ import pytest
 
 import refbraid.mgrit as mgrit_pkg
 from refbraid.backends import get_backend
+from refbraid.input_checks import check_params
 from refbraid.layer_parallel import (
     LayerParallelSettings,
     layer_parallel_gradient,
@@ -42,7 +43,6 @@ from refbraid.mgrit import MGRITDiverged, MGRITSettings, Problem, sequential_sol
 from refbraid.network import (
     Network,
     backprop,
-    check_params,
     forward,
     init_params,
     loss_and_logits,

@@ -1,6 +1,6 @@
 """The label range checks copy two numbers to the host, not the batch of labels.
 
-``network.check_batch`` and ``sequence.losses.check_labels`` reduce min and max where the
+``input_checks.check_batch`` and ``sequence.losses.check_labels`` reduce min and max where the
 labels live and bring those two scalars through the host door (``host.host_range``). Every
 exit of the stand-in device (``to_device`` the CPU) is recorded here with its size.
 """
@@ -9,8 +9,8 @@ import array_api_strict
 import numpy as np
 import pytest
 
+from refbraid.input_checks import check_batch
 from refbraid.models import build_network
-from refbraid.network import check_batch
 from refbraid.sequence.losses import IGNORE, cross_entropy
 
 
