@@ -33,7 +33,16 @@ from array_api_compat import is_cupy_array
 
 from ..backends.into import add_into, in_place_ok, one_array_library
 from ..backends.portable import empty_on, stack_rows
-from .relax import StepFn, _write_row, copy, propagate_at, row_slice, set_rows, take_rows
+from .relax import (
+    StepFn,
+    _write_row,
+    copy,
+    ghost_step,
+    propagate_at,
+    row_slice,
+    set_rows,
+    take_rows,
+)
 
 
 def restrict(u, c_pos):
@@ -141,7 +150,7 @@ def forward_substitution(g, points, step: StepFn, ghost=None, ghost_point=None, 
     does a step on CuPy arrays that returns a new array rather than writing the row (on a GPU
     one stack at the end is fewer launches than a copy per row); other arrays take the list
     path."""
-    first = propagate_at(g, g, points, [0], step, ghost, ghost_point)[0, ...]
+    first = _first_row(g, points, step, ghost, ghost_point)
     p = [int(s) for s in points]
     if one_array_library(g, first):
         block = empty_on(g, g.shape) if out is None else out
@@ -161,6 +170,18 @@ def forward_substitution(g, points, step: StepFn, ghost=None, ghost_point=None, 
         block[0, ...] = first
         return block
     return _substitute_rest([first], g, p, step)
+
+
+def _first_row(g, points, step: StepFn, ghost, ghost_point):
+    """``u[0]`` of :func:`forward_substitution` (``propagate_at``'s row 0): ``g[0]`` at the
+    initial point — a view, which the first step reads where it is and the block gets a copy
+    of, at the end — else ``Φ(ghost) + g[0]``; no block of one row (on a GPU the stack of
+    one row was a launch on the solve's critical path)."""
+    if int(points[0]) == 0:
+        return g[0, ...]
+    if ghost is None:
+        raise ValueError(f"block starting at s={int(points[0])} needs a `ghost` value.")
+    return ghost_step(step, ghost, ghost_point, int(points[0])) + g[0, ...]
 
 
 def _substitute_rest(rows: list, g, p: list, step: StepFn):

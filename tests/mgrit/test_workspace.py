@@ -188,3 +188,37 @@ def test_workspace_keys_separate_dtypes_and_shapes():
     assert ws.allocations == 5 and len(ws) == 5
     ws.clear()
     assert len(ws) == 0
+
+
+@pytest.mark.parametrize("start", [0, 4], ids=["initial", "ghost"])
+def test_forward_substitution_on_a_device_stacks_no_first_row(start):
+    """On CuPy arrays (the counting stand-in) the block's first row is ``g[0]`` read in place
+    by the first step (and copied into the block once), or ``Φ(ghost) + g[0]``: no block of
+    one row stacked on the solve's critical path. The block equals NumPy's."""
+    from refbraid.backends import launch_count
+    from refbraid.backends.host import to_host
+
+    rng = np.random.default_rng(3)
+    g, ghost = rng.standard_normal((9, 3)), rng.standard_normal(3)
+    points = np.arange(start, start + 9)
+
+    def step(u, a, b, out=None, add=None):
+        val = u * 0.5
+        if add is None:
+            return val
+        np.add(val, add, out=out)
+        return out
+
+    problem = Problem(step, g[0], 16)
+
+    def solve(g, ghost):
+        return forward_substitution(g, points, CountingStep(problem), ghost if start else None,
+                                    start - 1)
+
+    want = solve(g, ghost)
+    with launch_count.counting("cupy") as bk:
+        dg, dghost = bk.asarray(g), bk.asarray(ghost)
+        counted = launch_count.count(lambda: solve(dg, dghost))
+        np.testing.assert_array_equal(to_host(solve(dg, dghost)), want)
+    steps = 8 + (start > 0)  # the ghost's step too
+    assert counted.by_name == {"multiply": steps, "add": steps, "setitem": 1}
