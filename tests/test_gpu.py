@@ -146,6 +146,38 @@ def test_the_direct_convolution_kernels_match_numpy_at_their_full_tile_sizes(dty
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_the_conv_step_adjoint_stages_its_scaled_input_on_the_gpu(dtype):
+    """The direct kernels forming ``s = h σ'(z) ⊙ dy_next`` as they read it, at their own
+    sizes: ``dy_next + W *ᵀ s`` (the transposed convolution's prologue) and dW, db of s (the
+    weight gradient's threads) — tanh and GELU, per-row h, dy and z every second state read
+    in place — against the separate scaled-adjoint kernel, then the same kernels: CUDA's
+    tanh/erf in both, so to a few ulps of the sums (the same arithmetic, another
+    compilation)."""
+    if "cupy" not in available_backends():
+        pytest.skip("the cupy backend on a real GPU: none here")
+    import cupy
+
+    from refbraid.backends import cupy_conv
+    from refbraid.backends.cupy_fused import SCALED_ACT_ADJOINT
+
+    rng = np.random.default_rng(8)
+    k, B, C, H, Wd = 3, 4, 24, 33, 18
+    U = cupy.asarray(rng.standard_normal((2 * k, B, C, H, Wd)).astype(dtype))
+    dY, Z = U[::2], U[1::2]
+    W = cupy.asarray((0.2 * rng.standard_normal((k, C, C, 3, 3))).astype(dtype))
+    h = cupy.asarray(np.array([0.25, 0.5, 0.125], dtype)[:, None, None, None, None])
+    tol = 1e-12 if dtype == np.float64 else 1e-5
+    X = cupy.asarray(rng.standard_normal((k, B, C, H, Wd)).astype(dtype))
+    for act in ("tanh", "gelu"):
+        want = cupy_conv.conv2d_adjoint(X, W, SCALED_ACT_ADJOINT(act, Z, dY, h), True, add=dY)
+        got = cupy_conv.conv2d_adjoint(X, W, dY, True, add=dY, scale=(Z, h, act))
+        for name, g, w in zip(("dx", "dW", "db"), got, want, strict=True):
+            w = cupy.asnumpy(w)
+            np.testing.assert_allclose(cupy.asnumpy(g), w, rtol=0,
+                                       atol=tol * np.max(np.abs(w)), err_msg=f"{act} {name}")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_the_column_sum_kernel_writes_mgrit_rows_on_the_gpu(dtype):
     """cupy_fused.ADD_COLUMN_SUMS reading dy_next from every m-th state of an iterate and
     writing ``(dy_next + p) + g`` into other rows of it (offset and row stride, no copies):

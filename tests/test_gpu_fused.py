@@ -136,11 +136,20 @@ def test_every_fused_kernel_compiles_and_fits_its_blocks_on_real_gpus(T):
         compiled.append((f"conv_weight_grad {side}x{side}", cupy_conv_direct.THREADS,
                          _nvrtc_compile(cupy_conv_direct.cuda_source("conv_weight_grad", T, side),
                                         arch)))
-        for epilogue, act, g in [("add", "identity", False), ("add", "identity", True),
-                                 *(("step", a, g) for a in ACTIVATIONS for g in (False, True))]:
-            compiled.append((f"conv_direct {epilogue} {act} {g}", cupy_conv_direct.THREADS,
+        for act in ACTIVATIONS:  # h σ'(z) ⊙ dy formed as the threads read it
+            compiled.append((f"conv_weight_grad {side}x{side} scale {act}",
+                             cupy_conv_direct.THREADS,
                              _nvrtc_compile(cupy_conv_direct.cuda_source(
-                                 "conv_direct", T, epilogue=epilogue, act=act, add_g=g), arch)))
+                                 "conv_weight_grad", T, side, act=act, scale=True), arch)))
+        for epilogue, act, g, scale in [
+                ("add", "identity", False, False), ("add", "identity", True, False),
+                *(("step", a, g, False) for a in ACTIVATIONS for g in (False, True)),
+                *(("add", a, g, True) for a in ACTIVATIONS for g in (False, True))]:
+            compiled.append((f"conv_direct {epilogue} {act} {g} scale={scale}",
+                             cupy_conv_direct.THREADS,
+                             _nvrtc_compile(cupy_conv_direct.cuda_source(
+                                 "conv_direct", T, epilogue=epilogue, act=act, add_g=g,
+                                 scale=scale), arch)))
         for name, threads, ptx in compiled:
             registers, shared = ptxas_resources(ptx, cc)
             if not block_fits(registers, shared, threads):

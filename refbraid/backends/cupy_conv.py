@@ -46,6 +46,7 @@ import os
 from . import cupy_conv_direct as direct
 from .cupy_blas import product
 from .cupy_conv_columns import columns
+from .cupy_conv_direct_host import transposed_kernel
 from .portable import contiguous, namespace
 
 #: ``REFBRAID_CUPY_CONV=im2col``: every convolution of the cupy backend through the column
@@ -102,14 +103,18 @@ def ode_step(y, W, b, h, act: str, into=None, g=None):
     return BIAS_ACT_EULER_ADD.into(act, (None, into), conv2d(y, W), bias, y, h, g)
 
 
-def conv2d_adjoint(x, W, dz, grads: bool = True, add=None, into=None, g=None):
+def conv2d_adjoint(x, W, dz, grads: bool = True, add=None, into=None, g=None, scale=None):
     """The adjoint of :func:`conv2d` (plus a bias): ``(dx, dW, db)``, with ``add`` (dx's
     shape) ``dx = add + W *ᵀ dz`` (direct: in the convolution's launch); dW and db are None
     unless ``grads``. dx (..., B, C, H, W): the direct kernel's C-ordered result, or (column
     matrix) a permuted view when ``add`` is None. With ``add`` and ``into`` (rows of MGRIT's
     iterate) the direct kernel writes ``dx + g`` (g None: 0) there and returns ``into`` as
     dx, as :func:`ode_step` does (the column-matrix form, or rows a kernel cannot write in
-    place: dx new, without g)."""
+    place: dx new, without g). ``scale = (z, h, act)``: ``dz`` stands for ``h σ'(z) ⊙ dz``
+    (the conv ODE step's adjoint), made by the direct kernels as they read it (the
+    transposed convolution as it stages its input, the weight gradient's threads as they
+    sum: no array of it, no launch of its own), else by cupy_fused.SCALED_ACT_ADJOINT
+    first."""
     xp = namespace(x)
     *lead, B, O, H, Wd = dz.shape
     s = W.shape[-1]
@@ -118,15 +123,21 @@ def conv2d_adjoint(x, W, dz, grads: bool = True, add=None, into=None, g=None):
     tiling = direct_tiling(dz, W)
     if add is None:  # the rows take dx + add (+ g): without add nothing is written there
         into = g = None
+    weights_direct = tiling is not None and s <= direct.MAX_WEIGHT_SIDE
+    if scale is not None and (tiling is None or (grads and not weights_direct)):
+        from .cupy_fused import SCALED_ACT_ADJOINT
+
+        z, h, act = scale
+        dz, scale = SCALED_ACT_ADJOINT(act, z, dz, h), None
     if tiling is not None:
-        dx = direct.convolution(dz, W, tiling, flip=True, add=add, into=into, g=g)
+        dx = direct.convolution(dz, W, tiling, flip=True, add=add, into=into, g=g, scale=scale)
     else:
-        dx = conv2d(dz, direct.transposed_kernel(xp, W))
+        dx = conv2d(dz, transposed_kernel(xp, W))
         dx = dx if add is None else add + dx
     if not grads:
         return dx, None, None
-    if tiling is not None and s <= direct.MAX_WEIGHT_SIDE:
-        return (dx, *direct.weight_gradient(x, dz, s))
+    if weights_direct:
+        return (dx, *direct.weight_gradient(x, dz, s, scale))
     dz2 = xp.reshape(contiguous(xp.permute_dims(dz, swap)), (*lead, O, B * H * Wd))
     cols = columns(x, s)  # (..., C·s², B·H·W)
     dW = xp.reshape(product(dz2, xp.permute_dims(cols, (*range(n), n + 1, n))), W.shape)

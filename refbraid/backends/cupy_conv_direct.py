@@ -23,7 +23,11 @@ ODE step, ``z = sum + b`` and ``y_next = y + h σ(z)`` with cupy_fused.BIAS_ACT_
 arithmetic (σ from cupy_fused.ACT) — one launch for what was a convolution and an
 element-wise kernel, z read back no more — y_next written where it is asked to be (MGRIT's
 F-sweep rows of the iterate, by offset and row stride) with the level's right-hand side g
-added (``Φ + g``, the sweep's own rounding: no copy or sum after the step).
+added (``Φ + g``, the sweep's own rounding: no copy or sum after the step). A prologue
+(``convolution``'s ``scale``) stages ``h σ'(z) ⊙ x`` instead of x, with
+cupy_fused.SCALED_ACT_ADJOINT's arithmetic (σ' from cupy_fused.ACT_ADJOINT): the conv step's
+adjoint without a weight gradient, ``dy_next + W̃ * (h σ'(z) ⊙ dy_next)``, in one launch —
+the scaled adjoint never written.
 ``conv_weight_grad``: a block per (row, o, c), its threads along (n, i, j), each summing its
 share of the s² taps in registers (s ≤ :data:`MAX_WEIGHT_SIDE`), then each tap's block sum
 in a fixed-order tree in double; the blocks with c = 0 sum db too.
@@ -32,10 +36,11 @@ Traffic: each reads its inputs and writes its outputs once (the column-matrix fo
 and reads s² copies of the input). The input rows of a batched call may be MGRIT's strided
 rows of a level: read in place (:func:`refbraid.backends.cupy_raw.row_layout`).
 
-Off a GPU (the CuPy stand-in) each kernel is its NumPy equivalent (a column-matrix GEMM),
-charged one launch. Round-off: the kernels sum a point's products in their own order (input
-channel chunks, then (c, p, q); dW per thread, then a tree), so they agree with the
-reference's stencil sums to round-off (tests/cuda_c/test_raw_kernels.py).
+Off a GPU (the CuPy stand-in) each kernel is its NumPy equivalent (a column-matrix GEMM,
+:mod:`refbraid.backends.cupy_conv_direct_host`), charged one launch. Round-off: the kernels
+sum a point's products in their own order (input channel chunks, then (c, p, q); dW per
+thread, then a tree), so they agree with the reference's stencil sums to round-off
+(tests/cuda_c/test_raw_kernels.py).
 
 Shape legend: k rows (optional, any lead axes), B batch, C input channels, O output
 channels, H × W the image, s the (odd) kernel size.
@@ -47,18 +52,9 @@ import math
 
 import numpy as np
 
-from .cupy_conv_columns import strided_columns
-from .cupy_fused import ACT, BIAS_ACT_EULER
-from .cupy_raw import (
-    BLOCK_REDUCTIONS,
-    compiled,
-    on_host,
-    on_host_into,
-    real_cupy,
-    row_args,
-    row_layout,
-)
-from .portable import contiguous
+from .cupy_conv_direct_host import convolution_on_host, weight_gradient_on_host
+from .cupy_fused import ACT, ACT_ADJOINT
+from .cupy_raw import BLOCK_REDUCTIONS, compiled, real_cupy, row_args, row_layout
 
 #: threads of one block of the weight-gradient kernel (a power of two: its block sums)
 THREADS = 256
@@ -88,12 +84,15 @@ struct alignas(16) Pack { T v[16 / sizeof(T)]; };
 // (the sum's layout, offset and row stride of their own) into the rows of `y_next`; 2 is the
 // ODE step: z = sum + bias[l, o] into `out`, y + h sigma(z) into the rows of `y_next`, y the
 // rows of `extra` (h = hs[l] if per_row). In 1 and 2, with ADD_G, the rows of `rhs` added
-// last (MGRIT's F-sweep: Phi + g).
+// last (MGRIT's F-sweep: Phi + g). With SCALE (the prologue) the input staged is
+// h sigma'(z) x (x the adjoint's dy, z the rows of `zs`; h as above): the scaled adjoint's
+// arithmetic as it stages, no array of it written.
 extern "C" __global__ void conv_direct(const T* x, const T* w, T* out, long long offset,
     long long row_stride, int B, int C, int O, int H, int W, int s, int flip, int TH, int TW,
     int CC, const T* extra, long long extra_offset, long long extra_row_stride,
     const T* bias, const T* hs, T h, int per_row, T* y_next, long long next_offset,
-    long long next_row_stride, const T* rhs, long long rhs_offset, long long rhs_row_stride) {
+    long long next_row_stride, const T* rhs, long long rhs_offset, long long rhs_row_stride,
+    const T* zs, long long z_offset, long long z_row_stride) {
   __shared__ Pack packs[SHARED_BYTES / 16];
   T* staged = (T*)packs;
   int r = s / 2, s2 = s * s, PH = TH + 2 * r, PW = TW + 2 * r;
@@ -112,6 +111,10 @@ extern "C" __global__ void conv_direct(const T* x, const T* w, T* out, long long
   int i = th * TH + ti, j = tw * TW + tj;
   bool inside = ti < TH && i < H && j < W;
   const T* src = x + offset + l * row_stride + (long long)n * C * H * W;
+#if SCALE
+  const T* zsrc = zs + z_offset + l * z_row_stride + (long long)n * C * H * W;
+  T hl = per_row ? hs[l] : h;
+#endif
   const T* wl = w + l * (long long)O * C * s2;
   T* tile = staged;  // (cc, PH, PW): the input around the tile, 0 outside
   // (cc, s, s, OUT_PER_THREAD), 16-byte aligned: 0 past the last output channel
@@ -124,8 +127,14 @@ extern "C" __global__ void conv_direct(const T* x, const T* w, T* out, long long
     for (int e = t; e < cc * PH * PW; e += blockDim.x) {
       int c = e / (PH * PW), a = (e - c * PH * PW) / PW, b = e - c * PH * PW - a * PW;
       int yi = th * TH + a - r, xj = tw * TW + b - r;
-      tile[e] = (yi >= 0 && yi < H && xj >= 0 && xj < W)
-          ? src[((long long)(c0 + c) * H + yi) * W + xj] : (T)0;
+      bool in_image = yi >= 0 && yi < H && xj >= 0 && xj < W;
+      long long at = ((long long)(c0 + c) * H + yi) * W + xj;
+#if SCALE
+      T dy = in_image ? src[at] : (T)0, z = in_image ? zsrc[at] : (T)0;
+      tile[e] = in_image ? hl * (SIGMA_PRIME_DY) : (T)0;
+#else
+      tile[e] = in_image ? src[at] : (T)0;
+#endif
     }
     for (int e = t; e < cc * s2 * OUT_PER_THREAD; e += blockDim.x) {
       int k = e % OUT_PER_THREAD, cpq = e / OUT_PER_THREAD, c = cpq / s2, pq = cpq - c * s2;
@@ -181,7 +190,8 @@ extern "C" __global__ void conv_direct(const T* x, const T* w, T* out, long long
 // its share of every tap; then the block's sums (block_sum: in double, a fixed-order tree).
 extern "C" __global__ void conv_weight_grad(const T* x, const T* dz, T* dW, T* db,
     long long x_offset, long long x_row_stride, long long dz_offset, long long dz_row_stride,
-    int B, int C, int O, int H, int W) {
+    int B, int C, int O, int H, int W, const T* zs, long long z_offset, long long z_row_stride,
+    const T* hs, T h, int per_row) {
   __shared__ double buf[THREADS];
   long long rest = blockIdx.x;
   int c = (int)(rest % C);
@@ -191,13 +201,22 @@ extern "C" __global__ void conv_weight_grad(const T* x, const T* dz, T* dW, T* d
   int r = S / 2, HW = H * W;
   const T* xs = x + x_offset + l * x_row_stride + (long long)c * HW;
   const T* dzs = dz + dz_offset + l * dz_row_stride + (long long)o * HW;
+#if SCALE
+  const T* zrow = zs + z_offset + l * z_row_stride + (long long)o * HW;
+  T hl = per_row ? hs[l] : h;
+#endif
   T acc[S * S], bias = (T)0;
 #pragma unroll
   for (int k = 0; k < S * S; ++k) acc[k] = (T)0;
   for (long long e = threadIdx.x; e < (long long)B * HW; e += blockDim.x) {
     long long n = e / HW;
     int ij = (int)(e - n * HW), i = ij / W, j = ij - i * W;
+#if SCALE
+    T dy = dzs[n * O * HW + ij], z = zrow[n * O * HW + ij];
+    T g = hl * (SIGMA_PRIME_DY);
+#else
     T g = dzs[n * O * HW + ij];
+#endif
     const T* xn = xs + n * C * HW;
     bias += g;
 #pragma unroll
@@ -230,14 +249,16 @@ EPILOGUES = ("sum", "add", "step")
 
 
 def cuda_source(name: str, T: str = "double", s: int = 3, epilogue: str = "sum",
-                act: str = "identity", add_g: bool = False) -> str:
+                act: str = "identity", add_g: bool = False, scale: bool = False) -> str:
     """The complete CUDA C source of kernel ``name`` for element type ``T``: the weight
     gradient's for s×s kernels (its taps are registers); the convolution's with one of
     :data:`EPILOGUES` (``step``: with activation ``act``, σ(z) as cupy_fused.ACT writes it;
-    ``add_g``: with MGRIT's right-hand side added)."""
+    ``add_g``: with MGRIT's right-hand side added; ``scale``: the input staged as
+    ``h σ'(z) ⊙ x``, σ' of ``act`` as cupy_fused.ACT_ADJOINT writes it)."""
     return (f"typedef {T} T;\n#define THREADS {THREADS}\n#define SHARED_BYTES {SHARED_BYTES}\n"
             f"#define OUT_PER_THREAD {OUT_PER_THREAD}\n#define S {s}\n"
             f"#define MODE {EPILOGUES.index(epilogue)}\n#define SIGMA {ACT[act]}\n"
+            f"#define SIGMA_PRIME_DY {ACT_ADJOINT[act]}\n#define SCALE {int(scale)}\n"
             f"#define ADD_G {int(add_g)}\n{BLOCK_REDUCTIONS}{_SOURCES[name]}")
 
 
@@ -258,7 +279,7 @@ def plan(x, W) -> tuple[int, int, int] | None:
 
 
 def convolution(x, W, tiling: tuple[int, int, int], flip: bool = False, add=None,
-                step: tuple | None = None, into=None, g=None):
+                step: tuple | None = None, into=None, g=None, scale: tuple | None = None):
     """``z = K * x`` by one launch of the ``conv_direct`` kernel, tiled as :func:`plan` says:
     x (..., B, C, H, W), z (..., B, O, H, W) C-ordered; K = W (..., O, C, s, s), or with
     ``flip`` the transposed convolution's kernel read from W (..., C, O, s, s) in place,
@@ -269,13 +290,17 @@ def convolution(x, W, tiling: tuple[int, int, int], flip: bool = False, add=None
     where g is given, written into ``into`` where given (rows of MGRIT's iterate; returned
     as y_next) — the F-sweep's ``Φ + g`` without a copy or a sum after it; with ``add``,
     ``K * x + add (+ g)`` likewise (the adjoint's F-sweep; ``into`` and ``g`` need ``add`` or
-    ``step``). Rows the kernel cannot address (not evenly spaced C-ordered images: no
+    ``step``). ``scale = (z, h, act)`` (z x's shape, h as for ``step``): the kernel convolves
+    ``h σ'(z) ⊙ x`` (cupy_fused.SCALED_ACT_ADJOINT's arithmetic, formed as the input is
+    staged: the adjoint step's ``s`` never written) — with ``flip`` and ``add = x`` the
+    conv step's adjoint ``dy_next + W *ᵀ (h σ'(z) ⊙ dy_next)`` in one launch. Rows the
+    kernel cannot address (not evenly spaced C-ordered images: no
     :func:`~refbraid.backends.cupy_raw.row_layout`) are not written: the result is
     then new and without g. Off a GPU the
     column-matrix GEMM and that kernel's reference in NumPy (on the stand-in counted as the
     kernel's one launch)."""
     if not real_cupy(x):
-        return _convolution_on_host(x, W, flip, add, step, into, g)
+        return convolution_on_host(x, W, flip, add, step, into, g, scale)
     import cupy  # pragma: no cover - needs a GPU (the emulator runs this branch)
 
     if into is not None and row_layout(into) is None:  # rows the kernel cannot address
@@ -291,82 +316,47 @@ def convolution(x, W, tiling: tuple[int, int, int], flip: bool = False, add=None
     dest = (z if step is None else cupy.empty_like(z), 0, size) if into is None \
         else row_layout(into)
     epilogue, act, plus = "sum", "identity", (base, 0, 0)
-    extra, bias, hs, h, per_row = (base, 0, 0), base, base, 0.0, 0
+    extra, bias, hs, h, per_row, zs = (base, 0, 0), base, base, 0.0, 0, (base, 0, 0)
     if add is not None:
         epilogue, extra = "add", row_args(add)
     if step is not None:
         b, y, h, act = step
         epilogue, extra, bias = "step", row_args(y), cupy.ascontiguousarray(b)
-        if isinstance(h, (int, float, np.floating)):
-            h = float(h)
-        else:
-            hs, h, per_row = cupy.ascontiguousarray(cupy.reshape(h, (-1,))), 0.0, 1
+    if scale is not None:  # (no step with it: the two share h and act)
+        z_in, h, act = scale
+        zs = row_args(z_in)
+    if step is not None or scale is not None:
+        hs, h, per_row = _step_size_args(h, base)
     if g is not None:
         plus = row_args(g)
     tiles = -(-H // th) * -(-Wd // tw)
     blocks = math.prod(lead) * B * -(-O // OUT_PER_THREAD) * tiles
     kernel = compiled(lambda name, T: cuda_source(name, T, epilogue=epilogue, act=act,
-                                                  add_g=g is not None), "conv_direct", x.dtype)
+                                                  add_g=g is not None,
+                                                  scale=scale is not None),
+                      "conv_direct", x.dtype)
     kernel((blocks,), (th * tw,), (
         base, cupy.ascontiguousarray(W), z, np.int64(offset), np.int64(row_stride),
         np.int32(B), np.int32(C), np.int32(O), np.int32(H), np.int32(Wd), np.int32(s),
         np.int32(flip), np.int32(th), np.int32(tw), np.int32(chunk), extra[0],
         np.int64(extra[1]), np.int64(extra[2]), bias, hs, x.dtype.type(h), np.int32(per_row),
         dest[0], np.int64(dest[1]), np.int64(dest[2]), plus[0], np.int64(plus[1]),
-        np.int64(plus[2])))
+        np.int64(plus[2]), zs[0], np.int64(zs[1]), np.int64(zs[2])))
     result = dest[0] if into is None else into
     if step is not None:
         return z, result
     return z if add is None else result
 
 
-def _convolution_on_host(x, W, flip, add, step, into, g):
-    """:func:`convolution` off a GPU: the column-matrix GEMM and the epilogue in NumPy, one
-    launch on the stand-in (writing into ``into`` where given)."""
-    if step is None:
-        if add is None:
-            return on_host("conv_direct", lambda a, w: _direct_on_host(a, w, flip), x, W)
-
-        def summed(a, w, e, *gg):
-            v = _direct_on_host(a, w, flip) + e
-            return v + gg[0] if gg else v
-
-        args = (x, W, add, *(() if g is None else (g,)))
-        if into is None:
-            return on_host("conv_direct", summed, *args)
-        return on_host_into("conv_direct", summed, (into,), *args)
-    b, y, h, act = step
-
-    def kernel(a, w, bb, yy, hh, *gg):
-        z, y_next = BIAS_ACT_EULER.reference(act, _direct_on_host(a, w, flip),
-                                             bb[..., None, :, None, None], yy, hh)
-        return (z, y_next + gg[0]) if gg else (z, y_next)
-
-    args = (x, W, b, y, h, *(() if g is None else (g,)))
-    if into is None:
-        return on_host("conv_direct", kernel, *args)
-    return on_host_into("conv_direct", kernel, (None, into), *args)
-
-
-def _direct_on_host(x, W, flip: bool):
-    """What the ``conv_direct`` kernel sums, in NumPy (the column-matrix GEMM)."""
-    if flip:
-        W = transposed_kernel(np, W)
-    *lead, B, C, H, Wd = x.shape
-    O, s = W.shape[-4], W.shape[-1]
-    W2 = np.reshape(np.ascontiguousarray(W), (*lead, O, C * s * s))
-    Z = np.reshape(np.matmul(W2, strided_columns(x, s)), (*lead, O, B, H, Wd))
-    return np.ascontiguousarray(np.swapaxes(Z, -4, -3))
-
-
-def weight_gradient(x, dz, s: int):
+def weight_gradient(x, dz, s: int, scale: tuple | None = None):
     """``(dW, db)`` of the convolution ``z = W * x + b`` with an s×s kernel by one launch of
     the ``conv_weight_grad`` kernel: x (..., B, C, H, W), dz (..., B, O, H, W) → dW (..., O,
     C, s, s), db (..., O); both inputs' rows read in place when they are rows of C-ordered
-    images. Off a GPU the column-matrix GEMM in NumPy (on the stand-in counted as one
-    launch)."""
+    images. ``scale = (z, h, act)``: dz stands for ``h σ'(z) ⊙ dz``, made as each thread
+    reads it (as :func:`convolution`'s prologue). Off a GPU the column-matrix GEMM in NumPy
+    (on the stand-in counted as one launch)."""
     if not real_cupy(x):
-        return on_host("conv_weight_grad", lambda a, g: _weight_gradient_on_host(a, g, s), x, dz)
+        return weight_gradient_on_host(x, dz, s, scale)
     import cupy  # pragma: no cover - needs a GPU (the emulator runs this branch)
 
     *lead, B, C, H, Wd = x.shape
@@ -374,25 +364,24 @@ def weight_gradient(x, dz, s: int):
     dW = cupy.empty((*lead, O, C, s, s), dtype=x.dtype)
     db = cupy.empty((*lead, O), dtype=x.dtype)
     (xb, x_offset, x_stride), (gb, g_offset, g_stride) = (row_args(a) for a in (x, dz))
-    kernel = compiled(lambda name, T: cuda_source(name, T, s), "conv_weight_grad", x.dtype)
+    zs, act, (hs, h, per_row) = (gb, 0, 0), "identity", (gb, 0.0, 0)
+    if scale is not None:
+        zs, act, (hs, h, per_row) = row_args(scale[0]), scale[2], _step_size_args(scale[1], gb)
+    kernel = compiled(lambda name, T: cuda_source(name, T, s, act=act, scale=scale is not None),
+                      "conv_weight_grad", x.dtype)
     kernel((math.prod(lead) * O * C,), (THREADS,), (
         xb, gb, dW, db, np.int64(x_offset), np.int64(x_stride), np.int64(g_offset),
-        np.int64(g_stride), np.int32(B), np.int32(C), np.int32(O), np.int32(H), np.int32(Wd)))
+        np.int64(g_stride), np.int32(B), np.int32(C), np.int32(O), np.int32(H), np.int32(Wd),
+        zs[0], np.int64(zs[1]), np.int64(zs[2]), hs, x.dtype.type(h), np.int32(per_row)))
     return dW, db
 
 
-def _weight_gradient_on_host(x, dz, s: int):
-    """What the ``conv_weight_grad`` kernel computes, in NumPy: ``dW₂ = dz₂ · colsᵀ``."""
-    *lead, B, O, H, Wd = dz.shape
-    C = x.shape[-3]
-    dz2 = np.reshape(np.swapaxes(dz, -4, -3), (*lead, O, B * H * Wd))
-    dW = np.matmul(dz2, np.swapaxes(strided_columns(x, s), -1, -2))
-    return np.reshape(dW, (*lead, O, C, s, s)), np.sum(dz2, axis=-1)
+def _step_size_args(h, unread):  # pragma: no cover - needs a GPU (the emulator runs this)
+    """A kernel's ``(hs, h, per_row)`` for step size ``h``: a float (``hs`` then ``unread``, a
+    pointer of the kernel's type it never reads), or one per lead row (an array (k, 1, …))
+    read from ``hs[l]``."""
+    import cupy
 
-
-def transposed_kernel(xp, W):
-    """The transposed convolution's kernel ``W̃[..., c, o, p, q] = W[..., o, c, s−1−p,
-    s−1−q]`` as a C-ordered copy (one launch)."""
-    n = W.ndim - 4
-    swap = (*range(n), n + 1, n, n + 2, n + 3)
-    return contiguous(xp.permute_dims(xp.flip(W, axis=(-2, -1)), swap))
+    if isinstance(h, (int, float, np.floating)):
+        return unread, float(h), 0
+    return cupy.ascontiguousarray(cupy.reshape(h, (-1,))), 0.0, 1

@@ -176,19 +176,20 @@ def conv_step(y, W, b, h: float, act: str, out=None, add=None):
 
 def conv_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True, out=None,
                       add=None):
-    """reference_conv_step.conv_step_adjoint: ``s = h σ'(z) ⊙ dy_next`` in one launch, ``dy =
-    dy_next + W *ᵀ s`` (``+ add``); returns (dy, dW, db), dW and db None unless ``grads``.
+    """reference_conv_step.conv_step_adjoint: ``s = h σ'(z) ⊙ dy_next`` and ``dy = dy_next +
+    W *ᵀ s`` (``+ add``) in one launch (s made as the transposed convolution stages its
+    input; with ``grads`` in a launch of its own first, for the weight gradient); returns
+    (dy, dW, db), dW and db None unless ``grads``.
     ``out``: as :func:`conv_step`'s, for dy (by the transposed convolution's launch)."""
     from . import cupy_conv, reference, reference_conv_step
-    from .cupy_fused import SCALED_ACT_ADJOINT
 
     reference.check_activation(act)
     if not _conv_kernels(y, W, z, dy_next):
         return reference_conv_step.conv_step_adjoint(y, z, dy_next, W, h, act, grads, add=add)
     into = out if writable_rows(dy_next, out, add) else None
-    dy, dW, db = cupy_conv.conv2d_adjoint(y, W, SCALED_ACT_ADJOINT(act, z, dy_next, h), grads,
-                                          add=dy_next, into=into,
-                                          g=None if into is None else add)
+    dy, dW, db = cupy_conv.conv2d_adjoint(y, W, dy_next, grads, add=dy_next, into=into,
+                                          g=None if into is None else add,
+                                          scale=(z, h, act))
     dy = plus_unless_written(dy, add, into)
     return (dy, dW, db) if grads else (dy, None, None)
 
@@ -212,21 +213,21 @@ def conv_step_batched(Y, W, b, h, act: str, out=None, add=None):
 
 def conv_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True, out=None,
                               add=None):
-    """reference_conv_step.conv_step_batched_adjoint: ``S = h σ'(Z) ⊙ dY_next`` in one fused
-    launch, then the batched transposed convolution (and dW, db with ``grads``) and
-    ``dY_next + W *ᵀ S``; with ``out`` (MGRIT's F-sweep rows) that sum ``+ add`` is written
-    there by the convolution's launch where it can (dY is ``out`` then)."""
+    """reference_conv_step.conv_step_batched_adjoint: ``S = h σ'(Z) ⊙ dY_next`` (made by the
+    transposed convolution as it stages its input where no weight gradient is wanted, else
+    one fused launch first), the batched transposed convolution (and dW, db with ``grads``)
+    and ``dY_next + W *ᵀ S``; with ``out`` (MGRIT's F-sweep rows) that sum ``+ add`` is
+    written there by the convolution's launch where it can (dY is ``out`` then)."""
     from . import cupy_conv, reference_conv_step
-    from .cupy_fused import SCALED_ACT_ADJOINT
     from .reference import check_activation
 
     check_activation(act)
     if not _conv_kernels(Y, W, Z, dY_next):
         return reference_conv_step.conv_step_batched_adjoint(Y, Z, dY_next, W, h, act, grads)
-    S = SCALED_ACT_ADJOINT(act, Z, dY_next, step_sizes(dY_next, h))  # k,B,C,H,W
     if not writable_rows(Y, out, add):
         out = add = None
-    return cupy_conv.conv2d_adjoint(Y, W, S, grads, add=dY_next, into=out, g=add)
+    return cupy_conv.conv2d_adjoint(Y, W, dY_next, grads, add=dY_next, into=out, g=add,
+                                    scale=(Z, step_sizes(dY_next, h), act))
 
 
 def _import_cupy() -> ModuleType:

@@ -22,6 +22,7 @@ import pytest
 from refbraid.backends import (
     cupy_conv_columns,
     cupy_conv_direct,
+    cupy_conv_direct_host,
     cupy_gru,
     cupy_heads,
     cupy_layernorm,
@@ -230,7 +231,8 @@ def test_the_direct_kernel_matches_the_reference_convolution(dtype, shape, O, s,
             got_t = cupy_conv_direct.convolution(x, Wt, cupy_conv_direct.plan(x, Wt), flip=True)
         assert got.flags.c_contiguous and got_t.flags.c_contiguous
         _close(got, conv(x, W), dtype, f"conv {flat}")
-        _close(got_t, conv(x, cupy_conv_direct.transposed_kernel(np, Wt)), dtype, f"flip {flat}")
+        _close(got_t, conv(x, cupy_conv_direct_host.transposed_kernel(np, Wt)), dtype,
+               f"flip {flat}")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -255,12 +257,12 @@ def test_the_direct_kernel_epilogues_match_the_separate_kernels(dtype, act, monk
     hs = np.array([0.25, 0.5, 0.125], dtype)[:, None, None, None, None]
     for h in (0.25, hs):
         want_z, want_y = BIAS_ACT_EULER.reference(
-            act, cupy_conv_direct._direct_on_host(Y, W, False), b[:, None, :, None, None], Y, h)
+            act, cupy_conv_direct_host.direct_on_host(Y, W, False), b[:, None, :, None, None], Y, h)
         with fake_cupy():
             z, y_next = cupy_conv.ode_step(Y, W, b, h, act)
         _close(z, want_z, dtype, f"z h={h if isinstance(h, float) else 'per row'}")
         _close(y_next, want_y, dtype, f"y_next h={h if isinstance(h, float) else 'per row'}")
-    want_dx = G + cupy_conv_direct._direct_on_host(Y, W, True)
+    want_dx = G + cupy_conv_direct_host.direct_on_host(Y, W, True)
     with fake_cupy():
         dx = cupy_conv.conv2d_adjoint(Y, W, Y, grads=False, add=G)[0]
     _close(dx, want_dx, dtype, "dy_next + W *ᵀ s")
@@ -291,6 +293,50 @@ def test_the_direct_kernel_epilogues_match_the_separate_kernels(dtype, act, monk
         z, y_next = cupy_conv.ode_step(Y, W, b, hs, act, into=wide[..., ::2], g=G)
     assert not wide.any()
     _close(y_next, want_y, dtype, "rows it cannot write: Φ, new")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("act", ["tanh", "relu", "gelu", "identity"])
+def test_the_direct_kernel_stages_the_scaled_adjoint_as_the_separate_kernel_makes_it(
+        dtype, act, monkeypatch):
+    """The transposed convolution with ``scale = (z, h, act)``: its input ``h σ'(z) ⊙ dy``
+    formed as it is staged (cupy_fused.SCALED_ACT_ADJOINT's arithmetic, σ' as ACT_ADJOINT
+    writes it), ``dy_next + W *ᵀ s`` (+ g into MGRIT's rows) in one launch — against the
+    separate scaled-adjoint kernel's values convolved; likewise the weight gradient of s;
+    dy and z MGRIT's strided rows read in place; one step size and one per row; a padded
+    tile's border stays 0 (z there is not read). glibc's tanh, erf and exp stand in for
+    CUDA's."""
+    from refbraid.backends import cupy_conv
+    from refbraid.backends.cupy_fused import SCALED_ACT_ADJOINT
+
+    monkeypatch.setattr(cupy_conv_direct, "TILE", 4)
+    monkeypatch.setattr(cupy_conv_direct, "OUT_PER_THREAD", 4)
+    rng = np.random.default_rng(7)
+    k, B, C, H, Wd = 3, 2, 5, 5, 6
+    U = rng.standard_normal((3 * k, B, C, H, Wd)).astype(dtype)
+    dY, Z, G = U[::3], U[1::3], U[2::3]  # strided rows, as MGRIT's
+    W = (0.3 * rng.standard_normal((k, C, C, 3, 3))).astype(dtype)
+    hs = np.array([0.25, 0.5, 0.125], dtype)[:, None, None, None, None]
+    for h in (0.25, hs):
+        S = SCALED_ACT_ADJOINT.reference(act, Z, dY, h)
+        want = dY + cupy_conv_direct_host.direct_on_host(S, W, True)
+        label = "h" if isinstance(h, float) else "per-row h"
+        with fake_cupy():
+            got = cupy_conv.conv2d_adjoint(dY, W, dY, grads=False, add=dY, scale=(Z, h, act))[0]
+        _close(got, want, dtype, f"dy_next + W *ᵀ (h σ'(z) ⊙ dy_next), {label}")
+        iterate = np.zeros((2 * k, B, C, H, Wd), dtype)
+        rows = iterate[1::2]
+        with fake_cupy():
+            got = cupy_conv.conv2d_adjoint(dY, W, dY, grads=False, add=dY, into=rows, g=G,
+                                           scale=(Z, h, act))[0]
+        assert got is rows and not iterate[0::2].any()
+        _close(rows, want + G, dtype, f"into MGRIT's rows, + g, {label}")
+        # the weight gradient forms h σ'(z) ⊙ dy as its threads read it (x: G's rows)
+        want_dW, want_db = cupy_conv_direct_host.weight_gradient_on_host(G, S, 3)
+        with fake_cupy():
+            dW, db = cupy_conv_direct.weight_gradient(G, dY, 3, scale=(Z, h, act))
+        _close(dW, want_dW, dtype, f"dW of h σ'(z) ⊙ dy, {label}")
+        _close(db, want_db, dtype, f"db of h σ'(z) ⊙ dy, {label}")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
