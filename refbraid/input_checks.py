@@ -9,7 +9,8 @@ A params dict must hold exactly the entries :func:`param_spec` lists (each an
     closing.<name>  shape of closing.init()[name]
 
 with one floating dtype shared by every weight and the input, and finite values (one flag per
-weight, copied to the host once). A batch is ``x`` of shape ``(B, *opening.in_shape)``, B ≥ 1,
+weight — on a device its sum, re-checked exactly where the sum is not finite — copied to the
+host once). A batch is ``x`` of shape ``(B, *opening.in_shape)``, B ≥ 1,
 finite, and ``labels`` of shape ``(B,)``, integers in ``[0, n_classes)``. Errors name the entry
 and what was expected.
 

@@ -82,8 +82,25 @@ def tree_to_host(tree: Any) -> Any:
 
 
 def all_finite(a: Any) -> bool:
-    """True when every entry of ``a`` is finite: reduced where ``a`` lives, then one bool
-    brought over through :func:`to_host` (an input check, not a per-element loop)."""
+    """True when every entry of ``a`` is finite: reduced where ``a`` lives, then one value
+    brought over through :func:`to_host` (an input check, not a per-element loop). A NumPy
+    array is checked exactly (``all(isfinite(a))``); a device array by its sum
+    (:func:`_finite_by_sum`: one reduction, not a block of flags and a second one)."""
+    if isinstance(a, np.ndarray):
+        return all_finite_exactly(a)
+    xp = namespace(a)
+    return _finite_by_sum(np.asarray(to_host(xp.sum(a))), a)
+
+
+def _finite_by_sum(total, a) -> bool:
+    """Whether ``a`` is finite, given its sum ``total`` on the host: a sum is finite whenever
+    every value is (one NaN or ±inf makes it NaN or ±inf); a sum that is not (a NaN/inf, or
+    finite values whose sum overflows) is checked again exactly, where ``a`` lives."""
+    return bool(np.isfinite(total)) or all_finite_exactly(a)
+
+
+def all_finite_exactly(a: Any) -> bool:
+    """:func:`all_finite` by a flag per entry, ``all(isfinite(a))``, wherever ``a`` lives."""
     xp = namespace(a)
     return bool(to_host(xp.all(xp.isfinite(a))))
 
@@ -99,12 +116,26 @@ def host_range(a: Any) -> tuple[int, int]:
 def first_non_finite(named: Iterable[tuple[str, Any]]) -> str | None:
     """The name of the first array holding a NaN or ±inf, or None when all are finite.
 
-    Each array is reduced where it lives, the flags are stacked there and brought over in
+    Each array is reduced where it lives, the results are stacked there and brought over in
     one copy through :func:`to_host` — one device synchronisation for a whole dict of
-    parameters or gradients, not one per array (:func:`all_finite` is the one-array form)."""
+    parameters or gradients, not one per array (:func:`all_finite` is the one-array form).
+    NumPy arrays: a flag each (``all(isfinite(a))``, exact); device arrays: their sums, one
+    launch each where flags took two, and only an array whose sum is not finite is checked
+    again exactly (:func:`_finite_by_sum`)."""
     named = list(named)
     if not named:
         return None
+    first = named[0][1]
+    if isinstance(first, np.ndarray):
+        flags = [all_finite_exactly(a) for _, a in named]
+    else:
+        xp = namespace(first)
+        sums = np.asarray(to_host(xp.stack([xp.sum(a) for _, a in named])))
+        flags = [_finite_by_sum(total, a) for total, (_, a) in zip(sums, named, strict=True)]
+    for (name, _), ok in zip(named, flags, strict=True):
+        if not ok:
+            return name
+    return None
     first = named[0][1]
     xp = namespace(first)
     flags = to_host(xp.stack([xp.all(xp.isfinite(a)) for _, a in named]))
