@@ -30,7 +30,8 @@ adjoint without a weight gradient, ``dy_next + W̃ * (h σ'(z) ⊙ dy_next)``, i
 the scaled adjoint never written.
 ``conv_weight_grad``: a block per (row, o, c), its threads along (n, i, j), each summing its
 share of the s² taps in registers (s ≤ :data:`MAX_WEIGHT_SIDE`), then each tap's block sum
-in a fixed-order tree in double; the blocks with c = 0 sum db too.
+in a fixed-order tree in double; the blocks with c = 0 sum db too; with ``scale`` its threads
+form ``h σ'(z) ⊙ dy`` as they read it, as the convolution's prologue does.
 
 Traffic: each reads its inputs and writes its outputs once (the column-matrix form writes
 and reads s² copies of the input). The input rows of a batched call may be MGRIT's strided
@@ -188,6 +189,8 @@ extern "C" __global__ void conv_direct(const T* x, const T* w, T* out, long long
 // the image) for the S x S taps, and (blocks with c = 0) db[l, o] = sum over (n, i, j) of
 // dz[l, n, o, i, j]. One block per (l, o, c), its THREADS threads along (n, i, j), each summing
 // its share of every tap; then the block's sums (block_sum: in double, a fixed-order tree).
+// With SCALE, dz is h sigma'(z) dy formed as each thread reads it (dy the rows of `dz`, z
+// those of `zs`; h = hs[l] if per_row), as the convolution's prologue forms it.
 extern "C" __global__ void conv_weight_grad(const T* x, const T* dz, T* dW, T* db,
     long long x_offset, long long x_row_stride, long long dz_offset, long long dz_row_stride,
     int B, int C, int O, int H, int W, const T* zs, long long z_offset, long long z_row_stride,

@@ -178,8 +178,8 @@ def conv_step_adjoint(y, z, dy_next, W, h: float, act: str, grads: bool = True, 
                       add=None):
     """reference_conv_step.conv_step_adjoint: ``s = h σ'(z) ⊙ dy_next`` and ``dy = dy_next +
     W *ᵀ s`` (``+ add``) in one launch (s made as the transposed convolution stages its
-    input; with ``grads`` in a launch of its own first, for the weight gradient); returns
-    (dy, dW, db), dW and db None unless ``grads``.
+    input; with ``grads`` dW and db in a second, whose threads form s as they read it);
+    returns (dy, dW, db), dW and db None unless ``grads``.
     ``out``: as :func:`conv_step`'s, for dy (by the transposed convolution's launch)."""
     from . import cupy_conv, reference, reference_conv_step
 
@@ -214,10 +214,10 @@ def conv_step_batched(Y, W, b, h, act: str, out=None, add=None):
 def conv_step_batched_adjoint(Y, Z, dY_next, W, h, act: str, grads: bool = True, out=None,
                               add=None):
     """reference_conv_step.conv_step_batched_adjoint: ``S = h σ'(Z) ⊙ dY_next`` (made by the
-    transposed convolution as it stages its input where no weight gradient is wanted, else
-    one fused launch first), the batched transposed convolution (and dW, db with ``grads``)
-    and ``dY_next + W *ᵀ S``; with ``out`` (MGRIT's F-sweep rows) that sum ``+ add`` is
-    written there by the convolution's launch where it can (dY is ``out`` then)."""
+    direct kernels as they read it: cupy_conv.conv2d_adjoint's ``scale``), the batched
+    transposed convolution (and dW, db with ``grads``) and ``dY_next + W *ᵀ S``; with ``out``
+    (MGRIT's F-sweep rows) that sum ``+ add`` is written there by the convolution's launch
+    where it can (dY is ``out`` then)."""
     from . import cupy_conv, reference_conv_step
     from .reference import check_activation
 

@@ -136,10 +136,3 @@ def first_non_finite(named: Iterable[tuple[str, Any]]) -> str | None:
         if not ok:
             return name
     return None
-    first = named[0][1]
-    xp = namespace(first)
-    flags = to_host(xp.stack([xp.all(xp.isfinite(a)) for _, a in named]))
-    for (name, _), ok in zip(named, np.asarray(flags).tolist(), strict=True):
-        if not ok:
-            return name
-    return None
