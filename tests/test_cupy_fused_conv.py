@@ -1,4 +1,4 @@
-"""The ``cupy`` backend's conv ODE step: one convolution kernel forward, two or three back.
+"""The ``cupy`` backend's conv ODE step: one convolution kernel forward, one or two back.
 
 On the counting device (the CuPy stand-in: each kernel runs its NumPy path and is charged
 one launch) :class:`ConvStep`'s forward is the direct convolution kernel with the bias per
