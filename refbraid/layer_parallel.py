@@ -149,12 +149,15 @@ class LayerParallelInfo:
 
 def captured_gradient(adjoint: CapturingAdjoint, steps: dict[str, Any], layers) -> dict:
     """The stacked ``steps.*`` gradient rows ``(∂Φ_a/∂θ_a)ᵀ λ[a+1]`` of ``layers`` that the
-    adjoint solve's final relaxation captured (rows of other layers stay zero)."""
+    adjoint solve's final relaxation captured (rows of other layers stay zero; where
+    ``layers`` are all of them, nothing is zeroed first: on a GPU a launch per weight)."""
     missing = [int(a) for a in layers if int(a) not in adjoint.grads]
     if missing:  # cannot happen: the final relaxation makes every fine adjoint step
         raise RuntimeError(f"no captured gradient for layers {missing[:8]}.")
-    dsteps = {k: adjoint.bk.xp.zeros_like(v) for k, v in steps.items()}
     rows = [int(a) for a in layers]
+    xp = adjoint.bk.xp
+    dsteps = {k: (xp.empty_like(v) if len(set(rows)) == v.shape[0] else xp.zeros_like(v))
+              for k, v in steps.items()}
     if is_recording_graph():  # a row assignment each would be one graph node per row
         rows = place_batched_runs(dsteps, rows, adjoint.grad_batches)
     for k, v in dsteps.items():

@@ -261,3 +261,31 @@ def test_a_recorded_batched_gradient_holds_no_more_kernels_than_the_eager_one_la
     nodes = launch_count.graph_nodes(model, 32, "lp-batched")
     eager = launch_count.gradient_counts("cupy", model, 32, "lp-batched")
     assert 0 < nodes <= eager.launches
+
+
+@pytest.mark.parametrize("layers", [list(range(8)), [6, 2, 5, 1]], ids=["all", "some"])
+def test_captured_rows_start_from_zeros_only_where_some_rows_are_not_captured(layers):
+    """layer_parallel.captured_gradient: every captured layer's gradient in its row, the
+    other rows zero (an MPI rank's share); where every row is captured nothing is zeroed
+    first (on a GPU a launch per weight fewer)."""
+    from types import SimpleNamespace
+
+    from refbraid.layer_parallel import captured_gradient as rows_of
+
+    rng = np.random.default_rng(1)
+    grads = {a: {"W": rng.standard_normal((2, 3)), "b": rng.standard_normal(2)}
+             for a in layers}
+    steps = {"W": np.ones((8, 2, 3)), "b": np.ones((8, 2))}
+    with launch_count.counting("cupy") as bk:
+        adjoint = SimpleNamespace(bk=bk, grad_batches={},
+                                  grads={a: {k: bk.asarray(v) for k, v in g.items()}
+                                         for a, g in grads.items()})
+        dev = {k: bk.asarray(v) for k, v in steps.items()}
+        counted = launch_count.count(lambda: rows_of(adjoint, dev, layers))
+        got = {k: to_host(v) for k, v in rows_of(adjoint, dev, layers).items()}
+    for k, v in got.items():
+        want = np.zeros_like(steps[k])
+        for a in layers:
+            want[a] = grads[a][k]
+        np.testing.assert_array_equal(v, want, err_msg=k)
+    assert ("zeros_like" in counted.by_name) == (len(layers) < 8)
