@@ -155,8 +155,8 @@ def captured_gradient(adjoint: CapturingAdjoint, steps: dict[str, Any], layers) 
     if missing:  # cannot happen: the final relaxation makes every fine adjoint step
         raise RuntimeError(f"no captured gradient for layers {missing[:8]}.")
     rows = [int(a) for a in layers]
-    xp = adjoint.bk.xp
-    dsteps = {k: (xp.empty_like(v) if len(set(rows)) == v.shape[0] else xp.zeros_like(v))
+    xp, captured = adjoint.bk.xp, len(set(rows))
+    dsteps = {k: (xp.empty_like(v) if captured == v.shape[0] else xp.zeros_like(v))
               for k, v in steps.items()}
     if is_recording_graph():  # a row assignment each would be one graph node per row
         rows = place_batched_runs(dsteps, rows, adjoint.grad_batches)

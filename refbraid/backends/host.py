@@ -85,14 +85,14 @@ def all_finite(a: Any) -> bool:
     """True when every entry of ``a`` is finite: reduced where ``a`` lives, then one value
     brought over through :func:`to_host` (an input check, not a per-element loop). A NumPy
     array is checked exactly (``all(isfinite(a))``); a device array by its sum
-    (:func:`_finite_by_sum`: one reduction, not a block of flags and a second one)."""
+    (:func:`finite_by_sum`: one reduction, not a block of flags and a second one)."""
     if isinstance(a, np.ndarray):
         return all_finite_exactly(a)
     xp = namespace(a)
-    return _finite_by_sum(np.asarray(to_host(xp.sum(a))), a)
+    return finite_by_sum(np.asarray(to_host(xp.sum(a))), a)
 
 
-def _finite_by_sum(total, a) -> bool:
+def finite_by_sum(total, a) -> bool:
     """Whether ``a`` is finite, given its sum ``total`` on the host: a sum is finite whenever
     every value is (one NaN or ±inf makes it NaN or ±inf); a sum that is not (a NaN/inf, or
     finite values whose sum overflows) is checked again exactly, where ``a`` lives."""
@@ -121,7 +121,7 @@ def first_non_finite(named: Iterable[tuple[str, Any]]) -> str | None:
     parameters or gradients, not one per array (:func:`all_finite` is the one-array form).
     NumPy arrays: a flag each (``all(isfinite(a))``, exact); device arrays: their sums, one
     launch each where flags took two, and only an array whose sum is not finite is checked
-    again exactly (:func:`_finite_by_sum`)."""
+    again exactly (:func:`finite_by_sum`)."""
     named = list(named)
     if not named:
         return None
@@ -131,7 +131,7 @@ def first_non_finite(named: Iterable[tuple[str, Any]]) -> str | None:
     else:
         xp = namespace(first)
         sums = np.asarray(to_host(xp.stack([xp.sum(a) for _, a in named])))
-        flags = [_finite_by_sum(total, a) for total, (_, a) in zip(sums, named, strict=True)]
+        flags = [finite_by_sum(total, a) for total, (_, a) in zip(sums, named, strict=True)]
     for (name, _), ok in zip(named, flags, strict=True):
         if not ok:
             return name

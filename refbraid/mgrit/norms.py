@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.host import all_finite_exactly, to_host
+from ..backends.host import finite_by_sum, to_host
 from ..parallel.comm import allreduce_sums
 from .arrays import namespace
 from .record import IterationRecord
@@ -41,7 +41,7 @@ class FiniteBySum:
 
     def settle(self, total: float) -> bool:
         """Whether the block is finite, given ``total`` brought to the host."""
-        return math.isfinite(total) or all_finite_exactly(self.block)
+        return finite_by_sum(total, self.block)
 
 
 class PendingNorms:
