@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from .backends import Backend, get_backend
-from .backends.device_batching import gathered_once, index_on
+from .backends.device_batching import gathered_once, index_on, weight_rows
 from .backends.host import host_float, loss_value
 from .backends.portable import indexes_with_integer_arrays, stack_rows
 from .input_checks import check_inputs, check_params  # noqa: F401  (check_params re-exported)
@@ -144,11 +144,18 @@ def stacked_rows(rows, idx: np.ndarray, bk: Backend):
     return bk.xp.stack([rows[i] for i in idx.tolist()])
 
 
-def layers_params(steps: dict[str, Any], idx: np.ndarray, bk: Backend) -> dict[str, Any]:
-    """The stacked weights of layers ``idx``: ``{name: (len(idx), ...)}``, each gathered once
-    per gradient call on a GPU backend (``device_batching.gathers_cached``)."""
-    return {k: gathered_once(v, idx, lambda v=v: stacked_rows(v, idx, bk))
-            for k, v in steps.items()}
+def layers_params(steps: dict[str, Any], idx: np.ndarray, bk: Backend,
+                  in_place: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The stacked weights of layers ``idx``: ``{name: (len(idx), ...)}``, each made once per
+    gradient call on a GPU backend (``device_batching.gathers_cached``): gathered, or for the
+    names in ``in_place`` (``device_batching.rows_read_in_place``: the backend's batched
+    kernels read strided rows) where ``idx`` is evenly spaced a view of the stack
+    (``device_batching.weight_rows``)."""
+    def rows_of(name, v):
+        gather = lambda: stacked_rows(v, idx, bk)  # noqa: E731
+        return (lambda: weight_rows(v, idx, gather)) if name in in_place else gather
+
+    return {k: gathered_once(v, idx, rows_of(k, v)) for k, v in steps.items()}
 
 
 def to_backend(params: Params, bk: Backend | str) -> Params:

@@ -46,6 +46,14 @@ def batchable(net: Network, bk: Backend) -> bool:
             and device_batching.batches(layer, bk, batched_sweeps_on(bk)))
 
 
+def _weights(prop, layers: np.ndarray) -> dict[str, Any]:
+    """The stacked weights of ``layers`` for one of ``prop``'s batched calls: gathered, or
+    views of the stacks where the backend's kernels read the rows in place
+    (:func:`refbraid.backends.device_batching.rows_read_in_place`)."""
+    return layers_params(prop.steps, layers, prop.bk,
+                         device_batching.rows_read_in_place(prop.net.step, prop.bk))
+
+
 @dataclass(frozen=True, eq=False)
 class ForwardPropagator:
     """Φ(y; a → b) = the network's step from layer a with step size (b − a)·h.
@@ -70,7 +78,7 @@ class ForwardPropagator:
         return self._steps_at_once if batchable(self.net, self.bk) else None
 
     def _steps_at_once(self, Y, starts, stops, out=None, add=None):  # out=, add=: MGRIT's rows
-        theta = layers_params(self.steps, starts, self.bk)  # k rows of stacked weights
+        theta = _weights(self, starts)  # k rows of stacked weights
         h = (stops - starts) * self.net.h
         return forward_batched_into(self.net.step, theta, Y, h, self.bk, out, add)[0]
 
@@ -108,7 +116,7 @@ class AdjointPropagator:
         return self._steps_at_once if batchable(self.net, self.bk) else None
 
     def _steps_at_once(self, L, starts, stops, out=None, add=None):  # out=, add=: MGRIT's rows
-        theta = layers_params(self.steps, stops, self.bk)
+        theta = _weights(self, stops)
         hc = (starts - stops) * self.net.h
         Y = stacked_rows(self.states, stops, self.bk)  # k,*S
         if tuple(L.shape[1:]) != tuple(Y.shape[1:]):  # coarse in space: R y per step
@@ -145,7 +153,7 @@ class CachingForward(ForwardPropagator):
     def _steps_at_once(self, Y, starts, stops, out=None, add=None):
         if not np.all(stops - starts == 1):
             return super()._steps_at_once(Y, starts, stops, out, add)
-        theta = layers_params(self.steps, starts, self.bk)
+        theta = _weights(self, starts)
         h = np.full(len(starts), self.net.h)
         Y_next, Z = forward_batched_into(self.net.step, theta, Y, h, self.bk, out, add)
         for j, a in enumerate(starts.tolist()):
@@ -219,7 +227,7 @@ class CapturingAdjoint(AdjointPropagator):
         if not np.all(starts - stops == 1):
             if any(self._reusable_cache(a, L.shape[1:]) is None for a in layers):
                 return super()._steps_at_once(L, starts, stops, out, add)
-            theta = layers_params(self.steps, stops, self.bk)
+            theta = _weights(self, stops)
             Y, Z = cached_stacks(self.caches, self.origins, layers, self.bk.xp)  # k,*S each
             L_prev, _ = adjoint_batched_into(self.net.step, theta, Y, Z, L,
                                              (starts - stops) * self.net.h, self.bk, False,
@@ -229,7 +237,7 @@ class CapturingAdjoint(AdjointPropagator):
         if any(a not in self.caches for a in layers):  # a block's first step (MPI): per step
             L_prev = stack_rows([self.step(L[j], a + 1, a) for j, a in enumerate(layers)])
             return written_into(L_prev, out, add)
-        theta = layers_params(self.steps, stops, self.bk)
+        theta = _weights(self, stops)
         Y, Z = cached_stacks(self.caches, self.origins, layers, self.bk.xp)  # k,*S each
         h = np.full(len(layers), self.net.h)
         L_prev, d = adjoint_batched_into(self.net.step, theta, Y, Z, L, h, self.bk, True, out,

@@ -220,6 +220,55 @@ def test_gathers_are_kept_only_within_their_block():
     assert len(calls) == 2
 
 
+def test_evenly_spaced_weight_rows_are_views_and_descending_ones_share_one_reversed_copy():
+    """device_batching.weight_rows: the rows a batched kernel reads in place (cupy's dense and
+    conv steps: the strided-batched GEMM, the direct convolution's row offset and stride) —
+    ascending evenly spaced rows a view of the stack, descending ones a view of the stack
+    reversed (one copy per array within a gradient), anything else the gather; row j is
+    ``rows[idx[j]]`` each time, bit for bit."""
+    from refbraid.backends.device_batching import evenly_spaced, weight_rows
+
+    rows = np.arange(40.0).reshape(10, 2, 2)
+    gathers = []
+
+    def gather(idx):
+        return lambda: gathers.append(idx) or rows[idx]
+
+    assert evenly_spaced(np.array([3])) == (3, 1) and evenly_spaced(np.array([9, 5, 1])) == (9, -4)
+    assert evenly_spaced(np.array([1, 2, 4])) is None and evenly_spaced(np.array([2, 2])) is None
+    with gathers_cached():
+        up = weight_rows(rows, np.array([1, 4, 7]), gather([1, 4, 7]))
+        down = [weight_rows(rows, np.array(i), gather(i)) for i in ([9, 5, 1], [8, 4], [6])]
+        odd = weight_rows(rows, np.array([0, 1, 3]), gather([0, 1, 3]))
+    assert np.shares_memory(up, rows) and gathers == [[0, 1, 3]]
+    assert len({id(d.base) for d in down[:2]}) == 1 and not np.shares_memory(down[0], rows)
+    for got, idx in zip((up, *down, odd), ([1, 4, 7], [9, 5, 1], [8, 4], [6], [0, 1, 3]),
+                        strict=True):
+        np.testing.assert_array_equal(got, rows[idx])
+
+
+def test_the_dense_and_conv_sweeps_read_their_weights_without_a_gather():
+    """On the counting device (cupy's launches): the stacked weights of a batched dense or
+    conv sweep cost no launch for ascending layers and one copy per weight for all the
+    descending sweeps of a gradient together (the reversed stack); the transformer's and the
+    GRU's weights are still gathered (their kernels copy strided operands at every call)."""
+    from refbraid.backends.device_batching import rows_read_in_place
+    from refbraid.layers import ConvStep, EncoderStep, GRUCell
+    from refbraid.network import layers_params, to_backend
+
+    with launch_count.counting("cupy") as bk:
+        steps = to_backend({"W": np.ones((16, 4, 4, 3, 3)), "b": np.ones((16, 4))}, bk)
+        for layer in (DenseStep(4), ConvStep(4, 5, 5)):
+            with gathers_cached(), tracking() as t:
+                for idx in ([0, 4, 8, 12], [1, 5, 9, 13], [15, 11, 7, 3], [14, 10, 6, 2]):
+                    got = layers_params(steps, np.array(idx), bk, rows_read_in_place(layer, bk))
+                    np.testing.assert_array_equal(to_host(got["W"]), to_host(steps["W"])[idx])
+            assert t.tally.launches == 2, t.tally.row()  # W and b reversed, once each
+    assert not rows_read_in_place(DenseStep(4), NUMPY)
+    assert not rows_read_in_place(EncoderStep(8, 2, 16, 5), bk)
+    assert not rows_read_in_place(GRUCell(4, 4), bk)
+
+
 @pytest.mark.parametrize("model", ["dense", "conv", "gru"])
 def test_a_batched_gradient_copies_each_index_array_once_and_the_next_gradient_none(model):
     from refbraid.backends.device_batching import sweeps_batched

@@ -35,7 +35,9 @@ form ``h σ'(z) ⊙ dy`` as they read it, as the convolution's prologue does.
 
 Traffic: each reads its inputs and writes its outputs once (the column-matrix form writes
 and reads s² copies of the input). The input rows of a batched call may be MGRIT's strided
-rows of a level: read in place (:func:`refbraid.backends.cupy_raw.row_layout`).
+rows of a level, and its weights and biases every m-th layer's of the stacked weights
+(:func:`refbraid.backends.device_batching.weight_rows`): all read in place
+(:func:`refbraid.backends.cupy_raw.row_layout`).
 
 Off a GPU (the CuPy stand-in) each kernel is its NumPy equivalent (a column-matrix GEMM,
 :mod:`refbraid.backends.cupy_conv_direct_host`), charged one launch. Round-off: the kernels
@@ -75,23 +77,26 @@ _SOURCES = {
     "conv_direct": """
 // z[l, n, o, i, j] = sum over (c, p, q) of K(o, c, p, q) x[l, n, c, i+p-r, j+q-r], 0 outside
 // the image, K = w[l, o, c, p, q], or with flip K = w[l, c, o, s-1-p, s-1-q] (w as (C, O, s, s):
-// the transposed convolution's kernel). One block per (l, n, group of OUT_PER_THREAD output
-// channels, TH x TW tile of the image), one thread per pixel of the tile; per chunk of cc input
-// channels the block stages the tile's padded input and the group's weights in shared memory,
-// the weights of one (c, p, q) side by side: read as 16-byte packs, the same for every thread.
+// the transposed convolution's kernel); w's row l starts w_offset + l w_row_stride into w (a
+// layer's weights, or every m-th layer's of the stacked weights, read in place). One block per
+// (l, n, group of OUT_PER_THREAD output channels, TH x TW tile of the image), one thread per
+// pixel of the tile; per chunk of cc input channels the block stages the tile's padded input
+// and the group's weights in shared memory, the weights of one (c, p, q) side by side: read
+// as 16-byte packs, the same for every thread.
 #define LANES (16 / (int)sizeof(T))
 struct alignas(16) Pack { T v[16 / sizeof(T)]; };
 // The epilogue (MODE): 0 writes out = the sum; 1 writes the sum plus the rows of `extra`
 // (the sum's layout, offset and row stride of their own) into the rows of `y_next`; 2 is the
-// ODE step: z = sum + bias[l, o] into `out`, y + h sigma(z) into the rows of `y_next`, y the
-// rows of `extra` (h = hs[l] if per_row). In 1 and 2, with ADD_G, the rows of `rhs` added
-// last (MGRIT's F-sweep: Phi + g). With SCALE (the prologue) the input staged is
-// h sigma'(z) x (x the adjoint's dy, z the rows of `zs`; h as above): the scaled adjoint's
-// arithmetic as it stages, no array of it written.
-extern "C" __global__ void conv_direct(const T* x, const T* w, T* out, long long offset,
-    long long row_stride, int B, int C, int O, int H, int W, int s, int flip, int TH, int TW,
-    int CC, const T* extra, long long extra_offset, long long extra_row_stride,
-    const T* bias, const T* hs, T h, int per_row, T* y_next, long long next_offset,
+// ODE step: z = sum + bias[l, o] into `out` (bias's row l at b_offset + l b_row_stride),
+// y + h sigma(z) into the rows of `y_next`, y the rows of `extra` (h = hs[l] if per_row).
+// In 1 and 2, with ADD_G, the rows of `rhs` added last (MGRIT's F-sweep: Phi + g). With
+// SCALE (the prologue) the input staged is h sigma'(z) x (x the adjoint's dy, z the rows of
+// `zs`; h as above): the scaled adjoint's arithmetic as it stages, no array of it written.
+extern "C" __global__ void conv_direct(const T* x, const T* w, long long w_offset,
+    long long w_row_stride, T* out, long long offset, long long row_stride, int B, int C,
+    int O, int H, int W, int s, int flip, int TH, int TW, int CC, const T* extra,
+    long long extra_offset, long long extra_row_stride, const T* bias, long long b_offset,
+    long long b_row_stride, const T* hs, T h, int per_row, T* y_next, long long next_offset,
     long long next_row_stride, const T* rhs, long long rhs_offset, long long rhs_row_stride,
     const T* zs, long long z_offset, long long z_row_stride) {
   __shared__ Pack packs[SHARED_BYTES / 16];
@@ -116,7 +121,7 @@ extern "C" __global__ void conv_direct(const T* x, const T* w, T* out, long long
   const T* zsrc = zs + z_offset + l * z_row_stride + (long long)n * C * H * W;
   T hl = per_row ? hs[l] : h;
 #endif
-  const T* wl = w + l * (long long)O * C * s2;
+  const T* wl = w + w_offset + l * w_row_stride;
   T* tile = staged;  // (cc, PH, PW): the input around the tile, 0 outside
   // (cc, s, s, OUT_PER_THREAD), 16-byte aligned: 0 past the last output channel
   T* weights = staged + (CC * PH * PW + LANES - 1) / LANES * LANES;
@@ -172,7 +177,7 @@ extern "C" __global__ void conv_direct(const T* x, const T* w, T* out, long long
 #if MODE == 1
       T v = acc[k] + extra[there];
 #else
-      T z = acc[k] + bias[l * O + o];
+      T z = acc[k] + bias[b_offset + l * b_row_stride + o];
       out[at] = z;
       T v = extra[there] + (per_row ? hs[l] : h) * (SIGMA);
 #endif
@@ -283,25 +288,24 @@ def plan(x, W) -> tuple[int, int, int] | None:
 
 def convolution(x, W, tiling: tuple[int, int, int], flip: bool = False, add=None,
                 step: tuple | None = None, into=None, g=None, scale: tuple | None = None):
-    """``z = K * x`` by one launch of the ``conv_direct`` kernel, tiled as :func:`plan` says:
-    x (..., B, C, H, W), z (..., B, O, H, W) C-ordered; K = W (..., O, C, s, s), or with
-    ``flip`` the transposed convolution's kernel read from W (..., C, O, s, s) in place,
-    ``K[o,c,p,q] = W[c,o,s−1−p,s−1−q]``. Epilogues in the same launch: ``add`` (z's shape)
-    returns ``K * x + add``; ``step = (b, y, h, act)`` returns ``(z, y_next)`` with ``z = K * x
-    + b`` (b (..., O)) and ``y_next = y + h σ(z)`` (y z's shape; h a float, or one per lead
-    row as an array (k, 1, 1, 1, 1)), as cupy_fused.BIAS_ACT_EULER computes them, then ``+ g``
-    where g is given, written into ``into`` where given (rows of MGRIT's iterate; returned
-    as y_next) — the F-sweep's ``Φ + g`` without a copy or a sum after it; with ``add``,
-    ``K * x + add (+ g)`` likewise (the adjoint's F-sweep; ``into`` and ``g`` need ``add`` or
-    ``step``). ``scale = (z, h, act)`` (z x's shape, h as for ``step``): the kernel convolves
-    ``h σ'(z) ⊙ x`` (cupy_fused.SCALED_ACT_ADJOINT's arithmetic, formed as the input is
-    staged: the adjoint step's ``s`` never written) — with ``flip`` and ``add = x`` the
-    conv step's adjoint ``dy_next + W *ᵀ (h σ'(z) ⊙ dy_next)`` in one launch. Rows the
-    kernel cannot address (not evenly spaced C-ordered images: no
-    :func:`~refbraid.backends.cupy_raw.row_layout`) are not written: the result is
-    then new and without g. Off a GPU the
-    column-matrix GEMM and that kernel's reference in NumPy (on the stand-in counted as the
-    kernel's one launch)."""
+    """``z = K * x`` by one launch of the ``conv_direct`` kernel, tiled as :func:`plan` says: x
+    (..., B, C, H, W), z (..., B, O, H, W) C-ordered; K = W (..., O, C, s, s), or with ``flip``
+    the transposed convolution's kernel read from W (..., C, O, s, s) in place, ``K[o,c,p,q] =
+    W[c,o,s−1−p,s−1−q]``; W's rows (and b's) read in place where they are evenly spaced in a
+    C-ordered stack, else from a copy. Epilogues in the same launch: ``add`` (z's shape) returns
+    ``K * x + add``; ``step = (b, y, h, act)`` returns ``(z, y_next)`` with ``z = K * x + b`` (b
+    (..., O)) and ``y_next = y + h σ(z)`` (y z's shape; h a float, or one per lead row as an
+    array (k, 1, 1, 1, 1)), as cupy_fused.BIAS_ACT_EULER computes them, then ``+ g`` where g is
+    given, written into ``into`` where given (rows of MGRIT's iterate; returned as y_next) — the
+    F-sweep's ``Φ + g`` without a copy or a sum after it; with ``add``, ``K * x + add (+ g)``
+    likewise (the adjoint's F-sweep; ``into`` and ``g`` need ``add`` or ``step``). ``scale = (z,
+    h, act)`` (z x's shape, h as for ``step``): the kernel convolves ``h σ'(z) ⊙ x``
+    (cupy_fused.SCALED_ACT_ADJOINT's arithmetic, formed as the input is staged: the adjoint
+    step's ``s`` never written) — with ``flip`` and ``add = x`` the conv step's adjoint
+    ``dy_next + W *ᵀ (h σ'(z) ⊙ dy_next)`` in one launch. Rows the kernel cannot address (not
+    evenly spaced C-ordered images: no :func:`~refbraid.backends.cupy_raw.row_layout`) are not
+    written: the result is then new and without g. Off a GPU the column-matrix GEMM and that
+    kernel's reference in NumPy (on the stand-in counted as the kernel's one launch)."""
     if not real_cupy(x):
         return convolution_on_host(x, W, flip, add, step, into, g, scale)
     import cupy  # pragma: no cover - needs a GPU (the emulator runs this branch)
@@ -319,12 +323,12 @@ def convolution(x, W, tiling: tuple[int, int, int], flip: bool = False, add=None
     dest = (z if step is None else cupy.empty_like(z), 0, size) if into is None \
         else row_layout(into)
     epilogue, act, plus = "sum", "identity", (base, 0, 0)
-    extra, bias, hs, h, per_row, zs = (base, 0, 0), base, base, 0.0, 0, (base, 0, 0)
+    extra, bias, hs, h, per_row, zs = (base, 0, 0), (base, 0, 0), base, 0.0, 0, (base, 0, 0)
     if add is not None:
         epilogue, extra = "add", row_args(add)
     if step is not None:
         b, y, h, act = step
-        epilogue, extra, bias = "step", row_args(y), cupy.ascontiguousarray(b)
+        epilogue, extra, bias = "step", row_args(y), row_args(b, inner=1)
     if scale is not None:  # (no step with it: the two share h and act)
         z_in, h, act = scale
         zs = row_args(z_in)
@@ -338,11 +342,14 @@ def convolution(x, W, tiling: tuple[int, int, int], flip: bool = False, add=None
                                                   add_g=g is not None,
                                                   scale=scale is not None),
                       "conv_direct", x.dtype)
+    weights = row_args(W)  # a layer's, or evenly spaced rows of the stack: read in place
     kernel((blocks,), (th * tw,), (
-        base, cupy.ascontiguousarray(W), z, np.int64(offset), np.int64(row_stride),
+        base, weights[0], np.int64(weights[1]), np.int64(weights[2]), z, np.int64(offset),
+        np.int64(row_stride),
         np.int32(B), np.int32(C), np.int32(O), np.int32(H), np.int32(Wd), np.int32(s),
         np.int32(flip), np.int32(th), np.int32(tw), np.int32(chunk), extra[0],
-        np.int64(extra[1]), np.int64(extra[2]), bias, hs, x.dtype.type(h), np.int32(per_row),
+        np.int64(extra[1]), np.int64(extra[2]), bias[0], np.int64(bias[1]), np.int64(bias[2]),
+        hs, x.dtype.type(h), np.int32(per_row),
         dest[0], np.int64(dest[1]), np.int64(dest[2]), plus[0], np.int64(plus[1]),
         np.int64(plus[2]), zs[0], np.int64(zs[1]), np.int64(zs[2])))
     result = dest[0] if into is None else into

@@ -20,15 +20,23 @@ import numpy as np
 
 from .cupy_conv_columns import strided_columns
 from .cupy_fused import BIAS_ACT_EULER, SCALED_ACT_ADJOINT
-from .cupy_raw import on_host, on_host_into
+from .cupy_raw import on_host, on_host_into, read_by_rows
 from .portable import contiguous
 
 
 def convolution_on_host(x, W, flip, add, step, into, g, scale=None):
     """:func:`~refbraid.backends.cupy_conv_direct.convolution` off a GPU: the column-matrix
     GEMM and the epilogue in NumPy, one
-    launch on the stand-in (writing into ``into`` where given); with ``scale`` its input
-    ``h σ'(z) ⊙ x`` formed first, by cupy_fused.SCALED_ACT_ADJOINT's NumPy path."""
+    launch on the stand-in (writing into ``into`` where given), after the copies the kernel's
+    GPU branch makes of operands whose rows it cannot address (``cupy_raw.read_by_rows``);
+    with ``scale`` its input ``h σ'(z) ⊙ x`` formed first, by cupy_fused.SCALED_ACT_ADJOINT's
+    NumPy path."""
+    x, W, add, g = read_by_rows((x, 4), (W, 4), (add, 4), (g, 4))
+    if scale is not None:
+        scale = (read_by_rows((scale[0], 4))[0], *scale[1:])
+    if step is not None:
+        b, y = read_by_rows((step[0], 1), (step[1], 4))
+        step = (b, y, *step[2:])
     if step is None:
         def summed(a, w, *more):  # more: (z, h) with scale, then add, then g, in that order
             if scale is not None:
@@ -70,7 +78,12 @@ def direct_on_host(x, W, flip: bool):
 def weight_gradient_on_host(x, dz, s: int, scale: tuple | None = None):
     """What the ``conv_weight_grad`` kernel computes, in NumPy: ``dW₂ = dz₂ · colsᵀ`` and
     ``db = Σ dz₂`` (with ``scale = (z, h, act)`` of ``h σ'(z) ⊙ dz``, as SCALED_ACT_ADJOINT
-    makes it); one launch on the stand-in."""
+    makes it); one launch on the stand-in, after the copies of operands whose rows the
+    kernel cannot address (``cupy_raw.read_by_rows``)."""
+    x, dz = read_by_rows((x, 4), (dz, 4))
+    if scale is not None:
+        scale = (read_by_rows((scale[0], 4))[0], *scale[1:])
+
     def sums(a, g, *zh):
         if zh:
             g = SCALED_ACT_ADJOINT.reference(scale[2], zh[0], g, zh[1])

@@ -49,7 +49,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from .cupy_raw import on_host, on_host_into, real_cupy, row_args, row_layout
+from .cupy_raw import on_host, on_host_into, read_by_rows, real_cupy, row_args, row_layout
 from .into import written_into
 from .launch_model import current
 
@@ -225,13 +225,17 @@ class AddColumnSums(Fused):
                          _add_column_sums_ref)
 
     def __call__(self, p, dy_next, s):
+        if not real_cupy(p):  # off a GPU: the copy the kernel's branch makes (row_args)
+            (dy_next,) = read_by_rows((dy_next, 2))
         return super().__call__("identity", p, dy_next, s)
 
     def into_rows(self, p, dy_next, s, out, g=None):
         """(out, db): ``(dy_next + p) + g`` written into the rows ``out`` (dy_next's shape and
-        dtype; g None: ``dy_next + p``) and the column sums of s, in one launch."""
+        dtype; g None: ``dy_next + p``) and the column sums of s, in one launch (off a GPU
+        after the copies of rows the kernel cannot address: ``cupy_raw.read_by_rows``)."""
         if real_cupy(p):  # pragma: no cover - needs a GPU (the emulator runs this branch)
             return self._cupy("identity", p, dy_next, s, out, g)
+        dy_next, g = read_by_rows((dy_next, 2), (g, 2))
         if g is None:
             return on_host_into(self.name, lambda *raw: self.reference("identity", *raw),
                                 (out, None), p, dy_next, s)

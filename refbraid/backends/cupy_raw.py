@@ -71,8 +71,9 @@ def row_layout(x, inner: int = 4):
     """``(base, offset, row_stride)`` when x (..., *item) — its last ``inner`` axes one
     C-ordered item: an image (B, C, H, W), a state (B, C) — is rows of such items evenly
     spaced in a C-contiguous array ``base`` (MGRIT's every m-th state of a level: a strided
-    view): lead row l starts ``offset + l · row_stride`` elements into it. None otherwise (a
-    kernel then reads a contiguous copy, or writes a new array)."""
+    view; a negative stride: those rows in descending order, as the adjoint's sweeps read the
+    forward states): lead row l starts ``offset + l · row_stride`` elements into it. None
+    otherwise (a kernel then reads a contiguous copy, or writes a new array)."""
     item = x.itemsize
     dims = x.shape[x.ndim - inner:]
     want = [item * math.prod(dims[i + 1:]) for i in range(len(dims))]  # C-order strides
@@ -93,7 +94,7 @@ def row_layout(x, inner: int = 4):
     while getattr(base, "base", None) is not None and isinstance(base.base, type(x)):
         base = base.base
     offset = address(x) - address(base)
-    if (not base.flags.c_contiguous or base.dtype != x.dtype or row_stride < 0
+    if (not base.flags.c_contiguous or base.dtype != x.dtype
             or row_stride % item or offset < 0 or offset % item):
         return None
     return base, offset // item, row_stride // item
@@ -110,6 +111,20 @@ def row_args(a, inner: int = 4):
         a = cupy.ascontiguousarray(a)
         layout = a, 0, math.prod(a.shape[a.ndim - inner:])
     return layout
+
+
+def read_by_rows(*operands) -> list:
+    """The ``(array, inner)`` operands of a kernel reading rows by offset and row stride, as
+    its GPU branch hands them over (:func:`row_args`), for its path off a GPU: on the CuPy
+    stand-in an operand whose storage :func:`row_layout` cannot describe is copied first (an
+    ``ascontiguousarray`` launch, the copy ``row_args`` makes on a GPU); any other array as
+    it is. Returns the arrays."""
+    from .standin_array import ndarray as DeviceArray
+    from .standin_array import run
+
+    return [run("ascontiguousarray", np.ascontiguousarray, (a,))
+            if isinstance(a, DeviceArray) and row_layout(a._a, inner) is None else a
+            for a, inner in operands]
 
 
 def compiled(source, name: str, dtype, cache: dict = {}):  # noqa: B006 - one per process

@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from .cupy_raw import BLOCK_REDUCTIONS, compiled, on_host_into, real_cupy, row_args
+from .cupy_raw import BLOCK_REDUCTIONS, compiled, on_host_into, read_by_rows, real_cupy, row_args
 
 #: threads of a block, and the most blocks one launch uses (each sums ≥ THREADS elements)
 THREADS = 256
@@ -84,7 +84,8 @@ def _on_host(r, u):
 def subtract_sum_squares(r, u):
     """``r −= u`` in place and ``Σ r²`` of the result: a 0-d float64 array where r lives
     (module docstring). r must be contiguous; u of r's shape and dtype."""
-    if not real_cupy(r):
+    if not real_cupy(r):  # after the copy of u the kernel's branch makes (row_args)
+        (u,) = read_by_rows((u, r.ndim - 1))
         _, total = on_host_into("residual_sum_squares", _on_host, (r, None), r, u)
         return total
     import cupy  # pragma: no cover - needs a GPU (the emulator runs this branch)

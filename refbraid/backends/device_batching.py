@@ -203,10 +203,62 @@ def gathers_cached(on: bool = True) -> Iterator[None]:
         _GATHERS.pop()
 
 
+#: Per GPU backend and step layer (class name), the stacked weights whose batched kernels read
+#: evenly spaced rows in place (strides): a sweep's weights are then a view, not a gather
+#: (:func:`weight_rows`). cupy's dense step (its strided-batched GEMMs, element-wise bias) and
+#: conv step (the direct kernels' row offset and stride); not the transformer's layer norms
+#: or the GRU's kernels, which copy a strided operand at every call (launch counts:
+#: docs/gpu_layer_parallel.md).
+WEIGHT_ROWS_IN_PLACE = {
+    "cupy": {"DenseStep": frozenset({"W", "b"}), "ConvStep": frozenset({"W", "b"})},
+    "cuda": {},
+}
+
+
+def rows_read_in_place(layer, bk) -> frozenset[str]:
+    """The names of ``layer``'s stacked weights that backend ``bk``'s batched kernels read as
+    evenly spaced rows in place (:data:`WEIGHT_ROWS_IN_PLACE`; none off a GPU backend)."""
+    table = WEIGHT_ROWS_IN_PLACE.get(getattr(bk, "name", None), {})
+    return table.get(type(layer).__name__, frozenset())
+
+
+def evenly_spaced(idx: np.ndarray) -> tuple[int, int] | None:
+    """``(first, step)`` when the layer indices ``idx`` are ``first + j·step`` for j = 0 …
+    k − 1 (k ≥ 1; step 1 for one index), else None (step 0 included: a repeated row)."""
+    idx = np.asarray(idx, dtype=np.int64)
+    if idx.ndim != 1 or idx.size == 0:
+        return None
+    step = int(idx[1] - idx[0]) if idx.size > 1 else 1
+    if step == 0 or np.any(np.diff(idx) != step):
+        return None
+    return int(idx[0]), step
+
+
+def weight_rows(rows, idx: np.ndarray, gather: Callable[[], Any]):
+    """Rows ``idx`` of the stacked weights ``rows`` (N, ...) for a batched kernel that reads
+    them in place: where ``idx`` is evenly spaced, the view ``rows[i₀ :: d]`` (no launch) —
+    for d < 0 (an adjoint sweep visits layers downwards) the view ``R[N−1−i₀ :: −d]`` of ``R``,
+    ``rows`` reversed: a copy, made once per array while gathers are cached (one gradient on
+    a GPU backend: one launch per weight for every descending sweep); else ``gather()``.
+    Row j of the result is ``rows[idx[j]]`` either way."""
+    spaced = evenly_spaced(idx) if hasattr(rows, "shape") else None
+    if spaced is None:
+        return gather()
+    (first, step), k = spaced, len(idx)
+    if step < 0:
+        from .portable import contiguous
+
+        n = rows.shape[0]
+        rows = gathered_once(rows, np.array([-2]), lambda: contiguous(rows[::-1]))
+        first, step = n - 1 - first, -step
+    return rows[first:first + step * (k - 1) + 1:step]
+
+
 def permuted_once(a, axes: tuple[int, ...]):
     """``a`` with its axes permuted to ``axes`` as a C-ordered copy, made once per array while
     gathers are cached (a GPU gradient: :func:`gathers_cached`), else at every call. The key
-    (−1, *axes) cannot be a gather's (row indices are ≥ 0)."""
+    (−1, *axes) cannot be a gather's (row indices are ≥ 0), nor :func:`weight_rows`'s
+    reversed copy's (−2)."""
     from .portable import contiguous
     from .reference import array_namespace
 

@@ -176,11 +176,14 @@ def test_the_column_kernel_copies_the_padded_windows(dtype, shape, s, rows):
 
 
 def test_the_column_kernel_reads_strided_rows_in_place():
-    """Evenly spaced rows of a C-contiguous array are read where they lie (offset and stride
-    into the base array); rows that are not (or transposed images) are not."""
+    """Evenly spaced rows of a C-contiguous array, ascending or descending, are read where they
+    lie (offset and stride into the base array); rows that are not (or transposed images) are
+    not."""
     u = np.zeros((9, 2, 3, 4, 5))
     base, offset, stride = cupy_raw.row_layout(u[2::3])
     assert base is u and offset == 2 * u[0].size and stride == 3 * u[0].size
+    base, offset, stride = cupy_raw.row_layout(u[7::-3])  # descending: the adjoint's order
+    assert base is u and offset == 7 * u[0].size and stride == -3 * u[0].size
     assert cupy_raw.row_layout(u[:, :, :, :2]) is None
     assert cupy_raw.row_layout(np.swapaxes(u, -1, -2)) is None
     v = np.zeros((4, 3, 2, 3, 4, 5))
@@ -192,6 +195,7 @@ def test_the_column_kernel_reads_strided_rows_in_place():
 @pytest.mark.parametrize("shape, O, s, rows", [
     ((2, 3, 4, 5), 6, 3, None),  # one step: partial tiles, a partial group of output channels
     ((7, 2, 5, 6, 9), 3, 3, slice(1, None, 2)),  # strided rows read in place; 5 channels
+    ((7, 2, 3, 4, 5), 2, 3, slice(6, None, -3)),  # descending rows (the adjoint's), in place
     ((3, 2, 2, 1, 5, 3), 2, 5, None),  # two lead axes, a 5x5 kernel wider than the image
     ((5, 2, 3, 3, 3), 5, 1, slice(0, None, 3)),  # a 1x1 kernel: no padding
 ])
@@ -286,8 +290,30 @@ def test_the_direct_kernel_epilogues_match_the_separate_kernels(dtype, act, monk
             assert (dx is rows) == (form == "direct")  # else new, without g: the caller adds
             want = want_dx + (0 if g is None or form == "im2col" else g)
             _close(dx, want, dtype, f"{form}: dy_next + W *ᵀ s + g (g: {g is not None})")
-    # rows a kernel cannot address (every second column): not written, the result new, no g
+    # the weights and biases as MGRIT's batched sweeps hand them over: every m-th layer's rows
+    # of the stacked weights, ascending or from the reversed stack (device_batching.weight_rows)
+    from refbraid.backends.device_batching import weight_rows
+
     monkeypatch.setenv(cupy_conv.CONV_ENV, "direct")
+    Ws = (0.3 * rng.standard_normal((3 * k + 1, C, C, 3, 3))).astype(dtype)
+    bs = rng.standard_normal((3 * k + 1, C)).astype(dtype)
+    for idx in (np.arange(1, 3 * k + 1, 3), np.arange(3 * k, 0, -3)):
+        Wv, bv = (weight_rows(a, idx, None) for a in (Ws, bs))
+        # views the kernel reads in place (offset and row stride), not gathers nor copies
+        first = 1 if idx[0] == 1 else 0  # rows 1, 4, 7; or 9, 6, 3: rows 0, 3, 6 reversed
+        assert cupy_raw.row_layout(Wv)[1:] == (first * Ws[0].size, 3 * Ws[0].size)
+        assert cupy_raw.row_layout(bv, inner=1)[2] == 3 * C
+        stack_z, stack_y = BIAS_ACT_EULER.reference(
+            act, cupy_conv_direct_host.direct_on_host(Y, Ws[idx], False),
+            bs[idx][:, None, :, None, None], Y, hs)
+        with fake_cupy():
+            z, y_next = cupy_conv.ode_step(Y, Wv, bv, hs, act)
+            dx = cupy_conv.conv2d_adjoint(Y, Wv, Y, grads=False, add=G)[0]
+        _close(z, stack_z, dtype, f"z, the rows {idx.tolist()} of the stacked weights")
+        _close(y_next, stack_y, dtype, f"y_next, the rows {idx.tolist()}")
+        _close(dx, G + cupy_conv_direct_host.direct_on_host(Y, Ws[idx], True), dtype,
+               f"dy_next + W *ᵀ s, the rows {idx.tolist()}")
+    # rows a kernel cannot address (every second column): not written, the result new, no g
     wide = np.zeros((k, B, C, H, 2 * Wd), dtype)
     with fake_cupy():
         z, y_next = cupy_conv.ode_step(Y, W, b, hs, act, into=wide[..., ::2], g=G)
@@ -343,6 +369,7 @@ def test_the_direct_kernel_stages_the_scaled_adjoint_as_the_separate_kernel_make
 @pytest.mark.parametrize("shape, O, s, rows", [
     ((3, 2, 5, 6), 4, 3, None),  # one step: B·H·W = 90, not a multiple of the block
     ((7, 2, 3, 4, 9), 2, 3, slice(1, None, 2)),  # MGRIT's strided rows, read in place
+    ((7, 2, 3, 4, 5), 2, 3, slice(5, None, -2)),  # descending rows (the adjoint's)
     ((2, 2, 3, 1, 6, 5), 3, 5, None),  # two lead axes, a 5x5 kernel: taps outside the image
     ((5, 2, 3, 3, 3), 2, 1, slice(0, None, 3)),  # a 1x1 kernel
 ])
