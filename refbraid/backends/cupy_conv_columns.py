@@ -32,7 +32,7 @@ import math
 
 import numpy as np
 
-from .cupy_raw import compiled, on_host, real_cupy, row_layout
+from .cupy_raw import compiled, on_host, read_by_rows, real_cupy, row_layout
 from .portable import contiguous, namespace, zeros_on
 
 #: the largest column matrix (bytes) the cupy backend builds; larger inputs take the reference
@@ -103,9 +103,10 @@ def columns(x, s: int):
     """The im2col matrix of x (..., B, C, H, W) for an s×s kernel: ``cols[..., (c,p,q),
     (n,i,j)] = x̃[..., n, c, i+p, j+q]``, (..., C·s², B·H·W), C-ordered: one launch of the
     ``im2col`` kernel on a GPU; elsewhere :func:`strided_columns` (on the CuPy stand-in
-    counted as the kernel's one launch)."""
+    counted as the kernel's one launch, after the copy its GPU branch makes of rows it cannot
+    address: ``cupy_raw.read_by_rows``)."""
     if not real_cupy(x):
-        return on_host("im2col", lambda a: strided_columns(a, s), x)
+        return on_host("im2col", lambda a: strided_columns(a, s), *read_by_rows((x, 4)))
     import cupy  # pragma: no cover - needs a GPU (the emulator runs this branch)
 
     *lead, B, C, H, Wd = x.shape
