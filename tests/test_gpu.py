@@ -118,31 +118,38 @@ def test_the_direct_convolution_kernels_match_numpy_at_their_full_tile_sizes(dty
     — 16×16 tiles, 16 output channels a thread, 32 kB of staged input and weights, 256-thread
     weight-gradient blocks — on images wider than a tile, more output channels than a group,
     more input channels than a chunk (8 float64, 17 float32 at 3×3), k rows with their own
-    weights read from MGRIT-like strided rows: z, dx and (dW, db) against NumPy's."""
+    weights read from MGRIT-like strided rows: z, dx and (dW, db) against NumPy's; then the
+    rows running downwards (the adjoint's order: states and weights by a negative stride, the
+    weights a view of the stack reversed, as device_batching.weight_rows hands them over)."""
     if "cupy" not in available_backends():
         pytest.skip("the cupy backend on a real GPU: none here")
     import cupy
 
     from refbraid.backends import cupy_conv, reference_batched
+    from refbraid.backends.device_batching import weight_rows
 
     rng = np.random.default_rng(7)
     k, B, C, O, H, Wd, s = 3, 4, 24, 20, 33, 18, 3
     X = rng.standard_normal((2 * k, B, C, H, Wd)).astype(dtype)
-    W = rng.standard_normal((k, O, C, s, s)).astype(dtype)
+    Ws = rng.standard_normal((2 * k, O, C, s, s)).astype(dtype)
     dZ = rng.standard_normal((k, B, O, H, Wd)).astype(dtype)
-    Xd = cupy.asarray(X)[1::2]  # every second state: read in place
-    want_z = reference_batched.conv2d_batched(X[1::2], W, None)
-    want_dx, want_dW, want_db = reference_batched.conv2d_adjoint_batched(X[1::2], W, dZ, True)
-    assert cupy_conv.direct_tiling(Xd, cupy.asarray(W)) is not None
-    z = cupy_conv.conv2d(Xd, cupy.asarray(W))
-    dx, dW, db = cupy_conv.conv2d_adjoint(Xd, cupy.asarray(W), cupy.asarray(dZ), True)
     tol = 1e-12 if dtype == np.float64 else 1e-5
-    for name, got, want in (("z", z, want_z), ("dx", dx, want_dx), ("dW", dW, want_dW),
-                            ("db", db, want_db)):
-        got = cupy.asnumpy(got)
-        assert got.shape == want.shape and got.dtype == want.dtype, name
-        np.testing.assert_allclose(got, want, rtol=0, atol=tol * np.max(np.abs(want)),
-                                   err_msg=name)
+    for rows in (np.arange(1, 2 * k, 2), np.arange(2 * k - 1, 0, -2)):
+        Xd = cupy.asarray(X)[rows[0]::rows[1] - rows[0]]  # every second state, in place
+        Wv = weight_rows(cupy.asarray(Ws), rows, None)  # views of the stack, read in place
+        W = Ws[rows]
+        want_z = reference_batched.conv2d_batched(X[rows], W, None)
+        want_dx, want_dW, want_db = reference_batched.conv2d_adjoint_batched(X[rows], W, dZ,
+                                                                             True)
+        assert cupy_conv.direct_tiling(Xd, Wv) is not None
+        z = cupy_conv.conv2d(Xd, Wv)
+        dx, dW, db = cupy_conv.conv2d_adjoint(Xd, Wv, cupy.asarray(dZ), True)
+        for name, got, want in (("z", z, want_z), ("dx", dx, want_dx), ("dW", dW, want_dW),
+                                ("db", db, want_db)):
+            got = cupy.asnumpy(got)
+            assert got.shape == want.shape and got.dtype == want.dtype, name
+            np.testing.assert_allclose(got, want, rtol=0, atol=tol * np.max(np.abs(want)),
+                                       err_msg=f"{name}, rows {rows.tolist()}")
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

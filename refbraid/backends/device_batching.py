@@ -5,20 +5,11 @@ one call per interval *in time* (docs/batched.md: cache effects decide it there)
 small steps are bound by launches (docs/gpu_layer_parallel.md), so the question is how many
 launches the host issues per gradient, which :mod:`refbraid.backends.launch_count` counts
 without a GPU. One layer-parallel gradient (TorchBraid's settings; ``python -m
-benchmarks quick counts [-o gpu_backend=cuda]``), launches with per-step → batched sweeps:
-
-===========  =======================  =======================  =======================
-step         cupy, N = 64             cupy, N = 256            cuda, N = 64
-===========  =======================  =======================  =======================
-dense        1,164 → 292 (0.25×)      4,296 → 400 (0.093×)     1,165 → 324 (0.28×)
-conv         1,749 → 363 (0.21×)      6,621 → 531 (0.080×)     953 → 268 (0.28×)
-transformer  7,804 → 1,606 (0.21×)    30,700 → 2,698 (0.088×)  6,503 → 2,358 (0.36×)
-GRU          3,235 → 770 (0.24×)      12,595 → 1,790 (0.14×)   2,522 → 745 (0.30×)
-===========  =======================  =======================  =======================
-
-The dependency depth (critical path) is about the same either way (within 16 %: the batched
-gathers; the transformer on ``cuda`` the farthest, 929 against 798): batching does not
-shorten the chain, it issues the independent intervals' launches together.
+benchmarks quick counts [-o gpu_backend=cuda]``, the table in docs/gpu_layer_parallel.md)
+on ``cupy`` issues 5–17× fewer launches with batched sweeps than with per-step ones (dense,
+conv, transformer, GRU at N = 64 and 256; 2.8–5.2× on ``cuda`` at N = 64). The dependency
+depth (critical path) is about the same either way: batching does not shorten the chain,
+it issues the independent intervals' launches together.
 Batched sweeps are on where they cut launches (:data:`BATCHED_ON_DEVICE`), and one
 sweep is one launch set: the CPU's cache-sized chunks of the transformer and GRU batched calls
 do not apply on a device (:func:`chunk_rows`). On ``cuda`` the batched convolution is one
@@ -40,7 +31,10 @@ training run) and copy afresh outside one. Likewise the sweeps' gathers of the l
 weights (the same rows in every cycle, and the weights do not change during one gradient):
 within :func:`gathers_cached` (one gradient call on a GPU backend) each distinct gather is
 made once (:func:`gathered_once`), at the price of keeping the gathered stacks (about two
-copies of the stacked weights) until the call ends.
+copies of the stacked weights) until the call ends. Where the backend's kernels read strided
+rows in place (:data:`WEIGHT_ROWS_IN_PLACE`: ``cupy``'s dense and conv steps), a sweep's
+evenly spaced layers are a view of the stacked weights instead, no gather and no index array
+(:func:`weight_rows`; the sweeps that run downwards view one reversed copy per weight).
 """
 
 from __future__ import annotations
