@@ -240,6 +240,24 @@ def test_the_cuda_backend_counts_numba_launches_in_the_simulator():
     assert batched.launches < per_step.launches
 
 
+def test_a_cuda_kernel_given_strided_rows_is_charged_the_copy_a_gpu_makes_first():
+    """On a GPU the ``cuda`` backend hands every kernel input over C-contiguous
+    (``numba_cuda_memory.KernelCall.arg``: a copy of MGRIT's strided rows first); the counter
+    charges that copy too (the simulator's kernels read the strided storage as it is)."""
+    from refbraid.backends.numba_cuda import simulated
+
+    if not simulated():
+        pytest.skip("counts the simulator's launches (NUMBA_ENABLE_CUDASIM=1)")
+    with launch_count.counting("cuda") as bk:
+        z = bk.asarray(np.linspace(-1.0, 1.0, 24).reshape(6, 4))
+        with tracking() as strided:
+            bk.activation(z[::2], "tanh")
+        with tracking() as contiguous:
+            bk.activation(z, "tanh")
+    assert strided.tally.by_name.get("ascontiguousarray") == 1, strided.tally.by_name
+    assert "ascontiguousarray" not in contiguous.tally.by_name, contiguous.tally.by_name
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="`mode`"):
         launch_count.gradient_counts("cupy", "dense", 16, "fast")

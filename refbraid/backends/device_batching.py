@@ -200,9 +200,10 @@ def gathers_cached(on: bool = True) -> Iterator[None]:
 #: Per GPU backend and step layer (class name), the stacked weights whose batched kernels read
 #: evenly spaced rows in place (strides): a sweep's weights are then a view, not a gather
 #: (:func:`weight_rows`). cupy's dense step (its strided-batched GEMMs, element-wise bias) and
-#: conv step (the direct kernels' row offset and stride); not the transformer's layer norms
-#: or the GRU's kernels, which copy a strided operand at every call (launch counts:
-#: docs/gpu_layer_parallel.md).
+#: conv step (the direct kernels' row offset and stride); not the transformer's layer norms or
+#: the GRU's kernels, which copy a strided operand at every call (launch counts:
+#: docs/gpu_layer_parallel.md), nor any of ``cuda``'s: on a GPU its kernel arguments are made
+#: contiguous first (``numba_cuda_memory.KernelCall.arg``), a view would be copied per call.
 WEIGHT_ROWS_IN_PLACE = {
     "cupy": {"DenseStep": frozenset({"W", "b"}), "ConvStep": frozenset({"W", "b"})},
     "cuda": {},

@@ -92,6 +92,16 @@ def _numba_on_counted_memory() -> Iterator[None]:
             t.launch(reads, writes, getattr(kernel.fn, "__name__", "numba kernel"))
         return launch(kernel, *args)
 
+    arg = mem.KernelCall.arg
+
+    def counted_arg(call, a, dtype, shape=None):
+        # on a GPU (MODE "cupy") every input is made C-contiguous before the kernel sees it
+        # (after a cast, which is a contiguous copy already): the copy counted here too
+        if call.on_device and isinstance(a, ndarray) and a.dtype == np.dtype(dtype):
+            a = cupy_standin.ascontiguousarray(a)
+        return arg(call, a, dtype, shape)
+
+    mem.KernelCall.arg = counted_arg
     mem.xp, mem.DEVICE = cupy_standin.module(), None
     original = mem.is_backend_array
     importers = [m for n, m in sys.modules.items()  # modules that imported it by name
@@ -109,7 +119,7 @@ def _numba_on_counted_memory() -> Iterator[None]:
             m.is_backend_array = original
         for k, v in saved.items():
             setattr(mem, k, v)
-        mem.KernelCall.out, mem.KernelCall.result = out, result
+        mem.KernelCall.out, mem.KernelCall.result, mem.KernelCall.arg = out, result, arg
         sim_kernel.FakeCUDAKernel.__call__ = launch
 
 
