@@ -7,7 +7,7 @@ launches the host issues per gradient, which :mod:`refbraid.backends.launch_coun
 without a GPU. One layer-parallel gradient (TorchBraid's settings; ``python -m
 benchmarks quick counts [-o gpu_backend=cuda]``, the table in docs/gpu_layer_parallel.md)
 on ``cupy`` issues 5–17× fewer launches with batched sweeps than with per-step ones (dense,
-conv, transformer, GRU at N = 64 and 256; 2.8–5.2× on ``cuda`` at N = 64). The dependency
+conv, transformer, GRU at N = 64 and 256; 3.0–5.4× on ``cuda`` at N = 64). The dependency
 depth (critical path) is about the same either way: batching does not shorten the chain,
 it issues the independent intervals' launches together.
 Batched sweeps are on where they cut launches (:data:`BATCHED_ON_DEVICE`), and one
