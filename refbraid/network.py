@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from numbers import Real
 from typing import Any
 
@@ -151,11 +152,11 @@ def layers_params(steps: dict[str, Any], idx: np.ndarray, bk: Backend,
     names in ``in_place`` (``device_batching.rows_read_in_place``: the backend's batched
     kernels read strided rows) where ``idx`` is evenly spaced a view of the stack
     (``device_batching.weight_rows``)."""
-    def rows_of(name, v):
-        gather = lambda: stacked_rows(v, idx, bk)  # noqa: E731
-        return (lambda: weight_rows(v, idx, gather)) if name in in_place else gather
+    def make(v, viewed: bool):
+        gather = partial(stacked_rows, v, idx, bk)
+        return partial(weight_rows, v, idx, gather) if viewed else gather
 
-    return {k: gathered_once(v, idx, rows_of(k, v)) for k, v in steps.items()}
+    return {k: gathered_once(v, idx, make(v, k in in_place)) for k, v in steps.items()}
 
 
 def to_backend(params: Params, bk: Backend | str) -> Params:
