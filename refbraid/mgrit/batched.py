@@ -39,6 +39,7 @@ from typing import NamedTuple
 import numpy as np
 from array_api_compat import is_cupy_array
 
+from ..backends.cupy_fused import plus_difference
 from ..backends.into import in_place_ok, one_array_library
 from ..backends.portable import empty_on
 from .arrays import namespace
@@ -251,11 +252,8 @@ def fas_rhs(rr, v, points, step, ghost=None, ghost_point=None, out=None):
     g = empty_on(v, v.shape) if out is None else out
     if (one_array_library(v, rr) and rr.shape == g.shape == v.shape
             and _propagate_into(g, v, None, points, np.arange(n), step, ghost, False)):
-        if is_cupy_array(g):
-            from ..backends.cupy_fused import plus_difference
-
-            if plus_difference(g, rr, v, g):  # the two lines below in one launch
-                return g
+        if plus_difference(g, rr, v, g):  # CuPy: the two lines below in one launch
+            return g
         np.subtract(v, g, out=g)
         return np.add(rr, g, out=g)
     return fas_sum(rr, v, propagate_at(v, None, points, range(n), step, ghost, ghost_point),

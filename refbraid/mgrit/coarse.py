@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 from array_api_compat import is_cupy_array
 
+from ..backends.cupy_fused import plus_difference
 from ..backends.into import add_into, in_place_ok, one_array_library
 from ..backends.portable import empty_on, stack_rows
 from .relax import (
@@ -93,11 +94,8 @@ def fas_sum(rr, v, phi, out=None):
     if g is not None and in_place_ok(g, v, phi, rr):
         np.subtract(v, phi, out=g)
         return np.add(rr, g, out=g)
-    if g is not None and is_cupy_array(g):
-        from ..backends.cupy_fused import plus_difference
-
-        if plus_difference(g, rr, v, phi):  # the same two operations, one launch
-            return g
+    if g is not None and plus_difference(g, rr, v, phi):  # CuPy: the same two, one launch
+        return g
     return add_into(rr, v - phi, out)
 
 
@@ -111,8 +109,6 @@ def correct(u, c_pos, w, v, inplace: bool = False, interpolate=None):
     out = u if inplace else copy(u)
     rows = row_slice(c_pos)
     if interpolate is None and rows is not None and is_cupy_array(out):
-        from ..backends.cupy_fused import plus_difference
-
         view = out[rows, ...]
         if plus_difference(view, view, w, v):
             return out
